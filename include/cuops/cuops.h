@@ -1,0 +1,83 @@
+// cuops public C++ API: typed calls through the PyTorch dispatcher, so C++ programs get the same
+// device routing, autograd, autocast and tracing as Python's torch.ops.cuops.*.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <string>
+
+#if defined(_WIN32)
+#define CUOPS_API __declspec(dllimport)
+#else
+#define CUOPS_API __attribute__((visibility("default")))
+#endif
+
+namespace cuops {
+
+// Defined in libcuops. Every program that includes this header references it (below), so a linker
+// using --as-needed keeps libcuops, and with it the TORCH_LIBRARY registrations that run at load.
+CUOPS_API int64_t link_anchor();
+namespace detail {
+// Weak, so each translation unit may define it; a weak definition is always emitted (an inline
+// variable would be dropped when unused, and the reference with it).
+__attribute__((weak)) int64_t (*keep_libcuops_linked)() = &link_anchor;
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+}  // namespace detail
+
+// c <- a + b (in place into c; c may be a or b).
+inline void add2(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
+  static const auto handle = detail::op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::add2");
+  handle.call(c, a, b);
+}
+
+// a + b as a new tensor; differentiable.
+inline at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b) {
+  static const auto handle = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::vector_add");
+  return handle.call(a, b);
+}
+
+// alpha * x; differentiable in x.
+inline at::Tensor scale(const at::Tensor& x, double alpha = 2.0) {
+  static const auto handle = detail::op<at::Tensor(const at::Tensor&, double)>("cuops::scale");
+  return handle.call(x, alpha);
+}
+
+// x * x elementwise; differentiable.
+inline at::Tensor square(const at::Tensor& x) {
+  static const auto handle = detail::op<at::Tensor(const at::Tensor&)>("cuops::square");
+  return handle.call(x);
+}
+
+// 0-dim ||a - b||_2 over all elements; differentiable.
+inline at::Tensor two_norm(const at::Tensor& a, const at::Tensor& b) {
+  static const auto handle = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::two_norm");
+  return handle.call(a, b);
+}
+
+// c <- alpha * a @ b + beta * c (in place; beta == 0 ignores c's contents).
+inline void gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha = 1.0,
+                 double beta = 0.0) {
+  static const auto handle =
+      detail::op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double)>("cuops::gemm");
+  handle.call(c, a, b, alpha, beta);
+}
+
+// a @ b as a new [M, N] tensor; differentiable.
+inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  static const auto handle = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::mm");
+  return handle.call(a, b);
+}
+
+// JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
+inline std::string build_info() {
+  static const auto handle = detail::op<std::string()>("cuops::build_info");
+  return handle.call();
+}
+
+}  // namespace cuops

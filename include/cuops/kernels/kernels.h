@@ -1,0 +1,48 @@
+// Torch-free launchers for the cuops CUDA kernels: raw device pointers, int64 sizes, a stream.
+// Every launcher enqueues on `stream`, never synchronises, allocates nothing, and returns the launch
+// status (cudaGetLastError) for the caller to check.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace cuops::kernels {
+
+enum class DType : int { Float32, Float64, Float16, BFloat16 };
+
+// out[i] = a[i] + b[i], i < n. out may equal a or b (in place); no other overlap.
+cudaError_t launch_add(DType dtype, void* out, const void* a, const void* b, int64_t n,
+                       cudaStream_t stream);
+
+// out[i] = alpha * x[i]. out may equal x.
+cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, int64_t n,
+                         cudaStream_t stream);
+
+// out[i] = x[i] * x[i]. out may equal x.
+cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cudaStream_t stream);
+
+// Number of per-block partial sums launch_two_norm needs; depends on n only, so the reduction
+// order (and the result bits) is the same on every run.
+int64_t two_norm_num_partials(int64_t n);
+// Element type of the partial sums: double for Float32/Float64, float for the half types.
+bool two_norm_partials_are_double(DType dtype);
+
+// out[0] = sqrt(sum_i (a[i] - b[i])^2) in dtype; `partials` is caller-owned scratch of
+// two_norm_num_partials(n) accumulators. n == 0 writes 0.
+cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n,
+                            void* partials, cudaStream_t stream);
+
+// A strided 2-D matrix view: element (i, j) is at ptr[i * stride0 + j * stride1] (in elements).
+struct MatrixView {
+  const void* ptr;
+  int64_t stride0;
+  int64_t stride1;
+};
+
+// c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n], any strides (c must not
+// overlap itself, a or b). beta == 0 never reads c. Accumulates in float (double for Float64).
+cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a,
+                        MatrixView b, double beta, void* c, int64_t c_stride0, int64_t c_stride1,
+                        cudaStream_t stream);
+
+}  // namespace cuops::kernels

@@ -1,0 +1,111 @@
+// add / scale / square: one pass, 16-byte vector loads and stores, several vectors in flight per
+// thread. A run of up to V-1 leading elements (pointers share a misalignment) and the trailing
+// elements are done one by one by block 0, so every alignment and size takes the vector body.
+#include "common.cuh"
+
+namespace cuops::kernels {
+namespace {
+using namespace detail;
+
+constexpr int kThreads = 256;
+// 4 vectors of 16 B per input per thread: enough bytes in flight to cover HBM latency.
+constexpr int kUnroll = 4;
+
+template <typename T> struct AddOp {
+  __device__ __forceinline__ T operator()(T a, T b) const { return from_acc<T>(to_acc(a) + to_acc(b)); }
+};
+template <typename T> struct ScaleOp {
+  acc_t<T> alpha;
+  __device__ __forceinline__ T operator()(T x, T) const { return from_acc<T>(alpha * to_acc(x)); }
+};
+template <typename T> struct SquareOp {
+  __device__ __forceinline__ T operator()(T x, T) const {
+    acc_t<T> v = to_acc(x);
+    return from_acc<T>(v * v);
+  }
+};
+
+// out, in0, in1: [n] (in1 unused when NIN == 1). Elements [head, head + n_vec * V) form the vector
+// body, 16-byte aligned when V > 1.
+template <typename T, int V, int NIN, typename Op>
+__global__ void __launch_bounds__(kThreads)
+    elementwise_kernel(T* out, const T* in0, const T* in1, int64_t head, int64_t n_vec, int64_t n, Op op) {
+  using VecT = Vec<T, V>;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  const VecT* a = reinterpret_cast<const VecT*>(in0 + head);
+  const VecT* b = reinterpret_cast<const VecT*>(in1 + head);
+  VecT* o = reinterpret_cast<VecT*>(out + head);
+
+  VecT x[kUnroll], y[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t i = first + static_cast<int64_t>(u) * kThreads;
+    if (i < n_vec) {
+      x[u] = a[i];
+      if constexpr (NIN == 2) y[u] = b[i];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t i = first + static_cast<int64_t>(u) * kThreads;
+    if (i < n_vec) {
+      VecT r;
+#pragma unroll
+      for (int v = 0; v < V; ++v) r.v[v] = op(x[u].v[v], NIN == 2 ? y[u].v[v] : x[u].v[v]);
+      o[i] = r;
+    }
+  }
+
+  if (blockIdx.x == 0) {
+    for (int64_t j = threadIdx.x; j < head; j += kThreads) out[j] = op(in0[j], NIN == 2 ? in1[j] : in0[j]);
+    for (int64_t j = head + n_vec * V + threadIdx.x; j < n; j += kThreads)
+      out[j] = op(in0[j], NIN == 2 ? in1[j] : in0[j]);
+  }
+}
+
+template <typename T, int NIN, typename Op>
+cudaError_t launch_elementwise(T* out, const T* in0, const T* in1, int64_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr int V = 16 / sizeof(T);
+  const bool vectorizable = aligned_like(out, in0, 16) && (NIN == 1 || aligned_like(out, in1, 16)) &&
+                            reinterpret_cast<uintptr_t>(out) % sizeof(T) == 0;
+  if (vectorizable) {
+    const uintptr_t mis = reinterpret_cast<uintptr_t>(out) % 16;
+    const int64_t head = mis == 0 ? 0 : std::min<int64_t>(n, (16 - mis) / sizeof(T));
+    const int64_t n_vec = (n - head) / V;
+    const unsigned int blocks = std::max(1u, blocks_for(n_vec, int64_t{kThreads} * kUnroll));
+    elementwise_kernel<T, V, NIN><<<blocks, kThreads, 0, stream>>>(out, in0, in1, head, n_vec, n, op);
+  } else {
+    const unsigned int blocks = std::max(1u, blocks_for(n, int64_t{kThreads} * kUnroll));
+    elementwise_kernel<T, 1, NIN><<<blocks, kThreads, 0, stream>>>(out, in0, in1, 0, n, n, op);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_add(DType dtype, void* out, const void* a, const void* b, int64_t n, cudaStream_t stream) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_elementwise<T, 2>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b),
+                                    n, AddOp<T>{}, stream);
+  });
+}
+
+cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, int64_t n, cudaStream_t stream) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(x),
+                                    n, ScaleOp<T>{static_cast<acc_t<T>>(alpha)}, stream);
+  });
+}
+
+cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cudaStream_t stream) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(x),
+                                    n, SquareOp<T>{}, stream);
+  });
+}
+
+}  // namespace cuops::kernels

@@ -1,0 +1,124 @@
+// two_norm: sqrt(sum (a - b)^2) in two deterministic launches. Stage 1: a fixed number of blocks
+// (a function of n alone), each a grid-stride pass with 16-byte loads and a fixed shuffle tree,
+// writes one partial sum. Stage 2: one block reduces the partials in a fixed order and writes the
+// 0-dim result. No atomics, so the bits never change between runs; nothing but partials is written.
+#include "common.cuh"
+
+namespace cuops::kernels {
+namespace {
+using namespace detail;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+// One wave of 256-thread blocks on a 132-SM H100 (8 blocks/SM) is ~1056 blocks; 1024 keeps stage 2
+// a single 1024-thread block with one partial per thread.
+constexpr int64_t kMaxPartials = 1024;
+constexpr int kFinalThreads = 1024;
+
+// Partial sums of squares: double for float32/float64 (cheap while memory-bound, and exact enough
+// that large n loses nothing), float for the half types as the spec asks.
+template <typename T> struct NormAcc { using type = double; };
+template <> struct NormAcc<__half> { using type = float; };
+template <> struct NormAcc<__nv_bfloat16> { using type = float; };
+
+template <typename A> __device__ __forceinline__ A block_sum(A v) {
+  __shared__ A warp_sums[32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  v = (threadIdx.x < nwarps) ? warp_sums[threadIdx.x] : A(0);
+  if (warp == 0) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  }
+  return v;  // valid in thread 0
+}
+
+template <typename T, typename A> __device__ __forceinline__ A sq_diff(T x, T y) {
+  const A d = static_cast<A>(to_acc(x)) - static_cast<A>(to_acc(y));
+  return d * d;
+}
+
+// a, b: [n]; elements [head, head + n_vec * V) are the 16-byte aligned vector body.
+template <typename T, int V, typename A>
+__global__ void __launch_bounds__(kThreads)
+    sum_sq_diff_partials(const T* a, const T* b, int64_t head, int64_t n_vec, int64_t n, A* partials) {
+  using VecT = Vec<T, V>;
+  const VecT* va = reinterpret_cast<const VecT*>(a + head);
+  const VecT* vb = reinterpret_cast<const VecT*>(b + head);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  A acc[kUnroll] = {};
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; base < n_vec;
+       base += stride * kUnroll) {
+    VecT x[kUnroll], y[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * stride;
+      if (i < n_vec) { x[u] = va[i]; y[u] = vb[i]; }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * stride;
+      if (i < n_vec) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[u] += sq_diff<T, A>(x[u].v[v], y[u].v[v]);
+      }
+    }
+  }
+  A s = 0;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) s += acc[u];
+  if (blockIdx.x == 0) {
+    for (int64_t j = threadIdx.x; j < head; j += kThreads) s += sq_diff<T, A>(a[j], b[j]);
+    for (int64_t j = head + n_vec * V + threadIdx.x; j < n; j += kThreads) s += sq_diff<T, A>(a[j], b[j]);
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+template <typename T, typename A>
+__global__ void __launch_bounds__(kFinalThreads) finish_norm(const A* partials, int64_t count, T* out) {
+  A s = 0;
+  for (int64_t i = threadIdx.x; i < count; i += kFinalThreads) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) out[0] = from_acc<T>(static_cast<acc_t<T>>(sqrt(s)));
+}
+
+}  // namespace
+
+int64_t two_norm_num_partials(int64_t n) {
+  // Sized for the 16-byte body of the narrowest dtype's worth of work; at least one block.
+  const int64_t per_block = int64_t{kThreads} * kUnroll * 4;
+  return std::max<int64_t>(1, std::min(kMaxPartials, (n + per_block - 1) / per_block));
+}
+
+bool two_norm_partials_are_double(DType dtype) { return dtype == DType::Float32 || dtype == DType::Float64; }
+
+cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n, void* partials,
+                            cudaStream_t stream) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = typename NormAcc<T>::type;
+    constexpr int V = 16 / sizeof(T);
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    A* part = static_cast<A*>(partials);
+    const int64_t blocks = two_norm_num_partials(n);
+    if (aligned_like(pa, pb, 16) && reinterpret_cast<uintptr_t>(pa) % sizeof(T) == 0) {
+      const uintptr_t mis = reinterpret_cast<uintptr_t>(pa) % 16;
+      const int64_t head = mis == 0 ? 0 : std::min<int64_t>(n, (16 - mis) / sizeof(T));
+      sum_sq_diff_partials<T, V, A><<<blocks, kThreads, 0, stream>>>(pa, pb, head, (n - head) / V, n, part);
+    } else {
+      sum_sq_diff_partials<T, 1, A><<<blocks, kThreads, 0, stream>>>(pa, pb, 0, n, n, part);
+    }
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    finish_norm<T, A><<<1, kFinalThreads, 0, stream>>>(part, blocks, static_cast<T*>(out));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace cuops::kernels

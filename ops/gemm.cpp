@@ -1,0 +1,149 @@
+// gemm (in place) and mm (functional): checks, CPU reference, CUDA host wrappers, Meta, Autograd,
+// Autocast.
+#include "ops/common.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace cuops::ops {
+namespace {
+
+void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  check_dim(op, "a", a, 2);
+  check_dim(op, "b", b, 2);
+  TORCH_CHECK(a.sym_size(1) == b.sym_size(0), "cuops::", op, ": expected a and b to share the inner dimension, got a ",
+              shape_str(a), " and b ", shape_str(b));
+}
+
+void check_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
+  check_dtypes_and_devices("gemm", {{"c", &c}, {"a", &a}, {"b", &b}});
+  check_operands("gemm", a, b);
+  check_dim("gemm", "c", c, 2);
+  TORCH_CHECK(c.sym_size(0) == a.sym_size(0) && c.sym_size(1) == b.sym_size(1), "cuops::gemm: expected c of shape [",
+              a.sym_size(0), ", ", b.sym_size(1), "] (rows of a, columns of b), got ", shape_str(c));
+}
+
+// c is read by no one but written everywhere, and a/b are re-read many times: any shared memory,
+// even c being a itself, would change the inputs while they are being used.
+void check_gemm_memory(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
+  check_output_not_self_overlapping("gemm", "c", c);
+  check_output_overlap("gemm", "c", c, "a", a, /*allow_same=*/false);
+  check_output_overlap("gemm", "c", c, "b", b, /*allow_same=*/false);
+}
+
+void check_mm(const at::Tensor& a, const at::Tensor& b) {
+  check_dtypes_and_devices("mm", {{"a", &a}, {"b", &b}});
+  check_operands("mm", a, b);
+}
+
+// ---- CPU reference: half types are multiplied in float32 (the accumulation type) and rounded once.
+
+at::Tensor product_cpu(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16) return at::mm(a.to(at::kFloat), b.to(at::kFloat));
+  return at::mm(a, b);
+}
+
+void gemm_cpu(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+  check_gemm(c, a, b);
+  check_gemm_memory(c, a, b);
+  at::Tensor result = product_cpu(a, b).mul_(alpha);
+  // beta == 0 ignores c entirely, so NaN or garbage in c never leaks into the result.
+  if (beta != 0.0) result.add_(c.to(result.scalar_type()), beta);
+  const_cast<at::Tensor&>(c).copy_(result);
+}
+
+at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
+  check_mm(a, b);
+  return product_cpu(a, b).to(a.scalar_type()).contiguous();
+}
+
+// ---- CUDA
+
+kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
+
+void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+  check_gemm(c, a, b);
+  check_gemm_memory(c, a, b);
+  const c10::cuda::CUDAGuard guard(c.device());
+  C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), alpha, view(a),
+                                      view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), current_stream(c)));
+}
+
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
+  check_mm(a, b);
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(a.scalar_type()), a.size(0), b.size(1), a.size(1), 1.0, view(a),
+                                      view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), current_stream(a)));
+  return out;
+}
+
+// ---- Meta
+
+void gemm_meta(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double, double) { check_gemm(c, a, b); }
+
+at::Tensor mm_meta(const at::Tensor& a, const at::Tensor& b) {
+  check_mm(a, b);
+  return at::empty_symint({a.sym_size(0), b.sym_size(1)}, a.options());
+}
+
+// ---- Autograd
+
+void gemm_autograd(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+  check_no_grad("gemm", "mm", {{"c", &c}, {"a", &a}, {"b", &b}});
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    cuops::gemm(c, a, b, alpha, beta);
+  }
+  torch::autograd::impl::bump_version(c);
+}
+
+// grad_a = g @ b^T, grad_b = a^T @ g, through cuops::mm, which reads the transposed views in place.
+class MmFunction : public torch::autograd::Function<MmFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return cuops::mm(a, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    at::Tensor grad_a, grad_b;
+    if (ctx->needs_input_grad(0)) grad_a = cuops::mm(g, saved[1].t());
+    if (ctx->needs_input_grad(1)) grad_b = cuops::mm(saved[0].t(), g);
+    return {grad_a, grad_b};
+  }
+};
+
+at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b) { return MmFunction::apply(a, b); }
+
+// Under CUDA autocast mm runs in the autocast dtype, like torch.mm.
+at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  return cuops::mm(at::autocast::cached_cast(dtype, a, c10::DeviceType::CUDA),
+                   at::autocast::cached_cast(dtype, b, c10::DeviceType::CUDA));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cuops, CPU, m) {
+  m.impl("gemm", &gemm_cpu);
+  m.impl("mm", &mm_cpu);
+}
+TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
+  m.impl("gemm", &gemm_cuda);
+  m.impl("mm", &mm_cuda);
+}
+TORCH_LIBRARY_IMPL(cuops, Meta, m) {
+  m.impl("gemm", &gemm_meta);
+  m.impl("mm", &mm_meta);
+}
+TORCH_LIBRARY_IMPL(cuops, Autograd, m) {
+  m.impl("gemm", &gemm_autograd);
+  m.impl("mm", &mm_autograd);
+}
+TORCH_LIBRARY_IMPL(cuops, AutocastCUDA, m) { m.impl("mm", &mm_autocast); }
+
+}  // namespace cuops::ops

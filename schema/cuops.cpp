@@ -1,0 +1,28 @@
+// The cuops operator library: every schema, in one place. Kernels live in ops/, one file per family.
+#include <torch/library.h>
+
+#include "cuops/cuops.h"
+
+namespace cuops {
+int64_t link_anchor() { return 1; }
+}  // namespace cuops
+
+TORCH_LIBRARY(cuops, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  // c <- a + b elementwise, written into c (c may be a or b); equal shapes, no broadcasting.
+  m.def("add2(Tensor(a!) c, Tensor a, Tensor b) -> ()", tags);
+  // a + b elementwise as a new contiguous tensor.
+  m.def("vector_add(Tensor a, Tensor b) -> Tensor", tags);
+  // alpha * x as a new contiguous tensor.
+  m.def("scale(Tensor x, float alpha=2.0) -> Tensor", tags);
+  // x * x elementwise as a new contiguous tensor.
+  m.def("square(Tensor x) -> Tensor", tags);
+  // 0-dim Euclidean norm of a - b over all elements (0 for empty inputs).
+  m.def("two_norm(Tensor a, Tensor b) -> Tensor", tags);
+  // c <- alpha * a @ b + beta * c for a [M, K], b [K, N], c [M, N]; beta = 0 ignores c's contents.
+  m.def("gemm(Tensor(a!) c, Tensor a, Tensor b, float alpha=1.0, float beta=0.0) -> ()", tags);
+  // a @ b as a new contiguous [M, N] tensor.
+  m.def("mm(Tensor a, Tensor b) -> Tensor", tags);
+  // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
+  m.def("build_info() -> str", tags);
+}

@@ -1,0 +1,192 @@
+// GoogleTest suite of the public C++ API: every op against ATen (float64 reference) on CPU and,
+// when a GPU is present, CUDA; registrations; error messages; C++ autograd.
+#include <cuops/cuops.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+
+double tolerance(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return 1e-12;
+    case at::kFloat: return 1e-5;
+    case at::kHalf: return 2e-3;
+    default: return 1.6e-2;  // bfloat16
+  }
+}
+
+// max |got - want| / max(|want|, tiny), both in float64.
+double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.to(at::kDouble).cpu(), w = want.to(at::kDouble).cpu();
+  if (w.numel() == 0) return 0.0;
+  const double denom = std::max(w.abs().max().item<double>(), 1e-30);
+  return (g - w).abs().max().item<double>() / denom;
+}
+
+// Message of the RuntimeError f throws, or "" if it throws none.
+template <typename F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+class Ops : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    device_ = torch::Device(GetParam());
+  }
+  at::Tensor rand(at::IntArrayRef shape, at::ScalarType t) {
+    return torch::randn(shape, torch::TensorOptions().dtype(t).device(device_));
+  }
+  at::Tensor poison(at::IntArrayRef shape, at::ScalarType t) {
+    return torch::full(shape, NAN, torch::TensorOptions().dtype(t).device(device_));
+  }
+  torch::Device device_{torch::kCPU};
+};
+
+TEST_P(Ops, ElementwiseMatchFloat64Reference) {
+  for (auto t : kDtypes) {
+    for (int64_t n : {0, 1, 1000, 4097}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " n=" + std::to_string(n));
+      auto a = rand({n}, t), b = rand({n}, t);
+      auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+      auto c = poison({n}, t);
+      cuops::add2(c, a, b);
+      EXPECT_LE(rel_err(c, ad + bd), tolerance(t));
+      EXPECT_LE(rel_err(cuops::vector_add(a, b), ad + bd), tolerance(t));
+      EXPECT_LE(rel_err(cuops::scale(a, -1.5), ad * -1.5), tolerance(t));
+      EXPECT_LE(rel_err(cuops::scale(a), ad * 2.0), tolerance(t));
+      EXPECT_LE(rel_err(cuops::square(a), ad * ad), tolerance(t));
+    }
+  }
+}
+
+TEST_P(Ops, TwoNormMatchesFloat64Reference) {
+  for (auto t : kDtypes) {
+    for (int64_t n : {0, 1, 1000, 4097, 1 << 20}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " n=" + std::to_string(n));
+      auto a = rand({n}, t), b = rand({n}, t);
+      auto got = cuops::two_norm(a, b);
+      EXPECT_EQ(got.dim(), 0);
+      EXPECT_EQ(got.scalar_type(), t);
+      auto want = (a.to(at::kDouble) - b.to(at::kDouble)).norm();
+      EXPECT_LE(rel_err(got, want), n == 0 ? 0.0 : tolerance(t));
+    }
+  }
+}
+
+TEST_P(Ops, GemmAndMmMatchFloat64Reference) {
+  for (auto t : kDtypes) {
+    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 1000, 5}, {65, 33, 129}, {0, 4, 3}, {3, 0, 4}}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(m) + "x" + std::to_string(k) + "x" +
+                   std::to_string(n));
+      auto a = rand({m, k}, t), b = rand({k, n}, t);
+      auto ref = torch::mm(a.to(at::kDouble), b.to(at::kDouble));
+      const double tol = tolerance(t) * (t == at::kFloat ? 10 : 1);
+      EXPECT_LE(rel_err(cuops::mm(a, b), ref), tol);
+      auto c = poison({m, n}, t);
+      cuops::gemm(c, a, b);  // beta = 0: the NaNs in c must not leak
+      EXPECT_LE(rel_err(c, ref), tol);
+      auto c0 = rand({m, n}, t);
+      auto c1 = c0.clone();
+      cuops::gemm(c1, a, b, 0.5, -2.0);
+      EXPECT_LE(rel_err(c1, ref * 0.5 - 2.0 * c0.to(at::kDouble)), 4 * tol);
+      // Transposed operands are read through their strides.
+      auto at_ = rand({k, m}, t).t(), bt = rand({n, k}, t).t();
+      EXPECT_LE(rel_err(cuops::mm(at_, bt), torch::mm(at_.to(at::kDouble), bt.to(at::kDouble))), tol);
+    }
+  }
+}
+
+TEST_P(Ops, MmAutogradMatchesATen) {
+  auto a = rand({17, 9}, at::kDouble).requires_grad_(), b = rand({9, 5}, at::kDouble).requires_grad_();
+  auto g = rand({17, 5}, at::kDouble);
+  cuops::mm(a, b).backward(g);
+  auto a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  torch::mm(a2, b2).backward(g);
+  EXPECT_LE(rel_err(a.grad(), a2.grad()), 1e-12);
+  EXPECT_LE(rel_err(b.grad(), b2.grad()), 1e-12);
+}
+
+TEST_P(Ops, TwoNormAutogradMatchesATenAndIsZeroAtZero) {
+  auto a = rand({6, 7}, at::kDouble).requires_grad_(), b = rand({6, 7}, at::kDouble).requires_grad_();
+  cuops::two_norm(a, b).backward();
+  auto a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  torch::linalg_vector_norm(a2 - b2).backward();
+  EXPECT_LE(rel_err(a.grad(), a2.grad()), 1e-12);
+  EXPECT_LE(rel_err(b.grad(), b2.grad()), 1e-12);
+
+  auto z = rand({4}, at::kDouble).requires_grad_();
+  cuops::two_norm(z, z.detach()).backward();
+  EXPECT_TRUE(torch::equal(z.grad(), torch::zeros_like(z)));
+}
+
+TEST_P(Ops, ErrorsNameOpArgumentExpectedAndGot) {
+  auto f = rand({4}, at::kFloat);
+  EXPECT_NE(error_of([&] { cuops::vector_add(f, rand({4}, at::kDouble)); })
+                .find("cuops::vector_add: expected b to have the dtype of a (float32), got float64"),
+            std::string::npos);
+  auto i = torch::ones({4}, torch::TensorOptions().dtype(at::kLong).device(device_));
+  EXPECT_NE(error_of([&] { cuops::square(i); })
+                .find("cuops::square: expected x to have dtype float32, float64, float16 or bfloat16, got int64"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cuops::two_norm(f, rand({5}, at::kFloat)); })
+                .find("cuops::two_norm: expected b to have the shape of a [4], got [5]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cuops::mm(rand({64, 32}, at::kFloat), rand({31, 16}, at::kFloat)); })
+                .find("cuops::mm: expected a and b to share the inner dimension, got a [64, 32] and b [31, 16]"),
+            std::string::npos);
+  auto big = rand({8}, at::kFloat);
+  EXPECT_NE(error_of([&] { cuops::add2(big.narrow(0, 1, 4), big.narrow(0, 0, 4), rand({4}, at::kFloat)); })
+                .find("cuops::add2: expected c to be exactly a or not to overlap it"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, Ops, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
+  for (const char* name : {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm"}) {
+    SCOPED_TRACE(name);
+    auto op = c10::Dispatcher::singleton().findSchema({std::string("cuops::") + name, ""});
+    ASSERT_TRUE(op.has_value());
+    for (auto key : {c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::Meta,
+                     c10::DispatchKey::Autograd})
+      EXPECT_TRUE(op->hasKernelForDispatchKey(key)) << c10::toString(key);
+    EXPECT_TRUE(op->hasTag(at::Tag::pt2_compliant_tag));
+  }
+  auto info = c10::Dispatcher::singleton().findSchema({"cuops::build_info", ""});
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
+}
+
+TEST(BuildInfo, IsJsonWithVersions) {
+  const std::string s = cuops::build_info();
+  for (const char* key : {"\"cuops_version\"", "\"torch_version\"", "\"cuda_version\"", "\"cuda_archs\"",
+                          "\"cxx_compiler\"", "\"build_type\""})
+    EXPECT_NE(s.find(key), std::string::npos) << s;
+  EXPECT_EQ(s.front(), '{');
+  EXPECT_EQ(s.back(), '}');
+}
+
+TEST(Autograd, InPlaceOpsRejectInputsThatRequireGrad) {
+  auto a = torch::randn({3}).requires_grad_(), b = torch::randn({3}), c = torch::empty({3});
+  EXPECT_NE(error_of([&] { cuops::add2(c, a, b); }).find("cuops::add2: a requires grad"), std::string::npos);
+  auto m = torch::randn({3, 3}).requires_grad_();
+  EXPECT_NE(error_of([&] { cuops::gemm(torch::empty({3, 3}), m, torch::randn({3, 3})); }).find("cuops::mm"),
+            std::string::npos);
+  torch::NoGradGuard no_grad;
+  cuops::add2(c, a, b);
+  EXPECT_TRUE(torch::equal(c, a + b));
+}
+
+}  // namespace
