@@ -1,0 +1,66 @@
+"""Shared fixtures: loads libcuops into torch.ops.cuops, devices, dtypes, tolerances, input makers."""
+import os
+import pathlib
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LIBRARY = pathlib.Path(os.environ.get("CUOPS_LIBRARY", ROOT / "build" / "libcuops.so"))
+torch.ops.load_library(str(LIBRARY))
+ops = torch.ops.cuops
+
+HAS_CUDA = torch.cuda.is_available()
+NO_GPU_REASON = "no CUDA GPU on this machine (CUDA tests run on the GPU machine via tools/gpu_check.sh)"
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+# Per-dtype tolerances against a float64 reference: one rounding of the result for elementwise ops.
+ELEMENTWISE_TOL = {
+    torch.float32: dict(rtol=1.3e-6, atol=1e-30),
+    torch.float64: dict(rtol=1e-13, atol=1e-300),
+    torch.float16: dict(rtol=1e-3, atol=1e-7),
+    torch.bfloat16: dict(rtol=8e-3, atol=1e-30),
+}
+# Relative Frobenius-norm error of reductions and products (accumulated in float32/float64).
+REDUCTION_TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_error(got, ref):
+    got, ref = got.double().cpu(), ref.double().cpu()
+    assert not torch.isnan(got).any(), "output holds NaN (an element was not written, or NaN leaked)"
+    denom = ref.norm().item()
+    return (got - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+LAYOUTS = ["contiguous", "transposed", "sliced", "expanded", "offset"]
+
+
+def make(shape, dtype, device, layout="contiguous", generator=None):
+    """A random tensor of logical `shape` whose memory layout is `layout`."""
+    shape = tuple(shape)
+
+    def randn(s):
+        return torch.randn(s, dtype=torch.float64, generator=generator).to(dtype=dtype, device=device)
+
+    if layout == "contiguous":
+        return randn(shape)
+    if layout == "transposed":
+        dims = list(range(len(shape)))[::-1]
+        return randn(shape[::-1]).permute(dims)
+    if layout == "sliced":
+        if not shape:
+            return randn(shape)
+        return randn(shape[:-1] + (2 * shape[-1],))[..., ::2]
+    if layout == "expanded":
+        if not shape:
+            return randn(shape)
+        return randn((1,) + shape[1:]).expand(shape)
+    if layout == "offset":  # storage offset of one element: pointers not 16-byte aligned
+        n = 1
+        for s in shape:
+            n *= s
+        return randn((n + 1,))[1:].view(shape)
+    raise ValueError(layout)

@@ -1,0 +1,144 @@
+"""Correctness of every op against a float64 reference: devices x dtypes x shapes x layouts."""
+import pytest
+import torch
+
+from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, HAS_CUDA, LAYOUTS, REDUCTION_TOL, make, ops, rel_error,
+                      requires_cuda)
+
+SHAPES = [(0,), (1,), (1000,), (4097,), (3, 0, 5), (33, 65), (7, 11, 13)]
+
+
+def assert_elementwise(got, ref, dtype):
+    assert got.dtype == dtype
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got.double().cpu(), ref.cpu(), **ELEMENTWISE_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_elementwise_ops(device, dtype, shape, layout):
+    a = make(shape, dtype, device, layout)
+    b = make(shape, dtype, device, "contiguous" if layout == "expanded" else layout)
+    ad, bd = a.double(), b.double()
+
+    c = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    assert ops.add2(c, a, b) is None
+    assert_elementwise(c, ad + bd, dtype)
+
+    for out, ref in [(ops.vector_add(a, b), ad + bd), (ops.scale(a, -1.75), ad * -1.75),
+                     (ops.scale(a), ad * 2.0), (ops.square(a), ad * ad)]:
+        assert out.is_contiguous()
+        assert_elementwise(out, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "offset"])
+def test_add2_writes_strided_output(device, dtype, layout):
+    a, b = make((37, 19), dtype, device), make((37, 19), dtype, device)
+    c = make((37, 19), dtype, device, layout).fill_(float("nan"))
+    ops.add2(c, a, b)
+    assert_elementwise(c, a.double() + b.double(), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["a", "b"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_add2_in_place(device, dtype, which, layout):
+    a, b = make((129, 31), dtype, device, layout), make((129, 31), dtype, device, layout)
+    ref = a.double() + b.double()
+    ops.add2(a if which == "a" else b, a, b)
+    assert_elementwise(a if which == "a" else b, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + [(4096, 4096)], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "expanded", "offset"])
+def test_two_norm(device, dtype, shape, layout):
+    if shape == (4096, 4096) and layout != "contiguous":
+        pytest.skip("the large shape is covered contiguous only (time)")
+    a = make(shape, dtype, device, layout)
+    b = make(shape, dtype, device, "offset" if layout == "offset" else "contiguous")
+    out = ops.two_norm(a, b)
+    assert out.shape == () and out.dtype == dtype and out.device == a.device
+    ref = torch.linalg.vector_norm(a.double() - b.double())
+    if a.numel() == 0:
+        assert out.item() == 0.0
+    else:
+        assert rel_error(out, ref) <= REDUCTION_TOL[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_norm_4096_float32_within_1e_6(device):
+    a = torch.randn(4096, 4096, device=device)
+    b = torch.randn(4096, 4096, device=device)
+    ref = torch.linalg.vector_norm((a - b).double())
+    assert abs(ops.two_norm(a, b).double().item() - ref.item()) / ref.item() < 1e-6
+
+
+@requires_cuda
+def test_two_norm_is_deterministic():
+    a, b = torch.randn(3, 1 << 20, device="cuda"), torch.randn(3, 1 << 20, device="cuda")
+    first = ops.two_norm(a, b)
+    for _ in range(20):
+        assert torch.equal(ops.two_norm(a, b), first)
+
+
+GEMM_SHAPES = [(1, 1, 1), (7, 1, 5), (1, 1000, 1), (1, 7, 1000), (1000, 7, 1), (64, 32, 16), (65, 33, 129),
+               (0, 3, 4), (3, 0, 4), (4, 3, 0), (257, 300, 130)]
+GEMM_LAYOUTS = ["contiguous", "transposed", "sliced", "offset"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mkn", GEMM_SHAPES, ids=str)
+@pytest.mark.parametrize("layout_a", GEMM_LAYOUTS)
+@pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
+def test_mm_and_gemm(device, dtype, mkn, layout_a, layout_b):
+    m, k, n = mkn
+    a, b = make((m, k), dtype, device, layout_a), make((k, n), dtype, device, layout_b)
+    ref = a.double() @ b.double()
+    tol = REDUCTION_TOL[dtype]
+
+    out = ops.mm(a, b)
+    assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
+    assert rel_error(out, ref) <= tol
+
+    c = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    ops.gemm(c, a, b)  # beta = 0: NaN in c must not leak
+    assert rel_error(c, ref) <= tol
+
+    for alpha, beta in [(0.5, -2.0), (-1.0, 1.0)]:
+        c0 = make((m, n), dtype, device)
+        c = c0.clone()
+        ops.gemm(c, a, b, alpha, beta)
+        assert rel_error(c, alpha * ref + beta * c0.double()) <= 2 * tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_writes_strided_output(device):
+    a, b = torch.randn(33, 17, device=device), torch.randn(17, 9, device=device)
+    c = torch.full((9, 33), float("nan"), device=device).t()
+    ops.gemm(c, a, b, 2.0, 0.0)
+    assert rel_error(c, 2.0 * (a.double() @ b.double())) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_640_float32_within_1e_5(device):
+    a, b = torch.randn(640, 640, device=device), torch.randn(640, 640, device=device)
+    c = torch.empty(640, 640, device=device)
+    ops.gemm(c, a, b)
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
+def test_build_info_is_json():
+    import json
+    info = json.loads(ops.build_info())
+    assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
+    assert "90" in info["cuda_archs"]
+    assert set(info) >= {"cuops_version", "cuda_version", "cxx_compiler", "build_type"}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds cuops and runs both demos: the C++ program (libtorch + libcuops) and the Python script.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+bash "$CUOPS_ROOT/tools/build.sh"
+echo "== C++ demo"
+"$CUOPS_BUILD_DIR/cpp_demo/cuops_demo"
+echo "== Python demo"
+"$PY" "$CUOPS_ROOT/python_demo/demo.py"

@@ -1,0 +1,28 @@
+# Sourced by the other tools/ scripts. Sets PY to a Python whose torch is the pinned version:
+# $CUOPS_PYTHON if given, else python3 when it already has that torch (the GPU machine, which has no
+# network), else a .venv in the repo with torch and the test tools installed from PyPI.
+TORCH_PIN=2.11.0
+PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0"
+CUOPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+has_pinned_torch() {
+  "$1" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" >/dev/null 2>&1
+}
+
+if [ -n "${CUOPS_PYTHON:-}" ]; then
+  PY=$CUOPS_PYTHON
+elif has_pinned_torch python3; then
+  PY=python3
+else
+  PY=$CUOPS_ROOT/.venv/bin/python
+  if ! has_pinned_torch "$PY"; then
+    echo "== setting up $CUOPS_ROOT/.venv with torch==$TORCH_PIN from PyPI (one time)"
+    [ -x "$PY" ] || python3 -m venv "$CUOPS_ROOT/.venv" || exit 1
+    "$PY" -m pip install -q --upgrade pip || exit 1
+    "$PY" -m pip install -q "torch==$TORCH_PIN" $PY_PINS || exit 1
+  fi
+fi
+# Test tools: present on the GPU machine's python3; installed into the venv above otherwise.
+"$PY" -c "import pytest, hypothesis, numpy" 2>/dev/null || "$PY" -m pip install -q $PY_PINS || exit 1
+export PY CUOPS_ROOT
+export CUOPS_BUILD_DIR=${CUOPS_BUILD_DIR:-$CUOPS_ROOT/build}

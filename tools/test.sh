@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: the GoogleTest suite through ctest, then pytest.
+# GPU tests run when a CUDA GPU is visible and are skipped with the reason shown otherwise.
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+bash "$CUOPS_ROOT/tools/build.sh" || exit 1
+cd "$CUOPS_ROOT"
+status=0
+echo "== ctest"
+ctest --test-dir "$CUOPS_BUILD_DIR" --output-on-failure || status=1
+echo "== pytest"
+"$PY" -m pytest tests/python -q -rs -p no:cacheprovider "$@" || status=1
+exit $status
