@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu_check}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+g++ -print-file-name=libstdc++.so; echo "LDFLAGS=${LDFLAGS:-}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 bash tools/test.sh "$@" >"$out/test.log" 2>&1; test_rc=$?
 bash tools/demo.sh >"$out/demo.log" 2>&1; demo_rc=$?

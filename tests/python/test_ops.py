@@ -142,3 +142,18 @@ def test_build_info_is_json():
     assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
     assert "90" in info["cuda_archs"]
     assert set(info) >= {"cuops_version", "cuda_version", "cxx_compiler", "build_type"}
+
+
+def test_library_uses_the_shared_libstdcxx():
+    """A private static libstdc++ inside libcuops crashes the first message that formats a number
+    (torch.ops.load_library opens it RTLD_LOCAL); seen once on a GPU image, kept from coming back."""
+    import shutil
+    import subprocess
+    from conftest import LIBRARY
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) not installed")
+    dynamic = subprocess.run(["readelf", "-d", str(LIBRARY)], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++.so.6" in dynamic
+    # and a message with numbers in it formats
+    with pytest.raises(RuntimeError, match=r"got 3-D tensor of shape \[2, 3, 4\]"):
+        ops.mm(torch.randn(2, 3, 4), torch.randn(4, 4))
