@@ -1,7 +1,8 @@
 # libcuops must use the process's shared libstdc++. torch.ops.load_library opens it RTLD_LOCAL, so a
 # private static copy binds first: its locale facets are never initialised and the first number
-# formatted into a message crashes (seen on a GPU image whose g++ had libstdc++.a but no libstdc++.so
-# development link, so -lstdc++ silently linked the static archive).
+# formatted into a message crashes. Seen on the GPU machine's image (a build there came out with no
+# NEEDED libstdc++.so.6); stripping -static-libstdc++ from CMake's linker flags fixed it, and
+# tests/python/test_ops.py::test_library_uses_the_shared_libstdcxx keeps it fixed.
 foreach(_flags CMAKE_SHARED_LINKER_FLAGS CMAKE_EXE_LINKER_FLAGS CMAKE_MODULE_LINKER_FLAGS)
   string(REPLACE "-static-libstdc++" "" ${_flags} "${${_flags}}")
 endforeach()

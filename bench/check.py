@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Compares a bench/run.py results file with the SPEC.md §3 performance targets.
+
+    python3 bench/check.py bench/results/h100.json [--gemm] [--overhead]
+
+One line per target: its measured value and PASS / FAIL / MISSING. The memory-bound targets always
+count. The GEMM and call-overhead targets belong to later issues: they print as INFO lines (with what
+they would be) unless --gemm / --overhead makes them count. Exit status 1 when any counted target
+fails or has no measurement, 2 when the file cannot be read.
+
+The row schema is run.py's module docstring; this file looks rows up by
+(family, op, dtype, precision, n) for memory-bound rows and by (op, dtype, precision, shape) for GEMM.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def find(rows, **key):
+    """The row whose fields equal key (None when absent)."""
+    for r in rows:
+        if all(r.get(k) == v for k, v in key.items()):
+            return r
+    return None
+
+
+def pow2(n):
+    return f"2^{n.bit_length() - 1}"
+
+
+class Checker:
+    def __init__(self):
+        self.counted_fail = 0
+        self.counted_pass = 0
+        self.info = 0
+
+    def target(self, label, value, op, threshold, counted, why_missing=None):
+        """Prints one target line. value None means missing (why_missing says why)."""
+        if value is None:
+            verdict, shown = "MISSING", f"{'-':>8}  ({why_missing or 'no measurement'})"
+            ok = False
+        else:
+            ok = value >= threshold if op == ">=" else value <= threshold
+            verdict, shown = ("PASS" if ok else "FAIL"), f"{value:8.3f}"
+        target = f"{op} {threshold:.2f}"
+        if counted:
+            self.counted_pass += ok
+            self.counted_fail += not ok
+            print(f"{verdict:<7}  {label:<52} {shown}  target {target}")
+        else:
+            self.info += 1
+            print(f"{'INFO':<7}  {label:<52} {shown}  target {target} (would {verdict})")
+
+
+def row_value(row, path):
+    """(value, why missing) for a field path such as ('baselines', 'eager', 'ratio')."""
+    if row is None:
+        return None, "row not in results"
+    if row.get("status") != "ok":
+        return None, f"row {row.get('status')}: {row.get('error') or row.get('skip_reason') or ''}"[:80]
+    value = row
+    for part in path:
+        if not isinstance(value, dict) or value.get(part) is None:
+            err = value.get("error") if isinstance(value, dict) else None
+            return None, f"no {'.'.join(path)}" + (f": {err}"[:60] if err else "")
+        value = value[part]
+    return float(value), None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="results JSON written by bench/run.py (e.g. bench/results/h100.json)")
+    parser.add_argument("--gemm", action="store_true", help="count the GEMM targets instead of printing them as INFO")
+    parser.add_argument("--overhead", action="store_true", help="count the call-overhead targets")
+    args = parser.parse_args()
+    try:
+        with open(args.results) as f:
+            results = json.load(f)
+        rows = results["rows"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"check.py: cannot read {args.results}: {e}", file=sys.stderr)
+        return 2
+
+    print(f"{args.results}: {results.get('gpu')} | torch {results.get('torch')} | commit "
+          f"{str(results.get('git_commit'))[:12]}{' (dirty)' if results.get('git_dirty') else ''} | "
+          f"{results.get('date')} | copy {results.get('copy_bandwidth_GBps') or 0:.0f} GB/s")
+    c = Checker()
+
+    def mem(family, op, dtype, n, path, label, threshold):
+        value, why = row_value(find(rows, family=family, op=op, dtype=dtype, n=n), path)
+        c.target(f"{op} {dtype} {pow2(n)} {label}", value, ">=", threshold, True, why)
+
+    # add2, vector_add: >= 1.00x copy at 2^28 and 2^30; never > 2% slower than torch.add.
+    for op in ("add2", "vector_add"):
+        for dtype in ("float32", "bfloat16"):
+            for n in (2**28, 2**30):
+                mem("elementwise", op, dtype, n, ("fraction",), "fraction of copy", 1.00)
+                mem("elementwise", op, dtype, n, ("ratio",), "torch.add time / cuops", 0.98)
+    # scale, square: >= 0.99x copy at 2^28 (the spec names no dtype: every dtype measured).
+    for op in ("scale", "square"):
+        for dtype in ("float32", "bfloat16", "float16"):
+            mem("elementwise", op, dtype, 2**28, ("fraction",), "fraction of copy", 0.99)
+    # two_norm: >= 1.03x copy at 2^28, so >= 2x eager torch and >= 1x torch.compile.
+    for dtype in ("float32", "bfloat16"):
+        mem("norm", "two_norm", dtype, 2**28, ("fraction",), "fraction of copy", 1.03)
+        mem("norm", "two_norm", dtype, 2**28, ("baselines", "eager", "ratio"), "eager time / cuops", 2.0)
+        mem("norm", "two_norm", dtype, 2**28, ("baselines", "compiled", "ratio"), "compiled time / cuops", 1.0)
+
+    # GEMM: fraction of cuBLAS (torch.mm under the same precision setting).
+    gemm_targets = [
+        ("float32", "highest", 4096, 0.95), ("float32", "highest", 8192, 0.95), ("float32", "highest", 1024, 0.80),
+        ("float32", "high", 4096, 0.90),
+    ] + [(dtype, None, s, t) for dtype in ("bfloat16", "float16") for s, t in ((8192, 1.00), (4096, 0.95), (1024, 0.80))]
+    for op in ("gemm", "mm"):
+        for dtype, precision, s, threshold in gemm_targets:
+            row = find(rows, family="gemm", op=op, dtype=dtype, precision=precision, shape=[s, s, s])
+            value, why = row_value(row, ("fraction",))
+            name = {"highest": "float32", "high": "tf32"}.get(precision, dtype)
+            c.target(f"{op} {name} {s}^3 fraction of cuBLAS", value, ">=", threshold, args.gemm, why)
+
+    # Call overhead at 16 elements: cuops / aten host time per call.
+    overhead = results.get("overhead") or {}
+    for lang, base in (("python", "aten.add.out"), ("cpp", "at::add_out")):
+        o = overhead.get(lang) or {}
+        value = o.get("cuops_over_aten") if o.get("status") == "ok" else None
+        why = None if value is not None else (o.get("reason") or o.get("error") or "not measured")
+        c.target(f"overhead {lang} add2 / {base} (16 elem)", value, "<=", 1.10, args.overhead, why)
+
+    print(f"counted targets: {c.counted_pass} pass, {c.counted_fail} fail or missing; {c.info} info-only")
+    return 1 if c.counted_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
