@@ -39,19 +39,19 @@ class Checker:
     def target(self, label, value, op, threshold, counted, why_missing=None):
         """Prints one target line. value None means missing (why_missing says why)."""
         if value is None:
-            verdict, shown = "MISSING", f"{'-':>8}  ({why_missing or 'no measurement'})"
-            ok = False
+            ok, verdict, shown = False, "MISSING", f"{'-':>8}"
         else:
             ok = value >= threshold if op == ">=" else value <= threshold
             verdict, shown = ("PASS" if ok else "FAIL"), f"{value:8.3f}"
-        target = f"{op} {threshold:.2f}"
+        note = f"  ({why_missing or 'no measurement'})" if value is None else ""
+        line = f"{label:<52} {shown}  {op} {threshold:.2f}"
         if counted:
             self.counted_pass += ok
             self.counted_fail += not ok
-            print(f"{verdict:<7}  {label:<52} {shown}  target {target}")
+            print(f"{verdict:<7}  {line}{note}")
         else:
             self.info += 1
-            print(f"{'INFO':<7}  {label:<52} {shown}  target {target} (would {verdict})")
+            print(f"{'INFO':<7}  {line}  ({'missing' if value is None else 'would ' + verdict}){note}")
 
 
 def row_value(row, path):

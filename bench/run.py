@@ -58,7 +58,9 @@ Memory-bound rows (copy, elementwise, norm) add:
   fraction             achieved_GBps / copy_GBps; baselines also carry "GBps" and "fraction"
 GEMM rows add:
   M, K, N, shape [M, K, N], flops (2·M·N·K), cuops_TFLOPs, baselines.cublas.TFLOPs,
-  fraction = cuops_TFLOPs / cuBLAS TFLOP/s (the same number as ratio)
+  fraction = cuops_TFLOPs / cuBLAS TFLOP/s (the same number as ratio),
+  single_ms (one warm cuops call: at 4096^3 over 500 ms, the 8192^3 cuops rows of that dtype and
+  precision are skipped, cuBLAS still measured)
 
 overhead.python and overhead.cpp: {"status": "ok", "cuops_us", "aten_us", "cuops_over_aten", ...} with
 host microseconds per call of add2 versus aten add.out at 16 float32 elements (lower is better; the
@@ -101,9 +103,15 @@ SCALE_ALPHA = 1.5
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
-# Module state set by main(): the device and the Triton timer (None: fall back to events).
+# Module state set by main(): the device, the Triton timer (None: fall back to events) and the
+# perf_counter() time after which no more measurements start (--budget-s).
 DEVICE = "cuda"
 DO_BENCH = None
+DEADLINE = math.inf
+
+
+class BudgetSpent(Exception):
+    """Raised instead of starting a measurement once the run's time budget is spent."""
 
 
 def log(msg: str) -> None:
@@ -116,8 +124,11 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def free_memory() -> None:
-    gc.collect()
+def free_memory(collect: bool = False) -> None:
+    """Hands cached blocks back between sizes so the next, larger size has the memory. Tensors die by
+    reference counting; a full gc pass (0.2 s once inductor is loaded) runs only after big sizes."""
+    if collect:
+        gc.collect()
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
 
@@ -159,6 +170,8 @@ def _elapsed_ms(fn, calls: int) -> float:
 
 
 def measure(fn, cap_ms: float = CAP_MS) -> Timing:
+    if time.perf_counter() > DEADLINE:
+        raise BudgetSpent("the run's time budget (--budget-s) was spent before this measurement")
     fn()  # first call outside the timing: lazy module loading, cuBLAS handles, torch.compile
     sync()
     single = _elapsed_ms(fn, 1)
@@ -223,12 +236,15 @@ class CopyCeiling:
                "size": bytes_label(buffer_bytes), "n": n, "buffer_bytes": buffer_bytes,
                "bytes": 2 * buffer_bytes, "ceiling": None}
         try:
-            assert buffer_bytes % 4 == 0, "copy buffers are whole float32s"
+            if buffer_bytes % 4:
+                raise ValueError("copy buffers are whole float32s")
             pool = make_pool(lambda: (torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)),
                              2 * buffer_bytes, self.pool_bytes)
             t = measure(rotating(pool, lambda src, dst: dst.copy_(src)))
             del pool
             row.update(status="ok", ms=t.ms, reps=t.reps, timer=t.method, GBps=2 * buffer_bytes / t.ms / 1e6)
+        except BudgetSpent as e:
+            row.update(status="skipped", skip_reason=str(e))
         except Exception as e:  # noqa: BLE001 - one failed row must not end the run
             row.update(status="error", error=error_text(e))
         free_memory()
@@ -274,13 +290,14 @@ def guarded(rows: list, row: dict, work) -> None:
     """Runs work(row), turning an exception into an error row, and appends the row."""
     try:
         work(row)
+    except BudgetSpent as e:
+        row.update(status="skipped", skip_reason=str(e))
     except Exception as e:  # noqa: BLE001
         row.update(status="error", error=error_text(e))
         log(f"  ERROR {row['op']} {row.get('dtype')} {row['size']}: {row['error']}")
         if os.environ.get("CUOPS_BENCH_TRACEBACK"):
             traceback.print_exc()
     rows.append(row)
-    free_memory()
 
 
 def elementwise_section(cfg, rows: list, ceiling: CopyCeiling) -> None:
@@ -322,7 +339,7 @@ def elementwise_section(cfg, rows: list, ceiling: CopyCeiling) -> None:
                 guarded(rows, row, lambda r: memory_row(
                     r, rotating(pool, cuops_call), [("torch", label, call, rotating(pool, base_call))], copy))
             del pool
-            free_memory()
+            free_memory(collect=n * es >= 2**28)
             log(f"elementwise {dname} {pow2_label(n)}: {time.perf_counter() - started:.1f}s")
 
 
@@ -356,6 +373,7 @@ def norm_section(cfg, rows: list, ceiling: CopyCeiling) -> None:
                 ], ceiling.at(n * es))
 
             guarded(rows, row, work)
+            free_memory(collect=n * es >= 2**28)
             log(f"norm {dname} {pow2_label(n)}: {time.perf_counter() - started:.1f}s")
 
 
@@ -435,7 +453,7 @@ def gemm_section(cfg, rows: list) -> None:
                     if M == K == N == 4096 and row.get("single_ms") is not None:
                         slow_4096_ms = max(slow_4096_ms or 0.0, row["single_ms"])
                 del pool
-                free_memory()
+                free_memory(collect=set_bytes >= 2**28)
                 log(f"gemm {dname}/{precision or '-'} {gemm_label(M, K, N)}: {time.perf_counter() - started:.1f}s")
     finally:
         torch.set_float32_matmul_precision(saved[0])
@@ -535,12 +553,12 @@ def fmt_num(x, suffix="") -> str:
 def table_lines(results: dict) -> list[str]:
     """The stdout table: one line per (row, baseline). mm repeats gemm's kernel, so the table shows it
     only at the sizes with targets; every row is in the JSON."""
-    head = f"{'op':<11} {'dtype':<5} {'size':<15} {'cuops':>9}  {'baseline':<20} {'base time':>9} {'ratio':>7} {'frac':>6}"
+    head = f"{'op':<12} {'dtype':<5} {'size':<15} {'cuops':>9}  {'baseline':<20} {'base time':>9} {'ratio':>7} {'frac':>6}"
     lines = [head, "-" * len(head)]
 
     def line(op, dtype, size, ms, label, base_ms, ratio, frac):
         cuops = ms if isinstance(ms, str) else fmt_time(ms)
-        lines.append(f"{op:<11} {dtype:<5} {size:<15} {cuops:>9}  {label:<20} {fmt_time(base_ms):>9} "
+        lines.append(f"{op:<12} {dtype:<5} {size:<15} {cuops:>9}  {label:<20} {fmt_time(base_ms):>9} "
                      f"{fmt_num(ratio, 'x'):>7} {fmt_num(frac):>6}")
 
     for r in results["rows"]:
@@ -550,15 +568,15 @@ def table_lines(results: dict) -> list[str]:
             continue
         dtype = "tf32" if r.get("precision") == "high" else SHORT.get(r["dtype"], r["dtype"])
         if r.get("status") == "error":
-            lines.append(f"{r['op']:<11} {dtype:<5} {r['size']:<15} ERROR {r.get('error', '')}"[:130])
+            lines.append(f"{r['op']:<12} {dtype:<5} {r['size']:<15} ERROR {r.get('error', '')}"[:130])
             continue
         bases = r.get("baselines") or {}
         if not bases:
-            lines.append(f"{r['op']:<11} {dtype:<5} {r['size']:<15} SKIPPED {r.get('skip_reason', '')}"[:130])
+            lines.append(f"{r['op']:<12} {dtype:<5} {r['size']:<15} SKIPPED {r.get('skip_reason', '')}"[:130])
             continue
         for i, b in enumerate(bases.values()):
             if "error" in b:
-                lines.append(f"{r['op']:<11} {dtype:<5} {r['size']:<15} {fmt_time(r.get('cuops_ms')):>9}  "
+                lines.append(f"{r['op']:<12} {dtype:<5} {r['size']:<15} {fmt_time(r.get('cuops_ms')):>9}  "
                              f"{b['label']:<20} ERROR {b['error']}"[:130])
                 continue
             cuops_ms = r.get("cuops_ms") if r.get("status") == "ok" else r.get("status", "?")
@@ -567,11 +585,11 @@ def table_lines(results: dict) -> list[str]:
     for lang, o in (results.get("overhead") or {}).items():
         name = "overhead/" + ("py" if lang == "python" else "c++")
         if o.get("status") != "ok":
-            lines.append(f"{name:<11} {'f32':<5} {'16':<15} {o.get('status', '').upper()} "
+            lines.append(f"{name:<12} {'f32':<5} {'16':<15} {o.get('status', '').upper()} "
                          f"{o.get('reason') or o.get('error') or ''}"[:130])
             continue
         base = "aten.add.out" if lang == "python" else "at::add_out"
-        lines.append(f"{name:<11} {'f32':<5} {'16':<15} {o['cuops_us']:>7.2f}us  {base:<20} {o['aten_us']:>7.2f}us "
+        lines.append(f"{name:<12} {'f32':<5} {'16':<15} {o['cuops_us']:>7.2f}us  {base:<20} {o['aten_us']:>7.2f}us "
                      f"{fmt_num(o['aten_us'] / o['cuops_us'], 'x'):>7} {'-':>6}")
     return lines
 
@@ -598,7 +616,8 @@ def plot(results: dict, out: Path) -> dict:
         for op in colors:
             for dname in styles:
                 pts = sorted((r["n"] * DTYPES[dname].itemsize, r["achieved_GBps"]) for r in rows
-                             if r["op"] == op and r["dtype"] == dname and r.get("achieved_GBps"))
+                             if r["op"] == op and r["dtype"] == dname and r.get("status") == "ok"
+                             and r.get("achieved_GBps"))
                 if pts:
                     ax.plot(*zip(*pts), color=colors[op], ls=styles[dname], marker=".", label=f"{op} {SHORT[dname]}")
         ax.set_xscale("log", base=2)
@@ -620,7 +639,8 @@ def plot(results: dict, out: Path) -> dict:
             sel = [r for r in rows if r["family"] == "gemm" and r["dtype"] == dname
                    and r["precision"] == precision and r["M"] == r["K"] == r["N"]]
             for op, color in (("gemm", "C0"), ("mm", "C2")):
-                pts = sorted((r["M"], r["cuops_TFLOPs"]) for r in sel if r["op"] == op and r.get("cuops_TFLOPs"))
+                pts = sorted((r["M"], r["cuops_TFLOPs"]) for r in sel
+                             if r["op"] == op and r.get("status") == "ok" and r.get("cuops_TFLOPs"))
                 if pts:
                     ax.plot(*zip(*pts), color=color, marker="o", label=f"cuops {op}")
             pts = sorted((r["M"], r["baselines"]["cublas"]["TFLOPs"]) for r in sel
@@ -688,12 +708,15 @@ SECTIONS = ("elementwise", "norm", "gemm", "overhead")
 
 
 def main() -> int:
-    global DEVICE, DO_BENCH
+    global DEVICE, DO_BENCH, DEADLINE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default bench/results; bench/results/tmp for --quick/--only/--device cpu)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes, for smoke tests")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of sections: {','.join(SECTIONS)}")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="start no measurement after this many seconds (later rows are recorded as skipped), "
+                             "so the run ends inside its 6-minute slot")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: exercise the harness without a GPU (tiny sizes, wall clock; timings meaningless)")
     args = parser.parse_args()
@@ -720,10 +743,10 @@ def main() -> int:
     lib = os.environ.get("CUOPS_LIBRARY", str(REPO / "build" / "libcuops.so"))
     torch.ops.load_library(lib)
     try:
-        import torch._dynamo
+        from torch import _dynamo
         for knob in ("recompile_limit", "cache_size_limit"):  # one recompile per size and dtype is expected
-            if hasattr(torch._dynamo.config, knob):
-                setattr(torch._dynamo.config, knob, 64)
+            if hasattr(_dynamo.config, knob):
+                setattr(_dynamo.config, knob, 64)
     except Exception:  # noqa: BLE001
         pass
     torch.manual_seed(0)
@@ -740,7 +763,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_info(), "library": lib, "build_info": build_info,
         "timer": "triton.testing.do_bench (median)" if DO_BENCH else f"events/wall clock, median of >= {MIN_REPS}",
-        "args": {"quick": args.quick, "only": only, "device": DEVICE},
+        "args": {"quick": args.quick, "only": only, "device": DEVICE, "budget_s": args.budget_s},
         "copy_bandwidth_GBps": None, "rows": [], "overhead": {}, "elapsed_s": {},
     }
     json_path = out / ("h100.json" if DEVICE == "cuda" else "cpu_smoke.json")
@@ -750,6 +773,7 @@ def main() -> int:
         json_path.write_text(json.dumps(results, indent=1) + "\n")
 
     t_start = time.perf_counter()
+    DEADLINE = t_start + args.budget_s
     rows = results["rows"]
     ceiling = CopyCeiling(rows, cfg.pool_bytes)
     main_copy = ceiling.at(2**28 * 4 if DEVICE == "cuda" else 2**20 * 4)

@@ -1,9 +1,12 @@
 // cuops C++ demo: a plain libtorch program that links libcuops and calls every op through the typed
 // C++ API, on the GPU when there is one, checking each against ATen.
 #include <cuops/cuops.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,7 +27,9 @@ double rel_err(const at::Tensor& got, const at::Tensor& want) {
 
 }  // namespace
 
-int main() {
+// With an artifact directory (tests/python/make_artifacts.py), also runs the module scripted in
+// Python (TorchScript) and the AOTInductor package exported in Python, against Python's outputs.
+int main(int argc, char** argv) {
   const bool cuda = torch::cuda::is_available();
   const torch::Device dev = cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(dev);
@@ -64,10 +69,25 @@ int main() {
     check("mm backward (grad a)", "640x640x640", ga.grad(), torch::ones({640, 640}, opts).mm(b.t()), 1e-5);
   }
 
+  const std::string dir = argc > 1 ? argv[1] : "";
+  const std::string dev_name = cuda ? "cuda" : "cpu";
+  if (!dir.empty() && std::filesystem::exists(dir + "/io_" + dev_name + ".pt")) {
+    torch::jit::Module io = torch::jit::load(dir + "/io_" + dev_name + ".pt");
+    auto in = [&](const char* n) { return io.attr(n).toTensor(); };
+    auto ts = torch::jit::load(dir + "/model.pt").forward({in("a"), in("b"), in("w")}).toTuple();
+    check("TorchScript (from Python)", "16x8 model", ts->elements()[0].toTensor(), in("g"), 1e-5);
+    torch::inductor::AOTIModelPackageLoader loader(dir + "/model_" + dev_name + ".pt2");
+    auto aoti = loader.run({in("a"), in("b"), in("w")});
+    check("AOTInductor .pt2", "16x8 model", aoti[0], in("g"), 1e-5);
+    check("AOTInductor .pt2 norm", "16x8 model", aoti[1], in("norm"), 1e-5);
+  } else if (!dir.empty()) {
+    std::printf("(no Python artifacts in %s: run tests/python/make_artifacts.py)\n", dir.c_str());
+  }
+
   bool all_ok = true;
-  std::printf("%-22s %-14s %-14s %s\n", "op", "shape", "max rel err", "result");
+  std::printf("%-26s %-14s %-14s %s\n", "op", "shape", "max rel err", "result");
   for (const Row& r : rows) {
-    std::printf("%-22s %-14s %-14.3e %s\n", r.op.c_str(), r.shape.c_str(), r.max_rel_err, r.ok ? "ok" : "MISMATCH");
+    std::printf("%-26s %-14s %-14.3e %s\n", r.op.c_str(), r.shape.c_str(), r.max_rel_err, r.ok ? "ok" : "MISMATCH");
     all_ok = all_ok && r.ok;
   }
   std::printf("\n%s\n", all_ok ? "all ops match ATen" : "SOME OPS DO NOT MATCH ATen");

@@ -6,6 +6,8 @@ source "$(dirname "$0")/env.sh"
 bash "$CUOPS_ROOT/tools/build.sh" || exit 1
 cd "$CUOPS_ROOT"
 status=0
+echo "== Python -> C++ artifacts (TorchScript, AOTInductor)"
+"$PY" tests/python/make_artifacts.py "$CUOPS_BUILD_DIR/artifacts" || status=1
 echo "== ctest"
 ctest --test-dir "$CUOPS_BUILD_DIR" --output-on-failure || status=1
 echo "== pytest"

@@ -1,0 +1,48 @@
+// Python -> C++: a module scripted in Python and an AOTInductor package exported in Python, both
+// using cuops ops, are loaded here (libcuops linked) and must reproduce the Python outputs.
+// tools/test.sh writes the artifacts (tests/python/make_artifacts.py) before running ctest.
+#include <cuops/cuops.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+
+namespace {
+
+const std::string kDir = CUOPS_ARTIFACT_DIR;
+
+class PythonArtifacts : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    const std::string io = kDir + "/io_" + GetParam() + ".pt";
+    ASSERT_TRUE(std::filesystem::exists(io)) << io << " missing: run python tests/python/make_artifacts.py " << kDir;
+    io_ = torch::jit::load(io);
+  }
+  at::Tensor io(const char* name) { return io_.attr(name).toTensor(); }
+  torch::jit::Module io_;
+};
+
+TEST_P(PythonArtifacts, TorchScriptModuleReproducesPython) {
+  torch::jit::Module model = torch::jit::load(kDir + "/model.pt");
+  auto out = model.forward({io("a"), io("b"), io("w")}).toTuple();
+  EXPECT_TRUE(torch::allclose(out->elements()[0].toTensor(), io("g"), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(out->elements()[1].toTensor(), io("norm"), 1e-5, 1e-5));
+  EXPECT_EQ(out->elements()[0].toTensor().device().type(), io("a").device().type());
+}
+
+TEST_P(PythonArtifacts, AotInductorPackageReproducesPython) {
+  torch::inductor::AOTIModelPackageLoader loader(kDir + "/model_" + GetParam() + ".pt2");
+  std::vector<at::Tensor> out = loader.run({io("a"), io("b"), io("w")});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(torch::allclose(out[0], io("g"), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(out[1], io("norm"), 1e-5, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, PythonArtifacts, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace

@@ -1,0 +1,50 @@
+"""Writes what the C++ demo and C++ tests load to prove Python -> C++ round trips:
+  model.pt          a TorchScript module using cuops ops (scripted and saved here),
+  model_<dev>.pt2   an AOTInductor package of the same module (torch.export + aoti_compile_and_package),
+  io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load.
+Usage: python make_artifacts.py OUT_DIR   (cpu always; cuda too when a GPU is visible)."""
+import os
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+torch.ops.load_library(os.environ.get("CUOPS_LIBRARY", str(ROOT / "build" / "libcuops.so")))
+
+
+class Model(torch.nn.Module):
+    """Every tensor op of cuops, gemm and add2 included."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor):
+        c = torch.empty_like(a)
+        torch.ops.cuops.add2(c, a, b)
+        h = torch.ops.cuops.mm(torch.ops.cuops.square(torch.ops.cuops.vector_add(c, b)), w)
+        g = torch.empty([h.shape[0], w.shape[1]], dtype=h.dtype, device=h.device)
+        torch.ops.cuops.gemm(g, torch.ops.cuops.scale(h, 0.25), w, 1.0, 0.0)
+        return g, torch.ops.cuops.two_norm(g, h)
+
+
+class Holder(torch.nn.Module):
+    def __init__(self, tensors):
+        super().__init__()
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
+
+
+def main(out):
+    out.mkdir(parents=True, exist_ok=True)
+    torch.jit.script(Model()).save(str(out / "model.pt"))
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        gen = torch.Generator().manual_seed(7)
+        a, b, w = (torch.randn(s, generator=gen).to(dev) for s in [(16, 8), (16, 8), (8, 8)])
+        g, norm = Model()(a, b, w)
+        torch.jit.script(Holder({"a": a, "b": b, "w": w, "g": g, "norm": norm})).save(str(out / f"io_{dev}.pt"))
+        program = torch.export.export(Model(), (a, b, w))
+        torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"model_{dev}.pt2"))
+        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt")
+
+
+if __name__ == "__main__":
+    main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "build" / "artifacts"))
