@@ -28,10 +28,11 @@ ELEMENTWISE_TOL = {
 REDUCTION_TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-def rel_error(got, ref):
+def rel_error(got, ref, scale=None):
+    """||got - ref|| / ||scale|| (scale defaults to ref): Frobenius norms in float64."""
     got, ref = got.double().cpu(), ref.double().cpu()
     assert not torch.isnan(got).any(), "output holds NaN (an element was not written, or NaN leaked)"
-    denom = ref.norm().item()
+    denom = (ref if scale is None else scale.double().cpu()).norm().item()
     return (got - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
