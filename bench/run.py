@@ -11,10 +11,15 @@ overwrites the committed full results.
 
 Protocol
 --------
-* Timer: triton.testing.do_bench(fn, warmup=25, rep>=100, return_mode="median"): CUDA events around each
-  call, with the L2 cache flushed before every call. The rep budget is raised so that at least 20 calls
-  are timed. Without Triton: CUDA events around batches of back-to-back calls (>= 1 ms a batch), median
-  of 25 batches. A function whose single call takes so long that 20 calls would exceed CAP_MS (only the
+* Timer, memory-bound rows (copy, elementwise, norm): CUDA events around batches of back-to-back calls
+  (>= 1 ms a batch) on rotating inputs, median of 25 batches: the steady streaming rate. Their inputs
+  already exceed L2 (see Inputs), so a flush protects nothing; do_bench's flush (zeroing 256 MB) would
+  leave ~50 MB of dirty L2 lines whose write-back lands inside the next timed call, a 2-4 % tax on a
+  0.36 ms kernel that is the flush's, not the op's. With Triton those rows also record that flushed
+  figure ("flushed_ms", "flushed_fraction", baselines' "flushed_ms"/"flushed_ratio") for comparison.
+* Timer, GEMM rows: triton.testing.do_bench(fn, warmup=25, rep>=100, return_mode="median"): CUDA events
+  around each call, with the L2 cache flushed before every call (GEMM operands can fit in L2). The rep
+  budget is raised so that at least 20 calls are timed. Without Triton: the batched events above. A function whose single call takes so long that 20 calls would exceed CAP_MS (only the
   naive cuops GEMM at large sizes) gets max(3, CAP_MS / call) individually timed calls instead; the row
   says so in "timer" and "cuops_reps".
 * Inputs: torch.randn, never zeros. When one input set is smaller than POOL_BYTES (200 MB, 4x the
@@ -56,6 +61,9 @@ Memory-bound rows (copy, elementwise, norm) add:
   achieved_GBps        bytes / cuops_ms (copy rows: "GBps", "ms", "buffer_bytes")
   copy_bytes, copy_GBps  the copy measured at the byte count of the largest operand (n·elsize)
   fraction             achieved_GBps / copy_GBps; baselines also carry "GBps" and "fraction"
+  flushed_ms, flushed_fraction   (with Triton) the same call timed by do_bench with its L2 flush,
+             against the copy timed the same way (copy rows: "flushed_ms", "flushed_GBps"); baselines
+             carry "flushed_ms" and "flushed_ratio"
 GEMM rows add:
   M, K, N, shape [M, K, N], flops (2·M·N·K), cuops_TFLOPs, baselines.cublas.TFLOPs,
   fraction = cuops_TFLOPs / cuBLAS TFLOP/s (the same number as ratio),
@@ -169,7 +177,8 @@ def _elapsed_ms(fn, calls: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / calls
 
 
-def measure(fn, cap_ms: float = CAP_MS) -> Timing:
+def measure(fn, cap_ms: float = CAP_MS, flush: bool = True) -> Timing:
+    """flush=True: do_bench (L2 flushed before each call) when Triton is there; False: event batches."""
     if time.perf_counter() > DEADLINE:
         raise BudgetSpent("the run's time budget (--budget-s) was spent before this measurement")
     fn()  # first call outside the timing: lazy module loading, cuBLAS handles, torch.compile
@@ -180,7 +189,7 @@ def measure(fn, cap_ms: float = CAP_MS) -> Timing:
         reps = max(MIN_SLOW_REPS, int(cap_ms / single))
         times = [_elapsed_ms(fn, 1) for _ in range(reps)]
         return Timing(statistics.median(times), reps, "events, capped", single)
-    if DO_BENCH is not None:
+    if DO_BENCH is not None and flush:
         # do_bench repeats rep / estimate times, its estimate being (call + L2 flush); a budget of
         # 25 calls keeps that >= 20 even when the flush is a quarter of the call.
         rep_ms = max(REP_MS, 1.25 * MIN_REPS * single)
@@ -240,9 +249,13 @@ class CopyCeiling:
                 raise ValueError("copy buffers are whole float32s")
             pool = make_pool(lambda: (torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)),
                              2 * buffer_bytes, self.pool_bytes)
-            t = measure(rotating(pool, lambda src, dst: dst.copy_(src)))
-            del pool
+            fn = rotating(pool, lambda src, dst: dst.copy_(src))
+            t = measure(fn, flush=False)
             row.update(status="ok", ms=t.ms, reps=t.reps, timer=t.method, GBps=2 * buffer_bytes / t.ms / 1e6)
+            if DO_BENCH is not None:
+                tf = measure(fn)
+                row.update(flushed_ms=tf.ms, flushed_GBps=2 * buffer_bytes / tf.ms / 1e6)
+            del pool, fn
         except BudgetSpent as e:
             row.update(status="skipped", skip_reason=str(e))
         except Exception as e:  # noqa: BLE001 - one failed row must not end the run
@@ -266,20 +279,28 @@ def bytes_label(b: int) -> str:
 
 def memory_row(row: dict, cuops_fn, baselines: list, copy: dict) -> None:
     """Times cuops_fn and each (key, label, call, fn) baseline; fills row in place."""
-    t = measure(cuops_fn)
+    t = measure(cuops_fn, flush=False)
     row.update(status="ok", cuops_ms=t.ms, cuops_reps=t.reps, timer=t.method,
                achieved_GBps=row["bytes"] / t.ms / 1e6, ceiling="copy",
                copy_bytes=copy.get("buffer_bytes"), copy_GBps=copy.get("GBps"))
     copy_gbps = copy.get("GBps")
     row["fraction"] = row["achieved_GBps"] / copy_gbps if copy_gbps else None
+    tf = measure(cuops_fn) if DO_BENCH is not None else None
+    if tf is not None:
+        row["flushed_ms"] = tf.ms
+        if copy.get("flushed_GBps"):
+            row["flushed_fraction"] = row["bytes"] / tf.ms / 1e6 / copy["flushed_GBps"]
     row["baselines"] = {}
     for key, label, call, fn in baselines:
         entry = {"label": label, "call": call}
         try:
-            bt = measure(fn)
+            bt = measure(fn, flush=False)
             gbps = row["bytes"] / bt.ms / 1e6
             entry.update(ms=bt.ms, reps=bt.reps, ratio=bt.ms / t.ms, GBps=gbps,
                          fraction=gbps / copy_gbps if copy_gbps else None)
+            if tf is not None:
+                bf = measure(fn)
+                entry.update(flushed_ms=bf.ms, flushed_ratio=bf.ms / tf.ms)
         except Exception as e:  # noqa: BLE001
             entry["error"] = error_text(e)
         row["baselines"][key] = entry
@@ -553,13 +574,14 @@ def fmt_num(x, suffix="") -> str:
 def table_lines(results: dict) -> list[str]:
     """The stdout table: one line per (row, baseline). mm repeats gemm's kernel, so the table shows it
     only at the sizes with targets; every row is in the JSON."""
-    head = f"{'op':<12} {'dtype':<5} {'size':<15} {'cuops':>9}  {'baseline':<20} {'base time':>9} {'ratio':>7} {'frac':>6}"
+    head = (f"{'op':<12} {'dtype':<5} {'size':<15} {'cuops':>9}  {'baseline':<20} {'base time':>9} {'ratio':>7} "
+            f"{'frac':>6} {'flushed':>7}")
     lines = [head, "-" * len(head)]
 
-    def line(op, dtype, size, ms, label, base_ms, ratio, frac):
+    def line(op, dtype, size, ms, label, base_ms, ratio, frac, flushed=None):
         cuops = ms if isinstance(ms, str) else fmt_time(ms)
         lines.append(f"{op:<12} {dtype:<5} {size:<15} {cuops:>9}  {label:<20} {fmt_time(base_ms):>9} "
-                     f"{fmt_num(ratio, 'x'):>7} {fmt_num(frac):>6}")
+                     f"{fmt_num(ratio, 'x'):>7} {fmt_num(frac):>6} {fmt_num(flushed):>7}".rstrip())
 
     for r in results["rows"]:
         if r["family"] == "copy":
@@ -581,7 +603,7 @@ def table_lines(results: dict) -> list[str]:
                 continue
             cuops_ms = r.get("cuops_ms") if r.get("status") == "ok" else r.get("status", "?")
             line(r["op"], dtype, r["size"], cuops_ms, b["label"], b.get("ms"), b.get("ratio"),
-                 r.get("fraction") if i == 0 else None)
+                 r.get("fraction") if i == 0 else None, r.get("flushed_fraction") if i == 0 else None)
     for lang, o in (results.get("overhead") or {}).items():
         name = "overhead/" + ("py" if lang == "python" else "c++")
         if o.get("status") != "ok":

@@ -11,19 +11,21 @@ constexpr int kThreads = 256;
 // 4 vectors of 16 B per input per thread: enough bytes in flight to cover HBM latency.
 constexpr int kUnroll = 4;
 
-template <typename T> struct AddOp {
-  __device__ __forceinline__ T operator()(T a, T b) const { return from_acc<T>(to_acc(a) + to_acc(b)); }
+// The ops work on accumulation-type values (float for the half types); map_vec converts.
+struct AddOp {
+  template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
 };
 template <typename T> struct ScaleOp {
   acc_t<T> alpha;
-  __device__ __forceinline__ T operator()(T x, T) const { return from_acc<T>(alpha * to_acc(x)); }
+  __device__ __forceinline__ acc_t<T> operator()(acc_t<T> x, acc_t<T>) const { return alpha * x; }
 };
-template <typename T> struct SquareOp {
-  __device__ __forceinline__ T operator()(T x, T) const {
-    acc_t<T> v = to_acc(x);
-    return from_acc<T>(v * v);
-  }
+struct SquareOp {
+  template <typename A> __device__ __forceinline__ A operator()(A x, A) const { return x * x; }
 };
+
+template <typename T, typename Op> __device__ __forceinline__ T apply_scalar(const Op& op, T x, T y) {
+  return from_acc<T>(op(to_acc(x), to_acc(y)));
+}
 
 // out, in0, in1: [n] (in1 unused when NIN == 1). Elements [head, head + n_vec * V) form the vector
 // body, 16-byte aligned when V > 1.
@@ -49,17 +51,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t i = first + static_cast<int64_t>(u) * kThreads;
     if (i < n_vec) {
-      VecT r;
-#pragma unroll
-      for (int v = 0; v < V; ++v) r.v[v] = op(x[u].v[v], NIN == 2 ? y[u].v[v] : x[u].v[v]);
-      o[i] = r;
+      o[i] = map_vec(x[u], NIN == 2 ? y[u] : x[u], op);
     }
   }
 
   if (blockIdx.x == 0) {
-    for (int64_t j = threadIdx.x; j < head; j += kThreads) out[j] = op(in0[j], NIN == 2 ? in1[j] : in0[j]);
+    for (int64_t j = threadIdx.x; j < head; j += kThreads) out[j] = apply_scalar(op, in0[j], NIN == 2 ? in1[j] : in0[j]);
     for (int64_t j = head + n_vec * V + threadIdx.x; j < n; j += kThreads)
-      out[j] = op(in0[j], NIN == 2 ? in1[j] : in0[j]);
+      out[j] = apply_scalar(op, in0[j], NIN == 2 ? in1[j] : in0[j]);
   }
 }
 
@@ -88,7 +87,7 @@ cudaError_t launch_add(DType dtype, void* out, const void* a, const void* b, int
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     return launch_elementwise<T, 2>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b),
-                                    n, AddOp<T>{}, stream);
+                                    n, AddOp{}, stream);
   });
 }
 
@@ -104,7 +103,7 @@ cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cuda
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(x),
-                                    n, SquareOp<T>{}, stream);
+                                    n, SquareOp{}, stream);
   });
 }
 

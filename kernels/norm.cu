@@ -1,22 +1,24 @@
-// two_norm: sqrt(sum (a - b)^2) in two deterministic launches. Stage 1: a fixed number of blocks
-// (a function of n alone), each a grid-stride pass with 16-byte loads and a fixed shuffle tree,
-// writes one partial sum. Stage 2: one block reduces the partials in a fixed order and writes the
-// 0-dim result. No atomics, so the bits never change between runs; nothing but partials is written.
+// two_norm: sqrt(sum (a - b)^2) in two deterministic launches. Stage 1: a grid of 1024-thread blocks
+// (its size a function of n and the SM count alone), each a grid-stride pass with 16-byte loads and
+// a fixed shuffle tree, writes one partial sum. Stage 2: one block reduces the partials in a fixed
+// order and writes the 0-dim result. No atomics, so the bits never change between runs; nothing but partials is written.
 #include "common.cuh"
 
 namespace cuops::kernels {
 namespace {
 using namespace detail;
 
-constexpr int kThreads = 256;
+// 1024-thread blocks, two per SM in the grid (at ~60 registers a thread one is resident per SM, so
+// two equal waves). Measured on the H100 (bench/sweep, NOTES.md): this shape streams 1.042x the copy
+// figure at 1 GiB per input, against 1.033x for the earlier 1024 blocks of 256 threads.
+constexpr int kThreads = 1024;
+constexpr int kBlocksPerSm = 2;
 constexpr int kUnroll = 4;
-// One wave of 256-thread blocks on a 132-SM H100 (8 blocks/SM) is ~1056 blocks; 1024 keeps stage 2
-// a single 1024-thread block with one partial per thread.
-constexpr int64_t kMaxPartials = 1024;
 constexpr int kFinalThreads = 1024;
 
-// Partial sums of squares: double for float32/float64 (cheap while memory-bound, and exact enough
-// that large n loses nothing), float for the half types as the spec asks.
+// Running sums of squares: double for float32/float64 (cheap while memory-bound: one conversion per
+// 16-byte vector, whose 4 float32 terms are summed in float first; and exact enough that large n
+// loses nothing), float for the half types as the spec asks.
 template <typename T> struct NormAcc { using type = double; };
 template <> struct NormAcc<__half> { using type = float; };
 template <> struct NormAcc<__nv_bfloat16> { using type = float; };
@@ -63,8 +65,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * stride;
       if (i < n_vec) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[u] += sq_diff<T, A>(x[u].v[v], y[u].v[v]);
+        acc[u] += sum_vec<A>(x[u], y[u], [](auto p, auto q) { return (p - q) * (p - q); });
       }
     }
   }
@@ -89,16 +90,19 @@ __global__ void __launch_bounds__(kFinalThreads) finish_norm(const A* partials, 
 
 }  // namespace
 
-int64_t two_norm_num_partials(int64_t n) {
-  // Sized for the 16-byte body of the narrowest dtype's worth of work; at least one block.
-  const int64_t per_block = int64_t{kThreads} * kUnroll * 4;
-  return std::max<int64_t>(1, std::min(kMaxPartials, (n + per_block - 1) / per_block));
+int64_t two_norm_num_partials(int64_t n, int multiprocessors) {
+  // At least one 16-byte vector per thread of each block (in the widest dtype), at least one block,
+  // and never more than kBlocksPerSm per SM (nor than finish_norm's one partial per thread).
+  const int64_t per_block = int64_t{kThreads} * 2;
+  const int64_t full = std::clamp<int64_t>(int64_t{multiprocessors} * kBlocksPerSm, 1, kFinalThreads);
+  return std::max<int64_t>(1, std::min(full, (n + per_block - 1) / per_block));
 }
 
 bool two_norm_partials_are_double(DType dtype) { return dtype == DType::Float32 || dtype == DType::Float64; }
 
 cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n, void* partials,
-                            cudaStream_t stream) {
+                            int64_t num_partials, cudaStream_t stream) {
+  if (num_partials < 1 || num_partials > kFinalThreads) return cudaErrorInvalidValue;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = typename NormAcc<T>::type;
@@ -106,7 +110,7 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     A* part = static_cast<A*>(partials);
-    const int64_t blocks = two_norm_num_partials(n);
+    const int64_t blocks = num_partials;
     if (aligned_like(pa, pb, 16) && reinterpret_cast<uintptr_t>(pa) % sizeof(T) == 0) {
       const uintptr_t mis = reinterpret_cast<uintptr_t>(pa) % 16;
       const int64_t head = mis == 0 ? 0 : std::min<int64_t>(n, (16 - mis) / sizeof(T));

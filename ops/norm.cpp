@@ -26,11 +26,13 @@ at::Tensor two_norm_cuda(const at::Tensor& a, const at::Tensor& b) {
   const auto dtype = kernel_dtype(a.scalar_type());
   const int64_t n = ac.numel();
   at::Tensor out = at::empty({}, a.options());
-  at::Tensor partials = at::empty({kernels::two_norm_num_partials(n)},
+  const int64_t num_partials =
+      kernels::two_norm_num_partials(n, at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount);
+  at::Tensor partials = at::empty({num_partials},
                                   a.options().dtype(kernels::two_norm_partials_are_double(dtype) ? at::kDouble
                                                                                                   : at::kFloat));
   C10_CUDA_CHECK(kernels::launch_two_norm(dtype, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), n,
-                                          partials.data_ptr(), current_stream(a)));
+                                          partials.data_ptr(), num_partials, current_stream(a)));
   return out;
 }
 

@@ -11,6 +11,13 @@ torch.ops.load_library(str(LIBRARY))
 ops = torch.ops.cuops
 
 HAS_CUDA = torch.cuda.is_available()
+# Lines test modules add for pytest's terminal summary (e.g. how many bad-input cases ran).
+REPORT = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in REPORT:
+        terminalreporter.write_line(line)
 NO_GPU_REASON = "no CUDA GPU on this machine (CUDA tests run on the GPU machine via tools/gpu_check.sh)"
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
 

@@ -21,16 +21,18 @@ cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, in
 // out[i] = x[i] * x[i]. out may equal x.
 cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cudaStream_t stream);
 
-// Number of per-block partial sums launch_two_norm needs; depends on n only, so the reduction
-// order (and the result bits) is the same on every run.
-int64_t two_norm_num_partials(int64_t n);
+// Number of per-block partial sums launch_two_norm uses for n elements on a GPU with
+// `multiprocessors` SMs: two 1024-thread blocks per SM, fewer for small n. It
+// depends on n and the GPU model only, so the reduction order (and the result bits) is the same on
+// every run on that model.
+int64_t two_norm_num_partials(int64_t n, int multiprocessors);
 // Element type of the partial sums: double for Float32/Float64, float for the half types.
 bool two_norm_partials_are_double(DType dtype);
 
 // out[0] = sqrt(sum_i (a[i] - b[i])^2) in dtype; `partials` is caller-owned scratch of
-// two_norm_num_partials(n) accumulators. n == 0 writes 0.
+// num_partials (from two_norm_num_partials) accumulators. n == 0 writes 0.
 cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n,
-                            void* partials, cudaStream_t stream);
+                            void* partials, int64_t num_partials, cudaStream_t stream);
 
 // A strided 2-D matrix view: element (i, j) is at ptr[i * stride0 + j * stride1] (in elements).
 struct MatrixView {
