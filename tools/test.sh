@@ -12,4 +12,10 @@ echo "== ctest"
 ctest --test-dir "$CUOPS_BUILD_DIR" --output-on-failure || status=1
 echo "== pytest"
 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "$@" || status=1
+echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU)"
+if [ -n "${CUOPS_SKIP_SANITIZED:-}" ]; then
+  echo "SKIPPED: CUOPS_SKIP_SANITIZED is set (the GPU check skips this CPU-only stage; CI runs it)"
+else
+  bash tools/test_sanitized.sh || status=1
+fi
 exit $status

@@ -1,10 +1,14 @@
 // GoogleTest suite of the public C++ API: every op against ATen (float64 reference) on CPU and,
 // when a GPU is present, CUDA; registrations; error messages; C++ autograd.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuops/cuops.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -149,6 +153,64 @@ TEST_P(Ops, ErrorsNameOpArgumentExpectedAndGot) {
   EXPECT_NE(error_of([&] { cuops::add2(big.narrow(0, 1, 4), big.narrow(0, 0, 4), rand({4}, at::kFloat)); })
                 .find("cuops::add2: expected c to be exactly a or not to overlap it"),
             std::string::npos);
+}
+
+// 8 host threads, each on its own stream (CUDA) calling every op 1000 times (250 on the CPU, where the
+// path is ATen's), must get the bits a single call gets: no shared state, no stream mix-ups.
+TEST_P(Ops, EightThreadsOnTheirOwnStreamsGetTheSingleThreadedBits) {
+  constexpr int kThreads = 8;
+  const int calls = device_.is_cuda() ? 1000 : 250;
+  struct Inputs {
+    at::Tensor a, b, c, am, bm, cm;
+  };
+  auto run_all = [](Inputs& in) {
+    cuops::add2(in.c, in.a, in.b);
+    cuops::gemm(in.cm, in.am, in.bm);
+    return std::vector<at::Tensor>{in.c, in.cm, cuops::vector_add(in.a, in.b), cuops::scale(in.a, 1.5),
+                                   cuops::square(in.b), cuops::two_norm(in.a, in.b), cuops::mm(in.am, in.bm)};
+  };
+  std::vector<Inputs> inputs;
+  std::vector<std::vector<at::Tensor>> expected;
+  for (int i = 0; i < kThreads; ++i) {
+    inputs.push_back({rand({1000 + i}, at::kFloat), rand({1000 + i}, at::kFloat), rand({1000 + i}, at::kFloat),
+                      rand({33, 17}, at::kFloat), rand({17, 9 + i}, at::kFloat), rand({33, 9 + i}, at::kFloat)});
+    std::vector<at::Tensor> e;
+    for (const auto& t : run_all(inputs.back())) e.push_back(t.clone());
+    expected.push_back(std::move(e));
+  }
+  if (device_.is_cuda()) torch::cuda::synchronize();
+  std::vector<int64_t> mismatches(kThreads, -1);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        std::optional<c10::cuda::CUDAStreamGuard> on_stream;
+        if (device_.is_cuda()) on_stream.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+        at::Tensor bad = torch::zeros({}, torch::TensorOptions().dtype(at::kLong).device(device_));
+        for (int call = 0; call < calls; ++call) {
+          const auto got = run_all(inputs[i]);
+          for (size_t k = 0; k < got.size(); ++k) bad += got[k].ne(expected[i][k]).sum();
+        }
+        mismatches[i] = bad.item<int64_t>();  // syncs this thread's stream
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(errors[i], "") << "thread " << i;
+    EXPECT_EQ(mismatches[i], 0) << "thread " << i;
+  }
+}
+
+TEST_P(Ops, TwoNormIsBitwiseIdenticalOver100Runs) {
+  for (auto t : {at::kFloat, at::kBFloat16}) {
+    auto a = rand({(1 << 20) + 4097}, t), b = rand({(1 << 20) + 4097}, t);
+    const auto first = cuops::two_norm(a, b);
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(torch::equal(cuops::two_norm(a, b), first)) << "run " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Ops, ::testing::Values("cpu", "cuda"),

@@ -15,6 +15,10 @@ HAS_CUDA = torch.cuda.is_available()
 REPORT = []
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "huge: tensors over 2^31 elements (GPU, several GiB)")
+
+
 def pytest_terminal_summary(terminalreporter):
     for line in REPORT:
         terminalreporter.write_line(line)
@@ -46,12 +50,12 @@ def rel_error(got, ref, scale=None):
 LAYOUTS = ["contiguous", "transposed", "sliced", "expanded", "offset"]
 
 
-def make(shape, dtype, device, layout="contiguous", generator=None):
-    """A random tensor of logical `shape` whose memory layout is `layout`."""
+def make(shape, dtype, device, layout="contiguous", generator=None, scale=1.0):
+    """A random tensor (standard normal times `scale`) of logical `shape` whose memory layout is `layout`."""
     shape = tuple(shape)
 
     def randn(s):
-        return torch.randn(s, dtype=torch.float64, generator=generator).to(dtype=dtype, device=device)
+        return (torch.randn(s, dtype=torch.float64, generator=generator) * scale).to(dtype=dtype, device=device)
 
     if layout == "contiguous":
         return randn(shape)
