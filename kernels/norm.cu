@@ -52,23 +52,22 @@ __global__ void __launch_bounds__(kThreads)
   const VecT* va = reinterpret_cast<const VecT*>(a + head);
   const VecT* vb = reinterpret_cast<const VecT*>(b + head);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const auto sq = [](auto p, auto q) { return (p - q) * (p - q); };
   A acc[kUnroll] = {};
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; base < n_vec;
-       base += stride * kUnroll) {
+  int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  // Main loop: all kUnroll vectors in bounds, so no per-load guards (fewer live registers under the
+  // 64-per-thread cap of a 1024-thread block: the guarded form spilled); then at most kUnroll - 1 more.
+  for (; i + (kUnroll - 1) * stride < n_vec; i += kUnroll * stride) {
     VecT x[kUnroll], y[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * stride;
-      if (i < n_vec) { x[u] = va[i]; y[u] = vb[i]; }
+      x[u] = va[i + u * stride];
+      y[u] = vb[i + u * stride];
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * stride;
-      if (i < n_vec) {
-        acc[u] += sum_vec<A>(x[u], y[u], [](auto p, auto q) { return (p - q) * (p - q); });
-      }
-    }
+    for (int u = 0; u < kUnroll; ++u) acc[u] += sum_vec<A>(x[u], y[u], sq);
   }
+  for (; i < n_vec; i += stride) acc[0] += sum_vec<A>(va[i], vb[i], sq);
   A s = 0;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) s += acc[u];

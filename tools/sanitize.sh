@@ -13,7 +13,8 @@ cd "$CUOPS_ROOT"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" ||
   { echo "sanitize.sh: no CUDA GPU here; nothing to check"; exit 1; }
-out=${OUT:-$CUOPS_BUILD_DIR}
+out=${SANITIZE_LOG_DIR:-${OUT:-$CUOPS_BUILD_DIR}}
+mkdir -p "$out"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 # The suites: Python op, error and reliability tests on CUDA (not the huge-tensor, 8-thread or
 # 100-run tests, which repeat the same kernels at sizes or counts the tools make slow), and the C++

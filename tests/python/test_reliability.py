@@ -62,7 +62,10 @@ def test_property_two_norm_matches_float64(device, shape, dtype, la, lb, seed, m
     got = ops.two_norm(a, b)
     assert got.shape == () and got.dtype == dtype
     ref = torch.linalg.vector_norm(a.double().cpu() - b.double().cpu())
-    assert rel_error(got, ref) <= REDUCTION_TOL[dtype]
+    if torch.isinf(ref.to(dtype)):  # the true norm overflows the dtype (float16 at 1e3): inf, as torch
+        assert torch.isinf(got).item(), got
+    else:
+        assert rel_error(got, ref) <= REDUCTION_TOL[dtype]
 
 
 @pytest.mark.parametrize("device", DEVICES)
