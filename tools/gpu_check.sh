@@ -1,25 +1,43 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build, run every test (CUDA included) and both demos, then the
+# The GPU machine's check: build, every test (CUDA included), both demos, compute-sanitizer, and the
 # benchmarks. Logs land in $OUT (the device tool brings them back) or in build/gpu_check/.
+# All stages take longer than one device call allows (10 min), so pick them with STAGES, e.g.
+#   STAGES="test demo" bash tools/gpu_check.sh -n 8      # extra args go to pytest
+#   STAGES="sanitize bench" bash tools/gpu_check.sh
+# The ASan/UBSan stage of tools/test.sh is CPU-only and runs in CI; it is skipped here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu_check}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-g++ -print-file-name=libstdc++.so; echo "LDFLAGS=${LDFLAGS:-}"
+export PYTHONUNBUFFERED=1 CUOPS_SKIP_SANITIZED=1
+stages=" ${STAGES:-test demo sanitize bench} "
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
-bash tools/test.sh "$@" >"$out/test.log" 2>&1; test_rc=$?
-bash tools/demo.sh >"$out/demo.log" 2>&1; demo_rc=$?
-if [ -f bench/run.py ] && [ -z "${SKIP_BENCH:-}" ]; then
-  python3 bench/run.py --out bench/results >"$out/bench.log" 2>&1; bench_rc=$?
-  cp bench/results/h100.json bench/results/*.png "$out/" 2>/dev/null
-else
-  bench_rc=skipped
+rc=0
+if [[ $stages == *" test "* ]]; then
+  bash tools/test.sh "$@" >"$out/test.log" 2>&1 || rc=1
+  echo "== test (rc so far $rc)"
+  grep -E "tests passed|tests failed|bad-input matrix" "$out/test.log"
+  grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$out/test.log" | tail -2
+  grep -E "^FAILED|Error" "$out/test.log" | head -30
 fi
-echo "== summaries"
-grep -E "tests passed|tests failed|Total Test" "$out/test.log"
-grep -E "^[0-9]+ (passed|failed)|passed|failed" "$out/test.log" | tail -2
-grep -E "FAILED|Error" "$out/test.log" | head -30
-echo "== demo (rc=$demo_rc)"; tail -25 "$out/demo.log"
-echo "== bench (rc=$bench_rc)"; [ -f "$out/bench.log" ] && tail -60 "$out/bench.log"
-echo "test rc=$test_rc demo rc=$demo_rc bench rc=$bench_rc"
+bash tools/build.sh >/dev/null 2>&1 || { echo "build failed"; exit 1; }
+if [[ $stages == *" demo "* ]]; then
+  bash tools/demo.sh >"$out/demo.log" 2>&1 || rc=1
+  echo "== demo (rc so far $rc)"
+  tail -25 "$out/demo.log"
+fi
+if [[ $stages == *" sanitize "* ]]; then
+  echo "== compute-sanitizer"
+  SANITIZE_LOG_DIR=/tmp/cuops_sanitize bash tools/sanitize.sh || rc=1
+  cat /tmp/cuops_sanitize/sanitize_*.log >"$out/sanitize.log" 2>/dev/null
+fi
+if [[ $stages == *" bench "* ]]; then
+  source tools/env.sh
+  "$PY" bench/run.py --out bench/results >bench/results/h100_table.txt 2>"$out/bench.log" || rc=1
+  cp bench/results/h100.json bench/results/h100_table.txt bench/results/*.png "$out/" 2>/dev/null
+  echo "== bench"
+  "$PY" bench/check.py bench/results/h100.json
+  grep -E "2\^(28|30) |(1024|4096|8192)\^3|overhead" bench/results/h100_table.txt
+fi
+echo "gpu_check rc=$rc"
+exit $rc

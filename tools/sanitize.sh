@@ -18,11 +18,13 @@ mkdir -p "$out"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 # The suites: Python op, error and reliability tests on CUDA (not the huge-tensor, 8-thread or
 # 100-run tests, which repeat the same kernels at sizes or counts the tools make slow), and the C++
-# op tests. racecheck, many times slower, takes the tests of the kernels that use shared memory
-# (two_norm's block reductions, gemm's tiles).
+# op tests. racecheck, many times slower, takes test_ops.py's tests of the kernels that use shared
+# memory (two_norm's block reductions, gemm's tiles) in float32 and bfloat16 (dtype0, dtype3), every
+# shape and layout: the shared-memory code is the same template for the other two dtypes.
 PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_ops.py tests/python/test_bad_inputs.py tests/python/test_reliability.py}
 PYSEL=${SANITIZE_K:-"cuda and not huge and not threads and not bitwise"}
-RACE_SEL=${SANITIZE_RACE_K:-"cuda and not huge and not threads and not bitwise and (norm or gemm or mm)"}
+RACE_PYTESTS=${SANITIZE_RACE_PYTESTS:-tests/python/test_ops.py}
+RACE_SEL=${SANITIZE_RACE_K:-"cuda and (norm or gemm or mm) and (dtype0 or dtype3)"}
 canary=$out/sanitizer_canary
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 "$nvcc" -O1 -arch=native -o "$canary" tests/sanitizer_canary.cu || { echo "sanitize.sh: canary build failed"; exit 1; }
@@ -30,8 +32,8 @@ status=0
 for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check no --padding 32)
-  sel=$PYSEL
-  [ "$tool" = racecheck ] && sel=$RACE_SEL
+  sel=$PYSEL tests=$PYTESTS
+  [ "$tool" = racecheck ] && sel=$RACE_SEL tests=$RACE_PYTESTS
   log=$out/sanitize_$tool.log
   start=$(date +%s)
   cs_run() { "$cs" --tool "$tool" "${extra[@]}" --kernel-name kns=cuops --error-exitcode 86 --print-limit 50 "$@"; }
@@ -39,14 +41,14 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   cs_run "$canary" "$tool" >"$log" 2>&1
   canary_rc=$?
   # shellcheck disable=SC2086
-  cs_run --target-processes all "$PY" -m pytest $PYTESTS -q -p no:cacheprovider -k "$sel" >>"$log" 2>&1
+  cs_run --target-processes all "$PY" -m pytest $tests -q -p no:cacheprovider -k "$sel" >>"$log" 2>&1
   py_rc=$?
   cs_run "$CUOPS_BUILD_DIR/tests/cpp/cuops_cpp_tests" --gtest_filter='Devices/Ops.*/cuda:-*EightThreads*:*100Runs*' \
     >>"$log" 2>&1
   cpp_rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | sed 's/=* *//' | tr '\n' ';')
-  tests=$(grep -E "^[0-9]+ (passed|failed)|PASSED|FAILED" "$log" | tr '\n' ' ')
-  echo "$tool: canary rc=$canary_rc (86 = caught) | pytest rc=$py_rc | gtest rc=$cpp_rc | $(($(date +%s) - start)) s | $summary | $tests"
+  results=$(grep -E "^[0-9]+ (passed|failed)|PASSED|FAILED" "$log" | tr '\n' ' ')
+  echo "$tool: canary rc=$canary_rc (86 = caught) | pytest rc=$py_rc | gtest rc=$cpp_rc | $(($(date +%s) - start)) s | $summary | $results"
   [ $canary_rc -eq 86 ] && [ $py_rc -eq 0 ] && [ $cpp_rc -eq 0 ] || status=1
 done
 exit $status
