@@ -18,7 +18,11 @@ template <typename T> struct AccType { using type = float; };
 template <> struct AccType<double> { using type = double; };
 template <typename T> using acc_t = typename AccType<T>::type;
 
+// Conversions through the intrinsics, not the types' conversion operators: torch's JIT extension
+// build (cpp_extension.load) compiles with -D__CUDA_NO_HALF_CONVERSIONS__ and friends, which remove them.
 template <typename T> __device__ __forceinline__ acc_t<T> to_acc(T x) { return static_cast<acc_t<T>>(x); }
+template <> __device__ __forceinline__ float to_acc<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x) { return static_cast<T>(x); }
 template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {

@@ -6,6 +6,24 @@
 #include <sstream>
 #include <string>
 
+// CMake defines these (CMakeLists.txt). torch.utils.cpp_extension.load builds the same sources
+// without them (tests/python/jit_load.py): say so instead of failing to compile.
+#ifndef CUOPS_VERSION
+#define CUOPS_VERSION "unknown (cpp_extension.load build)"
+#endif
+#ifndef CUOPS_CUDA_ARCHS
+#define CUOPS_CUDA_ARCHS "see TORCH_CUDA_ARCH_LIST"
+#endif
+#ifndef CUOPS_CUDA_COMPILER_VERSION
+#define CUOPS_CUDA_COMPILER_VERSION "unknown"
+#endif
+#ifndef CUOPS_CXX_COMPILER
+#define CUOPS_CXX_COMPILER "unknown"
+#endif
+#ifndef CUOPS_BUILD_TYPE
+#define CUOPS_BUILD_TYPE "cpp_extension.load"
+#endif
+
 namespace cuops::ops {
 namespace {
 

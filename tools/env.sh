@@ -2,7 +2,9 @@
 # $CUOPS_PYTHON if given, else python3 when it already has that torch (the GPU machine, which has no
 # network), else a .venv in the repo with torch and the test tools installed from PyPI.
 TORCH_PIN=2.11.0
-PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0"
+# Test and packaging tools: scikit-build-core (pip install . of the wheel), cuobjdump (from NVIDIA's
+# wheel: the CUDA toolkit image CI runs on has nvcc but no cuobjdump) to check the built binary.
+PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37"
 CUOPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 has_pinned_torch() {
@@ -23,6 +25,6 @@ else
   fi
 fi
 # Test tools: present on the GPU machine's python3; installed into the venv above otherwise.
-"$PY" -c "import pytest, hypothesis, numpy" 2>/dev/null || "$PY" -m pip install -q $PY_PINS || exit 1
+"$PY" -c "import pytest, hypothesis, numpy, scikit_build_core" 2>/dev/null || "$PY" -m pip install -q $PY_PINS || exit 1
 export PY CUOPS_ROOT
 export CUOPS_BUILD_DIR=${CUOPS_BUILD_DIR:-$CUOPS_ROOT/build}

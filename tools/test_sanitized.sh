@@ -19,8 +19,9 @@ fi
 cmake --build "$dir" --parallel "${CUOPS_JOBS:-$(nproc)}" || exit 1
 # A sanitized run of an uninstrumented build would pass vacuously: check the instrumentation is there.
 for f in "$dir/libcuops.so" "$dir/tests/cpp/cuops_cpp_tests"; do
-  nm -D "$f" | grep -q __asan_report || { echo "test_sanitized.sh: $f has no ASan instrumentation"; exit 1; }
-  nm -D "$f" | grep -q __ubsan_handle || { echo "test_sanitized.sh: $f has no UBSan instrumentation"; exit 1; }
+  symbols=$(nm -D "$f")  # captured first: `nm | grep -q` fails under pipefail when grep exits early
+  grep -q __asan_report <<<"$symbols" || { echo "test_sanitized.sh: $f has no ASan instrumentation"; exit 1; }
+  grep -q __ubsan_handle <<<"$symbols" || { echo "test_sanitized.sh: $f has no UBSan instrumentation"; exit 1; }
 done
 echo "ASan and UBSan instrumentation present in libcuops.so and cuops_cpp_tests"
 # detect_leaks=0: libtorch's process-lifetime singletons (never freed by design) would be reported;

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Checks that libcuops.so holds machine code for every CUDA arch it was configured with, and that each
+# arch's code contains every kernel family (elementwise, the norm's two stages, gemm): a build whose
+# .cu files compiled to nothing for an arch (wrong flags, an arch list torch rewrote) fails here
+# instead of at the first launch on that GPU ("no kernel image is available").
+#   bash tools/check_binary.sh [path/to/libcuops.so]
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+lib=${1:-$CUOPS_BUILD_DIR/libcuops.so}
+cache=$(dirname "$lib")/CMakeCache.txt
+archs=$(sed -n 's/^CUOPS_CUDA_ARCHITECTURES:STRING=//p' "$cache" 2>/dev/null | tr ';' ' ')
+[ -n "$archs" ] || { echo "check_binary.sh: no CUOPS_CUDA_ARCHITECTURES in $cache"; exit 1; }
+# cuobjdump: the toolkit's, else the one NVIDIA's wheel puts into the venv (tools/env.sh pins it).
+cuobjdump=$(command -v cuobjdump || true)
+[ -x /usr/local/cuda/bin/cuobjdump ] && cuobjdump=${cuobjdump:-/usr/local/cuda/bin/cuobjdump}
+if [ -z "$cuobjdump" ]; then
+  cuobjdump=$("$PY" -c "import nvidia, os; print(next((os.path.join(p, 'cu13', 'bin', 'cuobjdump') for p in nvidia.__path__ if os.path.exists(os.path.join(p, 'cu13', 'bin', 'cuobjdump'))), ''))" 2>/dev/null)
+fi
+[ -x "$cuobjdump" ] || { echo "check_binary.sh: no cuobjdump (toolkit or nvidia-cuda-cuobjdump wheel)"; exit 1; }
+listing=$("$cuobjdump" --list-elf "$lib") || { echo "check_binary.sh: cuobjdump failed on $lib"; exit 1; }
+echo "$cuobjdump --list-elf $lib:"
+sed 's/^/  /' <<<"$listing"
+status=0
+for arch in $archs; do
+  sm=sm_${arch}
+  if ! grep -q "\.${sm}\.cubin" <<<"$listing"; then
+    echo "FAIL $sm: no machine code for this arch"; status=1; continue
+  fi
+  functions=$("$cuobjdump" -res-usage -arch "$sm" "$lib" 2>/dev/null | grep -o "Function [^:]*")
+  for family in elementwise_kernel sum_sq_diff_partials finish_norm gemm_; do
+    count=$(grep -c "$family" <<<"$functions")
+    if [ "$count" -eq 0 ]; then echo "FAIL $sm: no $family kernels"; status=1; fi
+  done
+  echo "ok   $sm: $(grep -c cuops <<<"$functions") cuops kernels"
+done
+exit $status
