@@ -2,7 +2,8 @@
 # The GPU machine's check: build, every test (CUDA included), both demos, compute-sanitizer, and the
 # benchmarks. Logs land in $OUT (the device tool brings them back) or in build/gpu_check/.
 # All stages take longer than one device call allows (10 min), so pick them with STAGES, e.g.
-#   STAGES="test demo" bash tools/gpu_check.sh -n 8      # extra args go to pytest
+#   STAGES="test demo" bash tools/gpu_check.sh -n 8 --dist loadfile   # extra args go to pytest
+# (loadfile: test_packaging.py builds into shared folders, so its tests must share one worker)
 #   STAGES="sanitize bench" bash tools/gpu_check.sh
 # The ASan/UBSan stage of tools/test.sh is CPU-only and runs in CI; it is skipped here.
 set -uo pipefail
