@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import DEVICES, ops
+from conftest import DEVICES
 
 
 class Model(torch.nn.Module):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, HAS_CUDA, LAYOUTS, REDUCTION_TOL, make, ops, rel_error,
+from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, LAYOUTS, REDUCTION_TOL, make, ops, rel_error,
                       requires_cuda)
 
 SHAPES = [(0,), (1,), (1000,), (4097,), (3, 0, 5), (33, 65), (7, 11, 13)]

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from conftest import DEVICES, DTYPES, HAS_CUDA, NO_GPU_REASON, make, ops, requires_cuda
+from conftest import DEVICES, DTYPES, make, ops, requires_cuda
 
 
 def samples(device, dtype):
