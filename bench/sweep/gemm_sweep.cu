@@ -13,14 +13,7 @@
 #include <functional>
 #include <vector>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);           \
-      exit(1);                                                                                  \
-    }                                                                                           \
-  } while (0)
+#include "sweep_util.cuh"
 #define CB(x)                                                        \
   do {                                                               \
     cublasStatus_t s_ = (x);                                         \
@@ -224,26 +217,6 @@ __global__ void __launch_bounds__(256) tf32_mma(int M, int N, int K, const float
 }  // namespace cuops::sweep
 
 using namespace cuops::sweep;
-
-static float median_ms(const std::function<void()>& f, int reps) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(e0));
-    f();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 __global__ void fill_uniform(float* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {

@@ -12,14 +12,7 @@
 #include <functional>
 #include <vector>
 
-#define CK(x)                                                                    \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
+#include "sweep_util.cuh"
 
 // Load/store policies. 0 plain, 1 .cs (evict-first streaming), 2 .nc + L1::no_allocate,
 // 3 .nc + L1::no_allocate + L2::256B prefetch.
@@ -194,26 +187,6 @@ __global__ void finish(const float* part, int n, float* out) {
   for (int i = threadIdx.x; i < n; i += 1024) s += part[i];
   s = block_sum<1024>(s);
   if (threadIdx.x == 0) out[0] = sqrtf(s);
-}
-
-static float median_ms(const std::function<void()>& f, int reps = 30) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(e0));
-    f();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 __global__ void fill(uint32_t* p, int64_t n, uint32_t seed) {
