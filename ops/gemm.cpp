@@ -61,12 +61,16 @@ at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
 
 kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
 
+// Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
+bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
+
 void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
   check_gemm(c, a, b);
   check_gemm_memory(c, a, b);
   const c10::cuda::CUDAGuard guard(c.device());
   C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), alpha, view(a),
-                                      view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), current_stream(c)));
+                                      view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), allow_tf32(),
+                                      current_stream(c)));
 }
 
 at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
@@ -74,7 +78,8 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(a.scalar_type()), a.size(0), b.size(1), a.size(1), 1.0, view(a),
-                                      view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), current_stream(a)));
+                                      view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), allow_tf32(),
+                                      current_stream(a)));
   return out;
 }
 

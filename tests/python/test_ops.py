@@ -123,6 +123,67 @@ def test_mm_and_gemm(device, dtype, mkn, layout_a, layout_b):
         assert rel_error(c, alpha * ref + beta * c0.double(), abs(alpha) * scale + abs(beta) * c0.double().abs()) <= 2 * tol
 
 
+# float32 on the fast kernels (gemm_simt.cu, gemm_tf32.cu): shapes that pick every tile
+# configuration and cut every tile edge (m, n, k off the tile grid, k = 1, one row or column),
+# operands row-major or transposed (the four no-copy layouts), c row- or column-major. Leading
+# dimensions not a multiple of 4 (k = 4097 row-major, n = 4097 row-major) go to the general kernel.
+FAST_SHAPES = [(1000, 1000, 1000), (7, 4097, 1000), (1000, 4097, 4), (4097, 7, 1), (1, 1000, 4097),
+               (2048, 260, 2052), (4100, 64, 2304), (300, 1, 257), (4096, 1000, 7)]
+
+
+def fast_kernel_takes(shape, layout, mult):
+    """Whether a [rows, cols] operand made by make(..., layout) meets the fast kernels' rule (row-major
+    or transposed with a leading stride that is a multiple of `mult`; one row or column always does)."""
+    rows, cols = shape
+    inner, outer = (cols, rows) if layout == "contiguous" else (rows, cols)
+    return inner % mult == 0 or outer == 1 or inner == 1
+
+
+@requires_cuda
+@pytest.mark.parametrize("precision", ["highest", "high"])
+@pytest.mark.parametrize("mkn", FAST_SHAPES, ids=str)
+@pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout_c", ["contiguous", "transposed"])
+def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, layout_c):
+    m, k, n = mkn
+    a, b = make((m, k), torch.float32, "cuda", layout_a), make((k, n), torch.float32, "cuda", layout_b)
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    c0 = make((m, n), torch.float32, "cuda", layout_c)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        out = ops.mm(a, b)
+        c = torch.full_like(c0, float("nan"))  # keeps c0's layout: NaN must not leak with beta = 0
+        ops.gemm(c, a, b, -1.5, 0.0)
+        cb = c0.clone()
+        ops.gemm(cb, a, b, 0.5, -2.0)
+        torch_err = rel_error(torch.mm(a, b), ref, scale)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    errs = [rel_error(out, ref, scale), rel_error(c, -1.5 * ref, 1.5 * scale),
+            rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs())]
+    fast = (fast_kernel_takes((m, k), layout_a, 4) and fast_kernel_takes((k, n), layout_b, 4)
+            and fast_kernel_takes((m, n), layout_c, 2))
+    if precision == "highest" or not fast:
+        assert max(errs) <= REDUCTION_TOL[torch.float32], errs
+    else:
+        # TF32 like torch's: inputs rounded to 10 mantissa bits (relative error <= 2^-11 per input),
+        # so the error is well above FP32's, within TF32's bound and near torch.mm's own.
+        assert max(errs) <= max(3 * torch_err, 1e-3), (errs, torch_err)
+        assert errs[0] > 1e-6, "TF32 allowed but the result has FP32 accuracy: TF32 path not taken"
+
+
+@requires_cuda
+def test_gemm_float32_highest_k4096_within_1e_5():
+    a, b = torch.randn(512, 4096, device="cuda"), torch.randn(4096, 512, device="cuda")
+    for x, y in [(a, b), (a.t().contiguous().t(), b), (a, b.t().contiguous().t())]:
+        ref = x.double() @ y.double()
+        got = ops.mm(x, y)
+        assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_gemm_writes_strided_output(device):
     a, b = torch.randn(33, 17, device=device), torch.randn(17, 9, device=device)

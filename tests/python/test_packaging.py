@@ -121,5 +121,5 @@ def test_jit_cpp_extension_load_registers_the_same_ops():
         major, minor = torch.cuda.get_device_capability()
         env.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
-    out = run([sys.executable, ROOT / "tests" / "python" / "jit_load.py", WORK / "jit"], env=env)
+    out = run([sys.executable, "-X", "faulthandler", ROOT / "tests" / "python" / "jit_load.py", WORK / "jit"], env=env)
     assert "ops ok on cpu" in out, out

@@ -43,8 +43,10 @@ struct MatrixView {
 
 // c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n], any strides (c must not
 // overlap itself, a or b). beta == 0 never reads c. Accumulates in float (double for Float64).
+// allow_tf32 (Float32 only): multiply on tensor cores with inputs rounded to TF32, as torch.mm
+// does when torch.get_float32_matmul_precision() is "high" or "medium"; otherwise true FP32.
 cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a,
                         MatrixView b, double beta, void* c, int64_t c_stride0, int64_t c_stride1,
-                        cudaStream_t stream);
+                        bool allow_tf32, cudaStream_t stream);
 
 }  // namespace cuops::kernels

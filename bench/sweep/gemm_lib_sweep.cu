@@ -1,0 +1,112 @@
+// Sweep of the library's own float32 GEMM kernels (kernels/gemm_simt.cu, kernels/gemm_tf32.cu,
+// compiled into this program) over tile configurations and the four operand layouts, each checked
+// against cuBLAS on the same inputs and timed beside it: which configuration launch_sgemm_* should
+// pick, and what the layouts cost. Not part of the library or the tests.
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Iinclude -Ikernels bench/sweep/gemm_lib_sweep.cu -lcublas -o s && ./s
+#include <cublas_v2.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "../../kernels/gemm_simt.cu"
+#include "../../kernels/gemm_tf32.cu"
+#include "sweep_util.cuh"
+
+using namespace cuops::kernels::detail;
+
+#define CB(x)                                                                    \
+  do {                                                                           \
+    cublasStatus_t s_ = (x);                                                     \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                           \
+      printf("cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__);         \
+      exit(1);                                                                   \
+    }                                                                            \
+  } while (0)
+
+__global__ void fill_uniform(float* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = (h & 0xffffff) / float(0x1000000) - 0.5f;
+  }
+}
+
+static double rel_err(const float* x, const float* ref, int64_t n) {
+  std::vector<float> hx(n), hr(n);
+  CK(cudaMemcpy(hx.data(), x, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hr.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num = std::max(num, std::fabs(double(hx[i]) - hr[i]));
+    den = std::max(den, std::fabs(double(hr[i])));
+  }
+  return num / (den > 0 ? den : 1);
+}
+
+int main() {
+  cublasHandle_t h;
+  CB(cublasCreate(&h));
+  for (int S : {1024, 2048, 4096, 8192}) {
+    const int64_t M = S, N = S, K = S;
+    float *A, *B, *C, *R;
+    CK(cudaMalloc(&A, M * K * 4));
+    CK(cudaMalloc(&B, K * N * 4));
+    CK(cudaMalloc(&C, M * N * 4));
+    CK(cudaMalloc(&R, M * N * 4));
+    fill_uniform<<<1024, 256>>>(A, M * K, 1);
+    fill_uniform<<<1024, 256>>>(B, K * N, 2);
+    const double flops = 2.0 * M * N * K;
+    const int reps = S >= 8192 ? 10 : 30;
+    const float one = 1, zero = 0;
+    for (bool tf32 : {false, true}) {
+      CB(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      for (int layout = 0; layout < 4; ++layout) {
+        const bool ak = !(layout & 1), bn = !(layout & 2);
+        if (layout != 0 && S != 4096) continue;
+        GemmProblem p{M, N, K, A, ak ? K : M, B, bn ? N : K, C, N, 1.f, 0.f};
+        auto cublas = [&] {
+          CB(cublasSgemm(h, bn ? CUBLAS_OP_N : CUBLAS_OP_T, ak ? CUBLAS_OP_N : CUBLAS_OP_T, N, M, K, &one, B,
+                         bn ? N : K, A, ak ? K : M, &zero, R, N));
+        };
+        const float tb = median_ms(cublas, reps);
+        printf("\n== %d^3 %s A %s B %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", S, tf32 ? "TF32" : "FP32",
+               ak ? "k-major" : "m-major", bn ? "n-major" : "k-major", tb, flops / tb / 1e9);
+        auto report = [&](const char* name, const std::function<cudaError_t()>& f) {
+          CK(cudaMemset(C, 0xff, M * N * 4));
+          CK(f());
+          CK(cudaDeviceSynchronize());
+          const double err = rel_err(C, R, M * N);
+          const float t = median_ms([&] { f(); }, reps);
+          printf("%-34s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err vs cuBLAS %.2e\n", name, t,
+                 flops / t / 1e9, tb / t, err);
+        };
+        if (!tf32) {
+          report("simt (library pick)", [&] { return launch_sgemm_simt(p, ak, bn, 0); });
+          if (layout != 0) continue;
+          report("simt 64x64x16", [&] { return launch_simt_tile<64, 64, 16>(p, ak, bn, 0); });
+          report("simt 128x128x8", [&] { return launch_simt_tile<128, 128, 8>(p, ak, bn, 0); });
+          report("simt 128x128x16", [&] { return launch_simt_tile<128, 128, 16>(p, ak, bn, 0); });
+          report("simt 256x128x8", [&] { return launch_simt_tile<256, 128, 8>(p, ak, bn, 0); });
+          report("simt 256x128x16", [&] { return launch_simt_tile<256, 128, 16>(p, ak, bn, 0); });
+          report("simt 128x256x8", [&] { return launch_simt_tile<128, 256, 8>(p, ak, bn, 0); });
+        } else {
+          report("tf32 (library pick)", [&] { return launch_sgemm_tf32(p, ak, bn, 0); });
+          if (layout != 0) continue;
+          report("tf32 64x128 3 stages", [&] { return launch_tf32_tile<64, 128, 3>(p, ak, bn, 0); });
+          report("tf32 64x128 4 stages", [&] { return launch_tf32_tile<64, 128, 4>(p, ak, bn, 0); });
+          report("tf32 128x128 3 stages", [&] { return launch_tf32_tile<128, 128, 3>(p, ak, bn, 0); });
+          report("tf32 128x128 4 stages", [&] { return launch_tf32_tile<128, 128, 4>(p, ak, bn, 0); });
+        }
+      }
+    }
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(C));
+    CK(cudaFree(R));
+  }
+  CB(cublasDestroy(h));
+  return 0;
+}

@@ -1,0 +1,83 @@
+// Shared by the GEMM translation units: the canonical problem the fast kernels see, the block-tile
+// order, cp.async, and the per-family launchers that kernels/gemm.cu's dispatcher picks from.
+#pragma once
+
+#include "common.cuh"
+
+namespace cuops::kernels::detail {
+
+// The fast kernels see C row-major (unit column stride; a column-major C is handled by computing
+// C^T = B^T A^T). Each operand is one of two layouts, a template parameter so every address is a
+// compile-time form: A [m, k] "k-major" (row-major, a[i][k] at i*lda + k) or "m-major" (a.t() of a
+// row-major tensor, a[i][k] at k*lda + i); B [k, n] "n-major" (row-major) or "k-major" (b.t()).
+// Every operand's base is 16-byte aligned and its leading stride a multiple of 16 bytes, so every
+// 16-byte chunk along the contiguous axis is an aligned load (the dispatcher checks).
+struct GemmProblem {
+  int64_t m, n, k;
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  void* c;
+  int64_t ldc;
+  float alpha, beta;
+};
+
+// Linear block id -> (tile row, tile column), in groups of kGroup tile rows that walk down the
+// columns together: consecutive blocks then share A rows and B columns in L2 (at 8192^3 the
+// row-by-row order re-reads all of B per tile row). One-dimensional grids allow 2^31 - 1 tiles.
+template <int kGroup>
+__device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
+  const int64_t id = blockIdx.x;
+  const int64_t per_group = int64_t{kGroup} * tiles_n;
+  const int64_t first_m = (id / per_group) * kGroup;
+  const int64_t rows = min(tiles_m - first_m, int64_t{kGroup});
+  const int64_t in_group = id % per_group;
+  tm = first_m + in_group % rows;
+  tn = in_group / rows;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous global -> shared copy of `bytes` (0..16) valid bytes, the rest zero-filled:
+// bounds are handled by the copy engine, never by a branch around it. `src` must be a valid address
+// even when bytes == 0 (callers pass the operand's base then).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ int clamp4(int64_t x) { return static_cast<int>(max(int64_t{0}, min(int64_t{4}, x))); }
+
+// The epilogue's unit: c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, for the pairs in
+// bounds. col is even and the dispatcher guarantees an even ldc and an 8-byte aligned c, so a
+// whole pair is one 8-byte access. beta == 0 never reads c: its old contents may be NaN or unwritten.
+__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+  if (r >= p.m || col >= p.n) return;
+  float* dst = static_cast<float*>(p.c) + r * p.ldc + col;
+  v0 *= p.alpha;
+  v1 *= p.alpha;
+  if (col + 1 < p.n) {
+    if (p.beta != 0.f) {
+      const float2 old = *reinterpret_cast<const float2*>(dst);
+      v0 = fmaf(p.beta, old.x, v0);
+      v1 = fmaf(p.beta, old.y, v1);
+    }
+    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+  } else {
+    if (p.beta != 0.f) v0 = fmaf(p.beta, dst[0], v0);
+    dst[0] = v0;
+  }
+}
+
+// Fast-path launchers (float32). Each returns cudaErrorNotSupported when the shape is not one it
+// takes, so the dispatcher falls back; otherwise the launch status.
+cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
+cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
+
+}  // namespace cuops::kernels::detail

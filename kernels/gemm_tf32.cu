@@ -1,0 +1,170 @@
+// float32 GEMM on tensor cores in TF32 (torch's "high"/"medium" matmul precision): mma.sync
+// m16n8k8 with float32 accumulation. Block tile BM x BN x 32, 8 warps (2 x 4), each a
+// (BM/2) x (BN/4) warp tile. Operands come in by cp.async over a multi-stage shared-memory ring,
+// each laid out in shared memory as it is in global memory (so every layout is a straight 16-byte
+// copy) with rows padded so that the fragment reads of a warp hit 32 distinct banks in all four
+// layouts. Inputs are rounded to TF32 (cvt.rna) as they leave shared memory, as cuBLAS does.
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail {
+namespace {
+
+constexpr int kTf32Threads = 256, kBK = 32;
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// Shared-memory geometry of one stage. Padding: 4 floats on rows of 32 (k), 4 on rows of BM (m)
+// and 8 on rows of BN (n) make the (g, t) fragment pattern of m16n8k8 land on distinct banks.
+template <int BM, int BN, bool AK, bool BNM> struct Tf32Smem {
+  static constexpr int kALd = AK ? kBK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd = BNM ? BN + 8 : kBK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static constexpr int kAFloats = AK ? BM * kALd : kBK * kALd;
+  static constexpr int kBFloats = BNM ? kBK * kBLd : BN * kBLd;
+  static constexpr int kStageFloats = kAFloats + kBFloats;
+  __device__ static float a(const float* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
+  __device__ static float b(const float* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
+};
+
+template <int BM, int BN, int STAGES, bool AK, bool BNM>
+// Two blocks per SM fit the 64 x 128 tile in 128 registers; the 128 x 128 tile spills there, so it runs one.
+__global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgemm_tf32(GemmProblem p) {
+  using S = Tf32Smem<BM, BN, AK, BNM>;
+  constexpr int MI = BM / 32, NI = BN / 32;  // m16 and n8 tiles per warp
+  constexpr int A_LOADS = BM * kBK / 4 / kTf32Threads, B_LOADS = BN * kBK / 4 / kTf32Threads;
+  extern __shared__ __align__(16) float smem[];
+  const float* A = static_cast<const float*>(p.a);
+  const float* B = static_cast<const float*>(p.b);
+  int64_t tm, tn;
+  tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
+  const int64_t row0 = tm * BM, col0 = tn * BN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
+  const int64_t ktiles = (p.k + kBK - 1) / kBK;
+
+  auto load_stage = [&](int stage, int64_t kt) {
+    const int64_t k0 = kt * kBK;
+    float* as = smem + stage * S::kStageFloats;
+    float* bs = as + S::kAFloats;
+#pragma unroll
+    for (int i = 0; i < A_LOADS; ++i) {
+      const int idx = tid + i * kTf32Threads;
+      if constexpr (AK) {
+        const int r = idx / (kBK / 4), c = (idx % (kBK / 4)) * 4;
+        const int64_t gr = row0 + r, gk = k0 + c;
+        const int bytes = gr < p.m ? 4 * clamp4(p.k - gk) : 0;
+        cp_async16(as + r * S::kALd + c, bytes ? A + gr * p.lda + gk : A, bytes);
+      } else {
+        const int r = idx / (BM / 4), c = (idx % (BM / 4)) * 4;
+        const int64_t gk = k0 + r, gr = row0 + c;
+        const int bytes = gk < p.k ? 4 * clamp4(p.m - gr) : 0;
+        cp_async16(as + r * S::kALd + c, bytes ? A + gk * p.lda + gr : A, bytes);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < B_LOADS; ++i) {
+      const int idx = tid + i * kTf32Threads;
+      if constexpr (BNM) {
+        const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+        const int64_t gk = k0 + r, gc = col0 + c;
+        const int bytes = gk < p.k ? 4 * clamp4(p.n - gc) : 0;
+        cp_async16(bs + r * S::kBLd + c, bytes ? B + gk * p.ldb + gc : B, bytes);
+      } else {
+        const int r = idx / (kBK / 4), c = (idx % (kBK / 4)) * 4;
+        const int64_t gc = col0 + r, gk = k0 + c;
+        const int bytes = gc < p.n ? 4 * clamp4(p.k - gk) : 0;
+        cp_async16(bs + r * S::kBLd + c, bytes ? B + gc * p.ldb + gk : B, bytes);
+      }
+    }
+  };
+
+  float acc[MI][NI][4] = {};
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    // Refill the stage everyone finished with last iteration (the barrier above) while this one is
+    // multiplied. An empty group is still committed so the wait count above stays exact.
+    if (kt + STAGES - 1 < ktiles) load_stage(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
+    cp_async_commit();
+    const float* as = smem + (kt % STAGES) * S::kStageFloats;
+    const float* bs = as + S::kAFloats;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 8) {
+      uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        const int m = wm * (BM / 2) + mi * 16 + g;
+        af[mi][0] = to_tf32(S::a(as, m, kk + t));
+        af[mi][1] = to_tf32(S::a(as, m + 8, kk + t));
+        af[mi][2] = to_tf32(S::a(as, m, kk + t + 4));
+        af[mi][3] = to_tf32(S::a(as, m + 8, kk + t + 4));
+      }
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int n = wn * (BN / 4) + ni * 8 + g;
+        bf[ni][0] = to_tf32(S::b(bs, kk + t, n));
+        bf[ni][1] = to_tf32(S::b(bs, kk + t + 4, n));
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          float* d = acc[mi][ni];
+          asm volatile(
+              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+              "{%0,%1,%2,%3};\n"
+              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+              : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]), "r"(bf[ni][1]));
+        }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+      const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g, c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
+      store_pair(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
+      store_pair(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
+    }
+}
+
+template <int BM, int BN, int STAGES, bool AK, bool BNM>
+cudaError_t launch_tf32_one(const GemmProblem& p, cudaStream_t stream) {
+  const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
+  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+  constexpr int smem = STAGES * Tf32Smem<BM, BN, AK, BNM>::kStageFloats * 4;
+  auto kernel = sgemm_tf32<BM, BN, STAGES, AK, BNM>;
+  // Above 48 KiB of dynamic shared memory a kernel must opt in; cheap, and idempotent per call.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned int>(tiles), kTf32Threads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int BM, int BN, int STAGES>
+cudaError_t launch_tf32_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+  if (a_kmajor && b_nmajor) return launch_tf32_one<BM, BN, STAGES, true, true>(p, stream);
+  if (a_kmajor) return launch_tf32_one<BM, BN, STAGES, true, false>(p, stream);
+  if (b_nmajor) return launch_tf32_one<BM, BN, STAGES, false, true>(p, stream);
+  return launch_tf32_one<BM, BN, STAGES, false, false>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+  // 128 x 128 tiles where they make >= ~2 waves of 2 blocks on 132 SMs, 64 x 128 below.
+  const int64_t big_tiles = ((p.m + 127) / 128) * ((p.n + 127) / 128);
+  if (big_tiles >= 512) return launch_tf32_tile<128, 128, 3>(p, a_kmajor, b_nmajor, stream);
+  return launch_tf32_tile<64, 128, 3>(p, a_kmajor, b_nmajor, stream);
+}
+
+}  // namespace cuops::kernels::detail
