@@ -31,15 +31,20 @@ template <int N> __device__ __forceinline__ void copy_frag(float* dst, const flo
   }
 }
 
-template <int BM, int BN, int BK, bool AK, bool BNM>
-__global__ void __launch_bounds__(kSimtThreads) sgemm_simt(GemmProblem p) {
+// Tiles up to 128 x 128 are held to 128 registers so two blocks share an SM (16 warps to hide
+// latency with); 256 x 128 needs ~230 and runs one.
+template <int BM, int BN, int BK, int MINB, bool AK, bool BNM>
+__global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) {
   constexpr int TM = BM / 16, TN = BN / 16;
   static_assert(TM >= 4 && TN >= 4, "register block of at least 4 x 4");
   constexpr int A_CHUNKS = BM * BK / 4, B_CHUNKS = BN * BK / 4;
   static_assert(A_CHUNKS % kSimtThreads == 0 && B_CHUNKS % kSimtThreads == 0, "whole chunks per thread");
   constexpr int A_LOADS = A_CHUNKS / kSimtThreads, B_LOADS = B_CHUNKS / kSimtThreads;
-  __shared__ __align__(16) float As[2][BK][BM];
-  __shared__ __align__(16) float Bs[2][BK][BN];
+  // An operand transposed on its way in is stored with 4 floats of padding per k row: a warp's
+  // scalar stores then land on 32 distinct banks instead of two-way conflicting (BK = 8).
+  constexpr int APAD = AK ? 4 : 0, BPAD = BNM ? 0 : 4;
+  __shared__ __align__(16) float As[2][BK][BM + APAD];
+  __shared__ __align__(16) float Bs[2][BK][BN + BPAD];
 
   const float* A = static_cast<const float*>(p.a);
   const float* B = static_cast<const float*>(p.b);
@@ -50,20 +55,23 @@ __global__ void __launch_bounds__(kSimtThreads) sgemm_simt(GemmProblem p) {
 
   float4 ra[A_LOADS], rb[B_LOADS];
   // Chunk coordinates: (outer, inner) with inner along the operand's contiguous axis, in floats.
-  auto fetch = [&](int64_t k0) {
+  // kGuard = false: the whole BM x BK and BK x BN slices are in bounds (most slices of most
+  // blocks), so the loads go without the bounds arithmetic that otherwise costs issue slots here.
+  auto fetch = [&](int64_t k0, auto guard) {
+    constexpr bool kGuard = decltype(guard)::value;
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i) {
       const int idx = tid + i * kSimtThreads;
       if constexpr (AK) {  // rows of A, k contiguous
         const int r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
         const int64_t gr = row0 + r, gk = k0 + c;
-        const int valid = gr < p.m ? clamp4(p.k - gk) : 0;
-        ra[i] = load_chunk(A + gr * p.lda + gk, valid);
+        ra[i] = kGuard ? load_chunk(A + gr * p.lda + gk, gr < p.m ? clamp4(p.k - gk) : 0)
+                       : *reinterpret_cast<const float4*>(A + gr * p.lda + gk);
       } else {  // k rows of A^T, m contiguous
         const int r = idx / (BM / 4), c = (idx % (BM / 4)) * 4;
         const int64_t gk = k0 + r, gr = row0 + c;
-        const int valid = gk < p.k ? clamp4(p.m - gr) : 0;
-        ra[i] = load_chunk(A + gk * p.lda + gr, valid);
+        ra[i] = kGuard ? load_chunk(A + gk * p.lda + gr, gk < p.k ? clamp4(p.m - gr) : 0)
+                       : *reinterpret_cast<const float4*>(A + gk * p.lda + gr);
       }
     }
 #pragma unroll
@@ -72,13 +80,13 @@ __global__ void __launch_bounds__(kSimtThreads) sgemm_simt(GemmProblem p) {
       if constexpr (BNM) {  // k rows of B, n contiguous
         const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
         const int64_t gk = k0 + r, gc = col0 + c;
-        const int valid = gk < p.k ? clamp4(p.n - gc) : 0;
-        rb[i] = load_chunk(B + gk * p.ldb + gc, valid);
+        rb[i] = kGuard ? load_chunk(B + gk * p.ldb + gc, gk < p.k ? clamp4(p.n - gc) : 0)
+                       : *reinterpret_cast<const float4*>(B + gk * p.ldb + gc);
       } else {  // columns of B, k contiguous
         const int r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
         const int64_t gc = col0 + r, gk = k0 + c;
-        const int valid = gc < p.n ? clamp4(p.k - gk) : 0;
-        rb[i] = load_chunk(B + gc * p.ldb + gk, valid);
+        rb[i] = kGuard ? load_chunk(B + gc * p.ldb + gk, gc < p.n ? clamp4(p.k - gk) : 0)
+                       : *reinterpret_cast<const float4*>(B + gc * p.ldb + gk);
       }
     }
   };
@@ -113,14 +121,19 @@ __global__ void __launch_bounds__(kSimtThreads) sgemm_simt(GemmProblem p) {
     }
   };
 
+  using Guarded = std::true_type;
+  using Unguarded = std::false_type;
+  const bool inside = row0 + BM <= p.m && col0 + BN <= p.n;
   float acc[TM][TN] = {};
-  fetch(0);
+  if (inside && BK <= p.k) fetch(int64_t{0}, Unguarded{});
+  else fetch(int64_t{0}, Guarded{});
   stash(0);
   __syncthreads();
   int buf = 0;
   for (int64_t k0 = 0; k0 < p.k; k0 += BK) {
     const bool more = k0 + BK < p.k;
-    if (more) fetch(k0 + BK);
+    if (inside && k0 + 2 * BK <= p.k) fetch(k0 + BK, Unguarded{});
+    else if (more) fetch(k0 + BK, Guarded{});
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       float a[TM], b[TN];
@@ -152,15 +165,15 @@ __global__ void __launch_bounds__(kSimtThreads) sgemm_simt(GemmProblem p) {
   }
 }
 
-template <int BM, int BN, int BK>
+template <int BM, int BN, int BK, int MINB = (BM * BN <= 128 * 128 ? 2 : 1)>
 cudaError_t launch_simt_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
   const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
   if (tiles > 0x7fffffff) return cudaErrorNotSupported;
   const dim3 grid(static_cast<unsigned int>(tiles));
-  if (a_kmajor && b_nmajor) sgemm_simt<BM, BN, BK, true, true><<<grid, kSimtThreads, 0, stream>>>(p);
-  else if (a_kmajor) sgemm_simt<BM, BN, BK, true, false><<<grid, kSimtThreads, 0, stream>>>(p);
-  else if (b_nmajor) sgemm_simt<BM, BN, BK, false, true><<<grid, kSimtThreads, 0, stream>>>(p);
-  else sgemm_simt<BM, BN, BK, false, false><<<grid, kSimtThreads, 0, stream>>>(p);
+  if (a_kmajor && b_nmajor) sgemm_simt<BM, BN, BK, MINB, true, true><<<grid, kSimtThreads, 0, stream>>>(p);
+  else if (a_kmajor) sgemm_simt<BM, BN, BK, MINB, true, false><<<grid, kSimtThreads, 0, stream>>>(p);
+  else if (b_nmajor) sgemm_simt<BM, BN, BK, MINB, false, true><<<grid, kSimtThreads, 0, stream>>>(p);
+  else sgemm_simt<BM, BN, BK, MINB, false, false><<<grid, kSimtThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

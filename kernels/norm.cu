@@ -49,11 +49,6 @@ template <typename T, int V, typename A>
 __global__ void __launch_bounds__(kThreads)
     sum_sq_diff_partials(const T* a, const T* b, int64_t head, int64_t n_vec, int64_t n, A* partials) {
   using VecT = Vec<T, V>;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Let finish_norm's launch start now (it waits for this grid's memory in griddepcontrol.wait):
-  // its launch latency then overlaps this pass instead of following it.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   const VecT* va = reinterpret_cast<const VecT*>(a + head);
   const VecT* vb = reinterpret_cast<const VecT*>(b + head);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -86,10 +81,6 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, typename A>
 __global__ void __launch_bounds__(kFinalThreads) finish_norm(const A* partials, int64_t count, T* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the partials pass: wait until its writes are visible.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   A s = 0;
   for (int64_t i = threadIdx.x; i < count; i += kFinalThreads) s += partials[i];
   s = block_sum(s);
@@ -128,18 +119,8 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
     }
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    // Programmatic dependent launch (sm_90+; elsewhere the attribute is ignored and the launch is an
-    // ordinary stream-ordered one): saves the finish kernel's launch gap, ~1 % of a 2^28 bf16 norm.
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1);
-    cfg.blockDim = dim3(kFinalThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, finish_norm<T, A>, static_cast<const A*>(part), blocks, static_cast<T*>(out));
+    finish_norm<T, A><<<1, kFinalThreads, 0, stream>>>(part, blocks, static_cast<T*>(out));
+    return cudaGetLastError();
   });
 }
 
