@@ -180,12 +180,12 @@ cudaError_t launch_simt_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor,
 }  // namespace
 
 cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  // The largest tile that still makes several waves on 132 SMs: 256 x 128 (16 x 8 per thread, the
-  // fastest in bench/sweep: 0.89-0.90x cuBLAS at 4096^3 and 8192^3, one block per SM), then
-  // 128 x 128, then 64 x 64 so mid-size problems do not leave SMs idle.
+  // Measured on the H100 (bench/sweep/gemm_lib_sweep.cu, NOTES.md): 256 x 128 (16 x 8 per thread,
+  // one block per SM) is fastest from 2048^3 up, i.e. from about one tile per SM; 128 x 128 (two
+  // blocks per SM) between; 64 x 64 at 1024^3 and below, where larger tiles leave SMs idle.
   const int64_t tiles_256x128 = ((p.m + 255) / 256) * ((p.n + 127) / 128);
   const int64_t tiles_128x128 = ((p.m + 127) / 128) * ((p.n + 127) / 128);
-  if (tiles_256x128 >= 512) return launch_simt_tile<256, 128, 8>(p, a_kmajor, b_nmajor, stream);
+  if (tiles_256x128 >= 120) return launch_simt_tile<256, 128, 8>(p, a_kmajor, b_nmajor, stream);
   if (tiles_128x128 >= 256) return launch_simt_tile<128, 128, 8>(p, a_kmajor, b_nmajor, stream);
   return launch_simt_tile<64, 64, 16>(p, a_kmajor, b_nmajor, stream);
 }
