@@ -33,6 +33,11 @@ def draw_input(shape, dtype, device, layout, seed, magnitude):
     return make(shape, dtype, device, layout, generator=torch.Generator().manual_seed(seed), scale=magnitude)
 
 
+def acc_dtype(dtype):
+    """The type an op computes in: float for the half types (torch's opmath), else the dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @PROPERTY
 @given(shape=shapes, dtype=dtypes, la=layouts, lb=layouts, seed=seeds, mag=magnitudes,
@@ -44,7 +49,9 @@ def test_property_elementwise_ops_match_float64(device, shape, dtype, la, lb, se
     a64, b64 = a.double().cpu(), b.double().cpu()
     # Each result is one rounding of the exact value, so compare to the float64 result rounded once.
     for got, exact in ((ops.vector_add(a, b), a64 + b64),
-                       (ops.scale(a, alpha), a64 * torch.tensor(alpha, dtype=dtype).double()),
+                       # alpha in the op's compute type (float for the half types, as torch.mul's
+                       # opmath): rounded to the dtype a tiny alpha would be a subnormal half.
+                       (ops.scale(a, alpha), a64 * torch.tensor(alpha, dtype=acc_dtype(dtype)).double()),
                        (ops.square(a), a64 * a64)):
         assert got.shape == shape and got.is_contiguous() and got.dtype == dtype
         torch.testing.assert_close(got.double().cpu(), exact.to(dtype).double(), rtol=tol["rtol"], atol=tol["atol"])
