@@ -1,7 +1,7 @@
-// GEMM dispatch, and the general kernel every case falls back to. float32 problems whose operands
-// are row-major or transposed views with 16-byte aligned rows go to the fast kernels (gemm_simt.cu
-// for true FP32, gemm_tf32.cu when TF32 is allowed); everything else (float64, the half types for
-// now, arbitrary strides, misaligned slices) runs the general kernel below: shared-memory tiling
+// GEMM dispatch, and the general kernel every case falls back to. Problems whose operands are
+// row-major or transposed views with 16-byte aligned rows go to the fast kernels (gemm_simt.cu for
+// true FP32, gemm_tf32.cu when TF32 is allowed, gemm_half.cu for bfloat16/float16); everything else
+// (float64, arbitrary strides, misaligned slices) runs the general kernel below: shared-memory tiling
 // (64x64 block tile, 16-deep k slices, 4x4 register blocking) reading operands through their
 // strides, so it needs no copy and is correct for every shape.
 #include "gemm.cuh"
@@ -90,13 +90,14 @@ bool row_major(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int64_t mult,
 
 bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
 
-// The fast float32 kernels' contract (gemm.cuh): c row-major with an even leading stride, 8-byte
-// aligned; a and b each row-major or transposed, 16-byte aligned, leading strides a multiple of 4.
-// A c that is only column-major in that sense is the transposed problem c^T = b^T a^T. Anything
-// else: cudaErrorNotSupported (the caller falls back to the general kernel).
-cudaError_t launch_fast_fp32(int64_t m, int64_t n, int64_t k, double alpha, MatrixView a, MatrixView b,
-                             double beta, void* c, int64_t sc0, int64_t sc1, bool allow_tf32,
-                             cudaStream_t stream) {
+// The fast kernels' contract (gemm.cuh): c row-major with an even leading stride and a whole pair
+// aligned; a and b each row-major or transposed, 16-byte aligned, leading strides a whole number of
+// 16 bytes. A c that is only column-major in that sense is the transposed problem c^T = b^T a^T.
+// Anything else: cudaErrorNotSupported (the caller falls back to the general kernel).
+cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a, MatrixView b,
+                        double beta, void* c, int64_t sc0, int64_t sc1, bool allow_tf32, cudaStream_t stream) {
+  if (dtype == DType::Float64) return cudaErrorNotSupported;
+  const int64_t elsize = dtype == DType::Float32 ? 4 : 2, per16 = 16 / elsize;
   GemmProblem p{};
   if (row_major(m, n, sc0, sc1, 2, p.ldc)) {
     p.m = m, p.n = n;
@@ -109,13 +110,14 @@ cudaError_t launch_fast_fp32(int64_t m, int64_t n, int64_t k, double alpha, Matr
     return cudaErrorNotSupported;
   }
   p.k = k;
-  const bool a_kmajor = row_major(p.m, p.k, a.stride0, a.stride1, 4, p.lda);
-  if (!a_kmajor && !row_major(p.k, p.m, a.stride1, a.stride0, 4, p.lda)) return cudaErrorNotSupported;
-  const bool b_nmajor = row_major(p.k, p.n, b.stride0, b.stride1, 4, p.ldb);
-  if (!b_nmajor && !row_major(p.n, p.k, b.stride1, b.stride0, 4, p.ldb)) return cudaErrorNotSupported;
-  if (!aligned(a.ptr, 16) || !aligned(b.ptr, 16) || !aligned(c, 8)) return cudaErrorNotSupported;
+  const bool a_kmajor = row_major(p.m, p.k, a.stride0, a.stride1, per16, p.lda);
+  if (!a_kmajor && !row_major(p.k, p.m, a.stride1, a.stride0, per16, p.lda)) return cudaErrorNotSupported;
+  const bool b_nmajor = row_major(p.k, p.n, b.stride0, b.stride1, per16, p.ldb);
+  if (!b_nmajor && !row_major(p.n, p.k, b.stride1, b.stride0, per16, p.ldb)) return cudaErrorNotSupported;
+  if (!aligned(a.ptr, 16) || !aligned(b.ptr, 16) || !aligned(c, 2 * elsize)) return cudaErrorNotSupported;
   p.a = a.ptr, p.b = b.ptr, p.c = c;
   p.alpha = static_cast<float>(alpha), p.beta = static_cast<float>(beta);
+  if (dtype != DType::Float32) return launch_hgemm_mma(dtype, p, a_kmajor, b_nmajor, stream);
   return allow_tf32 ? launch_sgemm_tf32(p, a_kmajor, b_nmajor, stream)
                     : launch_sgemm_simt(p, a_kmajor, b_nmajor, stream);
 }
@@ -126,10 +128,8 @@ cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alp
                         double beta, void* c, int64_t c_stride0, int64_t c_stride1, bool allow_tf32,
                         cudaStream_t stream) {
   if (m == 0 || n == 0) return cudaSuccess;
-  if (dtype == DType::Float32) {
-    const cudaError_t err = launch_fast_fp32(m, n, k, alpha, a, b, beta, c, c_stride0, c_stride1, allow_tf32, stream);
-    if (err != cudaErrorNotSupported) return err;
-  }
+  const cudaError_t err = launch_fast(dtype, m, n, k, alpha, a, b, beta, c, c_stride0, c_stride1, allow_tf32, stream);
+  if (err != cudaErrorNotSupported) return err;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;

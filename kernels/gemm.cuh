@@ -75,9 +75,11 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int6
   }
 }
 
-// Fast-path launchers (float32). Each returns cudaErrorNotSupported when the shape is not one it
+// Fast-path launchers. Each returns cudaErrorNotSupported when the shape is not one it
 // takes, so the dispatcher falls back; otherwise the launch status.
 cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
+// bfloat16 / float16 (dtype says which); leading strides a multiple of 8 elements (16 bytes), c 4-byte aligned.
+cudaError_t launch_hgemm_mma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 
 }  // namespace cuops::kernels::detail

@@ -27,7 +27,7 @@ for arch in $archs; do
     echo "FAIL $sm: no machine code for this arch"; status=1; continue
   fi
   functions=$("$cuobjdump" -res-usage -arch "$sm" "$lib" 2>/dev/null | grep -o "Function [^:]*")
-  for family in elementwise_kernel sum_sq_diff_partials finish_norm gemm_tiled sgemm_simt sgemm_tf32; do
+  for family in elementwise_kernel sum_sq_diff_partials finish_norm gemm_tiled sgemm_simt sgemm_tf32 hgemm_mma; do
     count=$(grep -c "$family" <<<"$functions")
     if [ "$count" -eq 0 ]; then echo "FAIL $sm: no $family kernels"; status=1; fi
   done

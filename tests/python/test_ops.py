@@ -180,6 +180,38 @@ def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, lay
             assert err <= REDUCTION_TOL[torch.float32], (what, err)
 
 
+# bfloat16/float16 on the tensor-core kernel (gemm_half.cu) where the rule allows (leading strides a
+# multiple of 8 elements), the general kernel elsewhere; a big shape for the 128 x 128 tile.
+HALF_SHAPES = FAST_SHAPES + [(4096, 1024, 2048)]
+# float32 accumulation and one rounding of each result: the error is at most the dtype's unit
+# roundoff (2^-8 bfloat16, 2^-11 float16) of |result| <= |a| @ |b|, plus float32 accumulation.
+HALF_TOL = {torch.bfloat16: 2.0 ** -8 + 1e-5, torch.float16: 2.0 ** -11 + 1e-5}
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("mkn", HALF_SHAPES, ids=str)
+@pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout_c", ["contiguous", "transposed"])
+def test_gemm_half_layouts(dtype, mkn, layout_a, layout_b, layout_c):
+    m, k, n = mkn
+    a, b = make((m, k), dtype, "cuda", layout_a), make((k, n), dtype, "cuda", layout_b)
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    c0 = make((m, n), dtype, "cuda", layout_c)
+    tol = HALF_TOL[dtype]
+    out = ops.mm(a, b)
+    assert out.dtype == dtype and out.is_contiguous()
+    assert rel_error(out, ref, scale) <= tol
+    c = torch.full_like(c0, float("nan"))
+    ops.gemm(c, a, b, -1.5, 0.0)
+    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
+    cb = c0.clone()
+    ops.gemm(cb, a, b, 0.5, -2.0)
+    assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
+
+
 @requires_cuda
 def test_gemm_float32_highest_k4096_within_1e_5():
     a, b = torch.randn(512, 4096, device="cuda"), torch.randn(4096, 512, device="cuda")

@@ -1,0 +1,226 @@
+// bfloat16 / float16 GEMM on tensor cores with mma.sync (sm_80+): m16n8k16, float32 accumulation,
+// the result rounded once to the output dtype. Block tile BM x BN x 32, 8 warps (2 x 4) of
+// (BM/2) x (BN/4). Operands arrive by cp.async (16-byte chunks, zero-filled past the edges) over a
+// multi-stage ring, each stored as it lies in global memory; ldmatrix (.trans where the stored
+// orientation is the fragment's transpose) builds the fragments, so all four layouts cost the same.
+// Rows are padded by 16 bytes: the 8 row addresses of every ldmatrix land in 8 different bank groups.
+// This is the portable tensor-core path; a Hopper wgmma kernel is the planned fast path (NOTES.md).
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail {
+namespace {
+
+constexpr int kHalfThreads = 256, kHBK = 32, kPad = 8;  // kPad elements = 16 bytes
+
+__device__ __forceinline__ int clamp8(int64_t x) { return static_cast<int>(max(int64_t{0}, min(int64_t{8}, x))); }
+
+template <bool kTrans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(smem)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(smem)));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T; col even, ldc even
+// and c 4-byte aligned (the dispatcher's rule), so a whole pair is one 4-byte access.
+template <typename T> __device__ __forceinline__ void store_pair_half(const GemmProblem& p, int64_t r, int64_t col,
+                                                                     float v0, float v1) {
+  if (r >= p.m || col >= p.n) return;
+  T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
+  v0 *= p.alpha;
+  v1 *= p.alpha;
+  if (col + 1 < p.n) {
+    if (p.beta != 0.f) {  // beta == 0 never reads c
+      const float2 old = unpack_pair(*reinterpret_cast<const uint32_t*>(dst), T{});
+      v0 = fmaf(p.beta, old.x, v0);
+      v1 = fmaf(p.beta, old.y, v1);
+    }
+    *reinterpret_cast<uint32_t*>(dst) = pack_pair(v0, v1, T{});
+  } else {
+    if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
+    dst[0] = from_acc<T>(v0);
+  }
+}
+
+template <typename T, int BM, int BN, bool AK, bool BNM> struct HalfSmem {
+  static constexpr int kALd = (AK ? kHBK : BM) + kPad;  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd = (BNM ? BN : kHBK) + kPad;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static constexpr int kAElems = AK ? BM * kALd : kHBK * kALd;
+  static constexpr int kBElems = BNM ? kHBK * kBLd : BN * kBLd;
+  static constexpr int kStageElems = kAElems + kBElems;
+};
+
+template <typename T, int BM, int BN, int STAGES, bool AK, bool BNM>
+__global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
+  using S = HalfSmem<T, BM, BN, AK, BNM>;
+  constexpr int MI = BM / 32, NI = BN / 32;  // m16 and n8 tiles per warp
+  static_assert(NI % 2 == 0, "B fragments load two n8 tiles per ldmatrix.x4");
+  constexpr int A_LOADS = BM * kHBK / 8 / kHalfThreads, B_LOADS = BN * kHBK / 8 / kHalfThreads;
+  static_assert(A_LOADS >= 1 && B_LOADS >= 1, "whole chunks per thread");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const T* A = static_cast<const T*>(p.a);
+  const T* B = static_cast<const T*>(p.b);
+  int64_t tm, tn;
+  tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
+  const int64_t row0 = tm * BM, col0 = tn * BN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
+  const int64_t ktiles = (p.k + kHBK - 1) / kHBK;
+
+  auto load_stage = [&](int stage, int64_t kt) {
+    const int64_t k0 = kt * kHBK;
+    T* as = smem + stage * S::kStageElems;
+    T* bs = as + S::kAElems;
+#pragma unroll
+    for (int i = 0; i < A_LOADS; ++i) {
+      const int idx = tid + i * kHalfThreads;
+      if constexpr (AK) {
+        const int r = idx / (kHBK / 8), c = (idx % (kHBK / 8)) * 8;
+        const int64_t gr = row0 + r, gk = k0 + c;
+        const int bytes = gr < p.m ? 2 * clamp8(p.k - gk) : 0;
+        cp_async16(as + r * S::kALd + c, bytes ? A + gr * p.lda + gk : A, bytes);
+      } else {
+        const int r = idx / (BM / 8), c = (idx % (BM / 8)) * 8;
+        const int64_t gk = k0 + r, gr = row0 + c;
+        const int bytes = gk < p.k ? 2 * clamp8(p.m - gr) : 0;
+        cp_async16(as + r * S::kALd + c, bytes ? A + gk * p.lda + gr : A, bytes);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < B_LOADS; ++i) {
+      const int idx = tid + i * kHalfThreads;
+      if constexpr (BNM) {
+        const int r = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
+        const int64_t gk = k0 + r, gc = col0 + c;
+        const int bytes = gk < p.k ? 2 * clamp8(p.n - gc) : 0;
+        cp_async16(bs + r * S::kBLd + c, bytes ? B + gk * p.ldb + gc : B, bytes);
+      } else {
+        const int r = idx / (kHBK / 8), c = (idx % (kHBK / 8)) * 8;
+        const int64_t gc = col0 + r, gk = k0 + c;
+        const int bytes = gc < p.n ? 2 * clamp8(p.k - gk) : 0;
+        cp_async16(bs + r * S::kBLd + c, bytes ? B + gc * p.ldb + gk : B, bytes);
+      }
+    }
+  };
+
+  float acc[MI][NI][4] = {};
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  // ldmatrix row addresses: lane i feeds row i % 8 of matrix i / 8.
+  const int lrow = lane % 8, lmat = lane / 8;
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < ktiles) load_stage(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
+    cp_async_commit();
+    const T* as = smem + (kt % STAGES) * S::kStageElems;
+    const T* bs = as + S::kAElems;
+#pragma unroll
+    for (int kk = 0; kk < kHBK; kk += 16) {
+      uint32_t af[MI][4], bf[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        const int m0 = wm * (BM / 2) + mi * 16;
+        // Matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3.
+        const int m = m0 + lrow + 8 * (lmat % 2), k = kk + 8 * (lmat / 2);
+        if constexpr (AK) {
+          ldmatrix_x4<false>(af[mi], as + m * S::kALd + k);
+        } else {  // stored [k][m]: row = k, 8 m per row, transposed on the way out
+          const int km = kk + lrow + 8 * (lmat / 2), mm = m0 + 8 * (lmat % 2);
+          ldmatrix_x4<true>(af[mi], as + km * S::kALd + mm);
+        }
+      }
+#pragma unroll
+      for (int ni = 0; ni < NI; ni += 2) {
+        const int n0 = wn * (BN / 4) + ni * 8;
+        // Matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+        //         = b0, b1 of tile ni, b0, b1 of tile ni + 1.
+        uint32_t r[4];
+        if constexpr (BNM) {  // stored [k][n]: transposed on the way out
+          const int k = kk + lrow + 8 * (lmat % 2), n = n0 + 8 * (lmat / 2);
+          ldmatrix_x4<true>(r, bs + k * S::kBLd + n);
+        } else {  // stored [n][k]
+          const int n = n0 + lrow + 8 * (lmat / 2), k = kk + 8 * (lmat % 2);
+          ldmatrix_x4<false>(r, bs + n * S::kBLd + k);
+        }
+        bf[ni][0] = r[0], bf[ni][1] = r[1], bf[ni + 1][0] = r[2], bf[ni + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma16816<T>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+      const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g, c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
+      store_pair_half<T>(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
+      store_pair_half<T>(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
+    }
+}
+
+template <typename T, int BM, int BN, int STAGES, bool AK, bool BNM>
+cudaError_t launch_half_one(const GemmProblem& p, cudaStream_t stream) {
+  const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
+  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+  constexpr int smem = STAGES * HalfSmem<T, BM, BN, AK, BNM>::kStageElems * 2;
+  auto kernel = hgemm_mma<T, BM, BN, STAGES, AK, BNM>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned int>(tiles), kHalfThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int BM, int BN, int STAGES>
+cudaError_t launch_half_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+  if (a_kmajor && b_nmajor) return launch_half_one<T, BM, BN, STAGES, true, true>(p, stream);
+  if (a_kmajor) return launch_half_one<T, BM, BN, STAGES, true, false>(p, stream);
+  if (b_nmajor) return launch_half_one<T, BM, BN, STAGES, false, true>(p, stream);
+  return launch_half_one<T, BM, BN, STAGES, false, false>(p, stream);
+}
+
+template <typename T> cudaError_t launch_half(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+  // 128 x 128 where that makes about two waves of two blocks per SM; 64 x 128 below.
+  const int64_t big_tiles = ((p.m + 127) / 128) * ((p.n + 127) / 128);
+  if (big_tiles >= 264) return launch_half_tile<T, 128, 128, 4>(p, a_kmajor, b_nmajor, stream);
+  return launch_half_tile<T, 64, 128, 4>(p, a_kmajor, b_nmajor, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_hgemm_mma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+  if (dtype == DType::BFloat16) return launch_half<__nv_bfloat16>(p, a_kmajor, b_nmajor, stream);
+  if (dtype == DType::Float16) return launch_half<__half>(p, a_kmajor, b_nmajor, stream);
+  return cudaErrorNotSupported;
+}
+
+}  // namespace cuops::kernels::detail
