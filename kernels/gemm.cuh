@@ -41,11 +41,28 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte asynchronous global -> shared copy of `bytes` (0..16) valid bytes, the rest zero-filled:
-// bounds are handled by the copy engine, never by a branch around it. `src` must be a valid address
-// even when bytes == 0 (callers pass the operand's base then).
+// 16-byte asynchronous global -> shared copy (`bytes` 16; see copy_chunk for why never less).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes));
+}
+// One 16-byte chunk of elements of size kElem into shared memory, `valid` (0 .. 16 / kElem) of them
+// read from gmem and the rest zero: a whole chunk by cp.async; a partial or empty one (only at the
+// edges) by plain loads and one shared store. cp.async's own zero-fill (source size < 16) is not
+// used: compute-sanitizer counts it as a 16-byte read, out of bounds on a 2-byte tensor.
+template <int kElem> __device__ __forceinline__ void copy_chunk(void* smem, const void* gmem, int valid) {
+  constexpr int kPer = 16 / kElem;
+  if (valid == kPer) {
+    cp_async16(smem, gmem, 16);
+    return;
+  }
+  using R = std::conditional_t<kElem == 4, uint32_t, uint16_t>;
+  R e[kPer];
+  const R* src = static_cast<const R*>(gmem);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) e[i] = i < valid ? src[i] : R(0);
+  uint4 v;
+  __builtin_memcpy(&v, e, 16);
+  *static_cast<uint4*>(smem) = v;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -1,8 +1,9 @@
 // bfloat16 / float16 GEMM on tensor cores with mma.sync (sm_80+): m16n8k16, float32 accumulation,
 // the result rounded once to the output dtype. Block tile BM x BN x 32, 8 warps (2 x 4) of
-// (BM/2) x (BN/4). Operands arrive by cp.async (16-byte chunks, zero-filled past the edges) over a
-// multi-stage ring, each stored as it lies in global memory; ldmatrix (.trans where the stored
-// orientation is the fragment's transpose) builds the fragments, so all four layouts cost the same.
+// (BM/2) x (BN/4). Operands arrive in 16-byte chunks by cp.async (chunks cut by an edge by plain
+// loads, zero-filled: copy_chunk) over a multi-stage ring, each stored as it lies in global memory;
+// ldmatrix (.trans where the stored orientation is the fragment's transpose) builds the fragments,
+// so all four layouts cost the same.
 // Rows are padded by 16 bytes: the 8 row addresses of every ldmatrix land in 8 different bank groups.
 // This is the portable tensor-core path; a Hopper wgmma kernel is the planned fast path (NOTES.md).
 #include "gemm.cuh"
@@ -100,13 +101,11 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
       if constexpr (AK) {
         const int r = idx / (kHBK / 8), c = (idx % (kHBK / 8)) * 8;
         const int64_t gr = row0 + r, gk = k0 + c;
-        const int bytes = gr < p.m ? 2 * clamp8(p.k - gk) : 0;
-        cp_async16(as + r * S::kALd + c, bytes ? A + gr * p.lda + gk : A, bytes);
+        copy_chunk<2>(as + r * S::kALd + c, A + gr * p.lda + gk, gr < p.m ? clamp8(p.k - gk) : 0);
       } else {
         const int r = idx / (BM / 8), c = (idx % (BM / 8)) * 8;
         const int64_t gk = k0 + r, gr = row0 + c;
-        const int bytes = gk < p.k ? 2 * clamp8(p.m - gr) : 0;
-        cp_async16(as + r * S::kALd + c, bytes ? A + gk * p.lda + gr : A, bytes);
+        copy_chunk<2>(as + r * S::kALd + c, A + gk * p.lda + gr, gk < p.k ? clamp8(p.m - gr) : 0);
       }
     }
 #pragma unroll
@@ -115,13 +114,11 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
       if constexpr (BNM) {
         const int r = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
         const int64_t gk = k0 + r, gc = col0 + c;
-        const int bytes = gk < p.k ? 2 * clamp8(p.n - gc) : 0;
-        cp_async16(bs + r * S::kBLd + c, bytes ? B + gk * p.ldb + gc : B, bytes);
+        copy_chunk<2>(bs + r * S::kBLd + c, B + gk * p.ldb + gc, gk < p.k ? clamp8(p.n - gc) : 0);
       } else {
         const int r = idx / (kHBK / 8), c = (idx % (kHBK / 8)) * 8;
         const int64_t gc = col0 + r, gk = k0 + c;
-        const int bytes = gc < p.n ? 2 * clamp8(p.k - gk) : 0;
-        cp_async16(bs + r * S::kBLd + c, bytes ? B + gc * p.ldb + gk : B, bytes);
+        copy_chunk<2>(bs + r * S::kBLd + c, B + gc * p.ldb + gk, gc < p.n ? clamp8(p.k - gk) : 0);
       }
     }
   };

@@ -55,13 +55,11 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
       if constexpr (AK) {
         const int r = idx / (kBK / 4), c = (idx % (kBK / 4)) * 4;
         const int64_t gr = row0 + r, gk = k0 + c;
-        const int bytes = gr < p.m ? 4 * clamp4(p.k - gk) : 0;
-        cp_async16(as + r * S::kALd + c, bytes ? A + gr * p.lda + gk : A, bytes);
+        copy_chunk<4>(as + r * S::kALd + c, A + gr * p.lda + gk, gr < p.m ? clamp4(p.k - gk) : 0);
       } else {
         const int r = idx / (BM / 4), c = (idx % (BM / 4)) * 4;
         const int64_t gk = k0 + r, gr = row0 + c;
-        const int bytes = gk < p.k ? 4 * clamp4(p.m - gr) : 0;
-        cp_async16(as + r * S::kALd + c, bytes ? A + gk * p.lda + gr : A, bytes);
+        copy_chunk<4>(as + r * S::kALd + c, A + gk * p.lda + gr, gk < p.k ? clamp4(p.m - gr) : 0);
       }
     }
 #pragma unroll
@@ -70,13 +68,11 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
       if constexpr (BNM) {
         const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
         const int64_t gk = k0 + r, gc = col0 + c;
-        const int bytes = gk < p.k ? 4 * clamp4(p.n - gc) : 0;
-        cp_async16(bs + r * S::kBLd + c, bytes ? B + gk * p.ldb + gc : B, bytes);
+        copy_chunk<4>(bs + r * S::kBLd + c, B + gk * p.ldb + gc, gk < p.k ? clamp4(p.n - gc) : 0);
       } else {
         const int r = idx / (kBK / 4), c = (idx % (kBK / 4)) * 4;
         const int64_t gc = col0 + r, gk = k0 + c;
-        const int bytes = gc < p.n ? 4 * clamp4(p.k - gk) : 0;
-        cp_async16(bs + r * S::kBLd + c, bytes ? B + gc * p.ldb + gk : B, bytes);
+        copy_chunk<4>(bs + r * S::kBLd + c, B + gc * p.ldb + gk, gc < p.n ? clamp4(p.k - gk) : 0);
       }
     }
   };

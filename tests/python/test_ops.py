@@ -212,6 +212,41 @@ def test_gemm_half_layouts(dtype, mkn, layout_a, layout_b, layout_c):
     assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
 
 
+def tight_rows(rows, cols, dtype, ld=16):
+    """[rows, cols] with rows ld elements apart (a 16-byte multiple: the fast kernels take it) in a
+    buffer that ends at the last element, so a chunk read past a cut edge leaves the allocation."""
+    buf = torch.randn((rows - 1) * ld + cols, dtype=torch.float64).to(dtype=dtype, device="cuda")
+    return buf.as_strided((rows, cols), (ld, 1))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "highest"), (torch.float32, "high"),
+                                             (torch.bfloat16, "highest"), (torch.float16, "highest")], ids=str)
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (5, 3, 7), (17, 9, 13)], ids=str)
+@pytest.mark.parametrize("layout_a", ["rows", "columns"])
+@pytest.mark.parametrize("layout_b", ["rows", "columns"])
+def test_gemm_cuda_cut_chunks_stay_in_bounds(dtype, precision, mkn, layout_a, layout_b):
+    """Every fast kernel on shapes whose edges cut 16-byte chunks, operands ending their allocations
+    (compute-sanitizer's memcheck runs this: a read past an edge is reported there)."""
+    m, k, n = mkn
+    a = tight_rows(m, k, dtype) if layout_a == "rows" else tight_rows(k, m, dtype).t()
+    b = tight_rows(k, n, dtype) if layout_b == "rows" else tight_rows(n, k, dtype).t()
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    tol = HALF_TOL.get(dtype, 1e-3 if precision == "high" else REDUCTION_TOL[torch.float32])
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        out = ops.mm(a, b)
+        c = tight_rows(m, n, dtype)
+        c0 = c.clone()
+        ops.gemm(c, a, b, 0.5, -2.0)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
+
+
 @requires_cuda
 def test_gemm_float32_highest_k4096_within_1e_5():
     a, b = torch.randn(512, 4096, device="cuda"), torch.randn(4096, 512, device="cuda")
