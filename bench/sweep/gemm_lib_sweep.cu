@@ -11,40 +11,10 @@
 
 #include "../../kernels/gemm_simt.cu"
 #include "../../kernels/gemm_tf32.cu"
-#include "sweep_util.cuh"
+#include "sweep_gemm_util.cuh"
 
 using namespace cuops::kernels::detail;
 
-#define CB(x)                                                                    \
-  do {                                                                           \
-    cublasStatus_t s_ = (x);                                                     \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                           \
-      printf("cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__);         \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
-
-__global__ void fill_uniform(float* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = (h & 0xffffff) / float(0x1000000) - 0.5f;
-  }
-}
-
-static double rel_err(const float* x, const float* ref, int64_t n) {
-  std::vector<float> hx(n), hr(n);
-  CK(cudaMemcpy(hx.data(), x, n * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hr.data(), ref, n * 4, cudaMemcpyDeviceToHost));
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num = std::max(num, std::fabs(double(hx[i]) - hr[i]));
-    den = std::max(den, std::fabs(double(hr[i])));
-  }
-  return num / (den > 0 ? den : 1);
-}
 
 int main() {
   cublasHandle_t h;

@@ -23,16 +23,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "sweep_util.cuh"
+#include "sweep_gemm_util.cuh"
 
-#define CB(x)                                                            \
-  do {                                                                   \
-    cublasStatus_t s_ = (x);                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                   \
-      printf("cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__); \
-      exit(1);                                                           \
-    }                                                                    \
-  } while (0)
 
 namespace {
 
@@ -217,29 +209,6 @@ CUtensorMap make_map(const void* p, uint64_t rows, uint64_t cols, uint32_t box_r
   return m;
 }
 
-__global__ void fill(__nv_bfloat16* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16((h & 0xffffff) / float(0x1000000) - 0.5f);
-  }
-}
-
-double rel_err(const __nv_bfloat16* x, const __nv_bfloat16* ref, int64_t n) {
-  std::vector<__nv_bfloat16> hx(n), hr(n);
-  CK(cudaMemcpy(hx.data(), x, n * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hr.data(), ref, n * 2, cudaMemcpyDeviceToHost));
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double a = __bfloat162float(hx[i]), b = __bfloat162float(hr[i]);
-    num = std::max(num, std::isnan(a) ? 1e30 : std::fabs(a - b));
-    den = std::max(den, std::fabs(b));
-  }
-  return num / (den > 0 ? den : 1);
-}
-
 }  // namespace
 
 int main() {
@@ -255,8 +224,8 @@ int main() {
     CK(cudaMalloc(&B, int64_t(K) * N * 2));
     CK(cudaMalloc(&C, int64_t(M) * N * 2));
     CK(cudaMalloc(&R, int64_t(M) * N * 2));
-    fill<<<1024, 256>>>(A, int64_t(M) * K, 1);
-    fill<<<1024, 256>>>(B, int64_t(K) * N, 2);
+    fill_uniform<<<1024, 256>>>(A, int64_t(M) * K, 1);
+    fill_uniform<<<1024, 256>>>(B, int64_t(K) * N, 2);
     const double flops = 2.0 * M * N * K;
     const int reps = S >= 8192 ? 10 : 30;
     const float one = 1, zero = 0;

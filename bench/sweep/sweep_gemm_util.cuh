@@ -1,0 +1,49 @@
+// Shared by the GEMM sweep programs: cuBLAS error check, a deterministic uniform fill, and the
+// max-abs error against a reference relative to the reference's largest magnitude.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "sweep_util.cuh"
+
+#define CB(x)                                                            \
+  do {                                                                   \
+    cublasStatus_t s_ = (x);                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                   \
+      printf("cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__); \
+      exit(1);                                                           \
+    }                                                                    \
+  } while (0)
+
+inline __host__ __device__ float sweep_to_float(float x) { return x; }
+inline __host__ __device__ float sweep_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Uniform in [-0.5, 0.5) from a hash of the index: the same inputs on every run.
+template <typename T> __global__ void fill_uniform(T* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = T((h & 0xffffff) / float(0x1000000) - 0.5f);
+  }
+}
+
+// max |x - ref| / max |ref| over n device elements; a NaN in x (an unwritten element) counts as huge.
+template <typename T> double rel_err(const T* x, const T* ref, int64_t n) {
+  std::vector<T> hx(n), hr(n);
+  CK(cudaMemcpy(hx.data(), x, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hr.data(), ref, n * sizeof(T), cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = sweep_to_float(hx[i]), b = sweep_to_float(hr[i]);
+    num = std::max(num, std::isnan(a) ? 1e30 : std::fabs(a - b));
+    den = std::max(den, std::fabs(b));
+  }
+  return num / (den > 0 ? den : 1);
+}
