@@ -1,6 +1,7 @@
 // GEMM dispatch, and the general kernel every case falls back to. Problems whose operands are
-// row-major or transposed views with 16-byte aligned rows go to the fast kernels (gemm_simt.cu for
-// true FP32, gemm_tf32.cu when TF32 is allowed, gemm_half.cu for bfloat16/float16); everything else
+// row-major or transposed views with 16-byte aligned rows go to the fast kernels (on Hopper
+// gemm_wgmma.cu for bfloat16/float16 and TF32; elsewhere gemm_half.cu for bfloat16/float16,
+// gemm_tf32.cu when TF32 is allowed; gemm_simt.cu for true FP32); everything else
 // (float64, arbitrary strides, misaligned slices) runs the general kernel below: shared-memory tiling
 // (64x64 block tile, 16-deep k slices, 4x4 register blocking) reading operands through their
 // strides, so it needs no copy and is correct for every shape.
@@ -117,6 +118,12 @@ cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alp
   if (!aligned(a.ptr, 16) || !aligned(b.ptr, 16) || !aligned(c, 2 * elsize)) return cudaErrorNotSupported;
   p.a = a.ptr, p.b = b.ptr, p.c = c;
   p.alpha = static_cast<float>(alpha), p.beta = static_cast<float>(beta);
+  if (dtype != DType::Float32 || allow_tf32) {
+    // Hopper's wgmma kernel first (it answers "not supported" off sm_90a, and for TF32 unless both
+    // operands are k-major), then the portable tensor-core kernels.
+    const cudaError_t err = launch_gemm_wgmma(dtype, p, a_kmajor, b_nmajor, stream);
+    if (err != cudaErrorNotSupported) return err;
+  }
   if (dtype != DType::Float32) return launch_hgemm_mma(dtype, p, a_kmajor, b_nmajor, stream);
   return allow_tf32 ? launch_sgemm_tf32(p, a_kmajor, b_nmajor, stream)
                     : launch_sgemm_simt(p, a_kmajor, b_nmajor, stream);

@@ -26,15 +26,19 @@ struct GemmProblem {
 // Linear block id -> (tile row, tile column), in groups of kGroup tile rows that walk down the
 // columns together: consecutive blocks then share A rows and B columns in L2 (at 8192^3 the
 // row-by-row order re-reads all of B per tile row). One-dimensional grids allow 2^31 - 1 tiles.
+// `id` is the block's linear id, or a persistent block's current work item.
 template <int kGroup>
-__device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
-  const int64_t id = blockIdx.x;
+__device__ __forceinline__ void tile_coords(int64_t id, int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
   const int64_t per_group = int64_t{kGroup} * tiles_n;
   const int64_t first_m = (id / per_group) * kGroup;
   const int64_t rows = min(tiles_m - first_m, int64_t{kGroup});
   const int64_t in_group = id % per_group;
   tm = first_m + in_group % rows;
   tn = in_group / rows;
+}
+template <int kGroup>
+__device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
+  tile_coords<kGroup>(blockIdx.x, tiles_m, tiles_n, tm, tn);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -92,11 +96,46 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int6
   }
 }
 
+// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T; col even, ldc even
+// and c 4-byte aligned (the dispatcher's rule), so a whole pair is one 4-byte access.
+template <typename T>
+__device__ __forceinline__ void store_pair_half(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+  if (r >= p.m || col >= p.n) return;
+  T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
+  v0 *= p.alpha;
+  v1 *= p.alpha;
+  if (col + 1 < p.n) {
+    if (p.beta != 0.f) {  // beta == 0 never reads c
+      const float2 old = unpack_pair(*reinterpret_cast<const uint32_t*>(dst), T{});
+      v0 = fmaf(p.beta, old.x, v0);
+      v1 = fmaf(p.beta, old.y, v1);
+    }
+    *reinterpret_cast<uint32_t*>(dst) = pack_pair(v0, v1, T{});
+  } else {
+    if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
+    dst[0] = from_acc<T>(v0);
+  }
+}
+
+// The epilogue unit for output type T (float: store_pair; bfloat16 / float16: store_pair_half).
+template <typename T>
+__device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+  if constexpr (std::is_same_v<T, float>) {
+    store_pair(p, r, col, v0, v1);
+  } else {
+    store_pair_half<T>(p, r, col, v0, v1);
+  }
+}
+
 // Fast-path launchers. Each returns cudaErrorNotSupported when the shape is not one it
 // takes, so the dispatcher falls back; otherwise the launch status.
 cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 // bfloat16 / float16 (dtype says which); leading strides a multiple of 8 elements (16 bytes), c 4-byte aligned.
 cudaError_t launch_hgemm_mma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
+// Hopper TMA + wgmma (kernels/gemm_wgmma.cu, sm_90a): bfloat16 / float16 in every layout, float32 as
+// TF32 when both operands are k-major. cudaErrorNotSupported where the device, the build or the
+// shape does not take it (the dispatcher then uses the kernels above).
+cudaError_t launch_gemm_wgmma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 
 }  // namespace cuops::kernels::detail

@@ -44,27 +44,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T; col even, ldc even
-// and c 4-byte aligned (the dispatcher's rule), so a whole pair is one 4-byte access.
-template <typename T> __device__ __forceinline__ void store_pair_half(const GemmProblem& p, int64_t r, int64_t col,
-                                                                     float v0, float v1) {
-  if (r >= p.m || col >= p.n) return;
-  T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
-  v0 *= p.alpha;
-  v1 *= p.alpha;
-  if (col + 1 < p.n) {
-    if (p.beta != 0.f) {  // beta == 0 never reads c
-      const float2 old = unpack_pair(*reinterpret_cast<const uint32_t*>(dst), T{});
-      v0 = fmaf(p.beta, old.x, v0);
-      v1 = fmaf(p.beta, old.y, v1);
-    }
-    *reinterpret_cast<uint32_t*>(dst) = pack_pair(v0, v1, T{});
-  } else {
-    if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
-    dst[0] = from_acc<T>(v0);
-  }
-}
-
 template <typename T, int BM, int BN, bool AK, bool BNM> struct HalfSmem {
   static constexpr int kALd = (AK ? kHBK : BM) + kPad;  // AK: [BM][kALd] (k inner); else [BK][kALd]
   static constexpr int kBLd = (BNM ? BN : kHBK) + kPad;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]

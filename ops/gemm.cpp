@@ -64,21 +64,39 @@ kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0
 // Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
-void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
-  check_gemm(c, a, b);
-  check_gemm_memory(c, a, b);
-  const c10::cuda::CUDAGuard guard(c.device());
-  C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), alpha, view(a),
-                                      view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), allow_tf32(),
-                                      current_stream(c)));
+// TF32 on Hopper runs wgmma, which reads both operands k-major (a row-major, b column-major). An
+// operand in the other layout is copied into that form when the product pays for the copy: copying b
+// costs about 500 / m of the product's time at H100 rates (a: 500 / n), and the portable kernel is
+// about 4x slower, so from 256 rows on. The copies come from torch's allocator on the op's stream.
+// Runs under the op's device guard, with c row-major (unit column stride).
+void tf32_kmajor_operands(at::Tensor& a, at::Tensor& b, bool tf32) {
+  if (!tf32 || a.scalar_type() != at::kFloat || !kernels::gemm_tf32_wants_kmajor()) return;
+  const bool copy_a = a.stride(1) != 1 && a.size(1) > 1, copy_b = b.stride(0) != 1 && b.size(0) > 1;
+  if ((copy_a && b.size(1) < 256) || (copy_b && a.size(0) < 256)) return;
+  if (copy_a) a = a.contiguous();
+  if (copy_b) b = b.t().contiguous().t();
 }
 
-at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
-  check_mm(a, b);
-  const c10::cuda::CUDAGuard guard(a.device());
+void gemm_cuda(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in, double alpha, double beta) {
+  check_gemm(c, a_in, b_in);
+  check_gemm_memory(c, a_in, b_in);
+  const c10::cuda::CUDAGuard guard(c.device());
+  const bool tf32 = allow_tf32();
+  at::Tensor a = a_in, b = b_in;
+  if (c.stride(1) == 1) tf32_kmajor_operands(a, b, tf32);
+  C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), alpha, view(a),
+                                      view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), tf32, current_stream(c)));
+}
+
+at::Tensor mm_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
+  check_mm(a_in, b_in);
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  const bool tf32 = allow_tf32();
+  at::Tensor a = a_in, b = b_in;
+  tf32_kmajor_operands(a, b, tf32);
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(a.scalar_type()), a.size(0), b.size(1), a.size(1), 1.0, view(a),
-                                      view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), allow_tf32(),
+                                      view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), tf32,
                                       current_stream(a)));
   return out;
 }

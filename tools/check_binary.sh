@@ -2,7 +2,8 @@
 # Checks that libcuops.so holds machine code for every CUDA arch it was configured with, and that each
 # arch's code contains every kernel family (elementwise, the norm's two stages, gemm): a build whose
 # .cu files compiled to nothing for an arch (wrong flags, an arch list torch rewrote) fails here
-# instead of at the first launch on that GPU ("no kernel image is available").
+# instead of at the first launch on that GPU ("no kernel image is available"). With 90 it also checks
+# the sm_90a wgmma GEMM (see the end).
 #   bash tools/check_binary.sh [path/to/libcuops.so]
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -17,6 +18,8 @@ if [ -z "$cuobjdump" ]; then
   cuobjdump=$("$PY" -c "import nvidia, os; print(next((os.path.join(p, 'cu13', 'bin', 'cuobjdump') for p in nvidia.__path__ if os.path.exists(os.path.join(p, 'cu13', 'bin', 'cuobjdump'))), ''))" 2>/dev/null)
 fi
 [ -x "$cuobjdump" ] || { echo "check_binary.sh: no cuobjdump (toolkit or nvidia-cuda-cuobjdump wheel)"; exit 1; }
+# cuobjdump -sass runs nvdisasm, found beside it (the toolkit's bin, or the wheels' shared bin dir).
+export PATH="$(dirname "$cuobjdump"):$PATH"
 listing=$("$cuobjdump" --list-elf "$lib") || { echo "check_binary.sh: cuobjdump failed on $lib"; exit 1; }
 echo "$cuobjdump --list-elf $lib:"
 sed 's/^/  /' <<<"$listing"
@@ -33,4 +36,22 @@ for arch in $archs; do
   done
   echo "ok   $sm: $(grep -c cuops <<<"$functions") cuops kernels"
 done
+# With 90 in the list, the Hopper GEMM is built for sm_90a alone: its cubin must be there, and its
+# machine code must run on the wgmma tensor-core instructions (HGMMA) fed by TMA (UTMALDG); a build
+# that lost the arch-specific target would hold only the portable kernels and silently run 3x slower.
+if grep -qwE "90a?" <<<"$archs"; then
+  if ! grep -q "\.sm_90a\.cubin" <<<"$listing"; then
+    echo "FAIL sm_90a: no machine code (the wgmma GEMM was not built)"; status=1
+  else
+    sass=$("$cuobjdump" -sass -arch sm_90a "$lib" 2>/dev/null)
+    kernels=$(grep -c "Function : .*gemm_wgmma" <<<"$sass")
+    hgmma=$(grep -c "HGMMA" <<<"$sass")
+    utmaldg=$(grep -c "UTMALDG" <<<"$sass")
+    if [ "$kernels" -eq 0 ] || [ "$hgmma" -eq 0 ] || [ "$utmaldg" -eq 0 ]; then
+      echo "FAIL sm_90a: $kernels gemm_wgmma kernels, $hgmma HGMMA, $utmaldg UTMALDG instructions"; status=1
+    else
+      echo "ok   sm_90a: $kernels gemm_wgmma kernels, $hgmma HGMMA and $utmaldg UTMALDG instructions"
+    fi
+  fi
+fi
 exit $status

@@ -3,8 +3,9 @@
 # network), else a .venv in the repo with torch and the test tools installed from PyPI.
 TORCH_PIN=2.11.0
 # Test and packaging tools: scikit-build-core (pip install . of the wheel), cuobjdump (from NVIDIA's
-# wheel: the CUDA toolkit image CI runs on has nvcc but no cuobjdump) to check the built binary.
-PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37"
+# wheel: the CUDA toolkit image CI runs on has nvcc but no cuobjdump) to check the built binary, and
+# nvdisasm (cuobjdump -sass needs it: the sm_90a GEMM's HGMMA check).
+PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37"
 CUOPS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 has_pinned_torch() {

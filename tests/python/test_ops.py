@@ -1,4 +1,6 @@
 """Correctness of every op against a float64 reference: devices x dtypes x shapes x layouts."""
+import os
+
 import pytest
 import torch
 
@@ -139,6 +141,22 @@ def fast_kernel_takes(shape, layout, mult):
     return inner % mult == 0 or outer == 1 or inner == 1
 
 
+def wgmma_runs_here():
+    return torch.cuda.get_device_capability() == (9, 0) and os.environ.get("CUOPS_DISABLE_WGMMA") is None
+
+
+def tf32_layouts_seen(m, k, n, layout_a, layout_b, layout_c):
+    """Operand layouts the kernels get under TF32: on Hopper, with c row-major, ops/gemm.cpp copies a
+    transposed a / a row-major b into k-major form (a row-major, b transposed) when m and n pay for it."""
+    if not wgmma_runs_here() or layout_c != "contiguous":
+        return layout_a, layout_b
+    copy_a = layout_a == "transposed" and k > 1 and m > 1
+    copy_b = layout_b == "contiguous" and k > 1 and n > 1
+    if (copy_a and n < 256) or (copy_b and m < 256):
+        return layout_a, layout_b
+    return ("contiguous" if copy_a else layout_a), ("transposed" if copy_b else layout_b)
+
+
 @requires_cuda
 @pytest.mark.parametrize("precision", ["highest", "high"])
 @pytest.mark.parametrize("mkn", FAST_SHAPES, ids=str)
@@ -172,8 +190,9 @@ def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, lay
     assert max(errs) <= max(3 * torch_err, 1e-3), (errs, torch_err)
     # ... where the fast kernels take the problem (mm's output is contiguous, gemm's has c's layout);
     # the general kernel they fall back to is true FP32.
-    operands_fast = fast_kernel_takes((m, k), layout_a, 4) and fast_kernel_takes((k, n), layout_b, 4)
     for what, err, c_layout in (("mm", errs[0], "contiguous"), ("gemm", errs[1], layout_c)):
+        la, lb = tf32_layouts_seen(m, k, n, layout_a, layout_b, c_layout)
+        operands_fast = fast_kernel_takes((m, k), la, 4) and fast_kernel_takes((k, n), lb, 4)
         if operands_fast and fast_kernel_takes((m, n), c_layout, 2):
             assert err > 1e-6, f"{what}: TF32 allowed, fast kernel expected, but the result has FP32 accuracy"
         else:
@@ -210,6 +229,63 @@ def test_gemm_half_layouts(dtype, mkn, layout_a, layout_b, layout_c):
     cb = c0.clone()
     ops.gemm(cb, a, b, 0.5, -2.0)
     assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
+
+
+WGMMA_DISABLED = os.environ.get("CUOPS_DISABLE_WGMMA") is not None
+
+
+def expected_gemm_kernel(dtype, precision):
+    """The kernel family mm should run on this GPU: Hopper's wgmma kernel (bfloat16/float16, TF32) on
+    compute capability 9.0 unless CUOPS_DISABLE_WGMMA is set, the portable kernels elsewhere."""
+    if dtype == torch.float32 and precision == "highest":
+        return "sgemm_simt"
+    if wgmma_runs_here():
+        return "gemm_wgmma"
+    return "sgemm_tf32" if dtype == torch.float32 else "hgemm_mma"
+
+
+def cuda_kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages()]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "highest"), (torch.float16, "highest"),
+                                             (torch.float32, "high"), (torch.float32, "highest")], ids=str)
+@pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
+def test_gemm_kernel_choice(dtype, precision, layout_a, layout_b):
+    """The fast path is the one taken: the wgmma kernel on Hopper (float32 TF32 too, after k-major
+    copies of operands in other layouts), the portable tensor-core kernels elsewhere."""
+    a, b = make((512, 256), dtype, "cuda", layout_a), make((256, 384), dtype, "cuda", layout_b)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        names = cuda_kernel_names(lambda: ops.mm(a, b))
+        out = ops.mm(a, b)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    expected = expected_gemm_kernel(dtype, precision)
+    assert any(expected in n for n in names), (expected, names)
+    tol = HALF_TOL.get(dtype, 1e-3 if precision == "high" else REDUCTION_TOL[torch.float32])
+    assert rel_error(out, a.double() @ b.double(), a.double().abs() @ b.double().abs()) <= tol
+
+
+@requires_cuda
+@pytest.mark.skipif(WGMMA_DISABLED, reason="already the portable-path run")
+def test_gemm_portable_kernels_without_wgmma():
+    """The portable kernels that serve GPUs without sm_90a stay correct and chosen on any GPU: the
+    layout, odd-shape and kernel-choice tests again with the wgmma path switched off."""
+    import subprocess
+    import sys
+    env = dict(os.environ, CUOPS_DISABLE_WGMMA="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "gemm_half_layouts or gemm_kernel_choice or float32_layouts_precisions"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
+    assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, summary
 
 
 def tight_rows(rows, cols, dtype, ld=16):

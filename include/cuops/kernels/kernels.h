@@ -49,4 +49,9 @@ cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alp
                         MatrixView b, double beta, void* c, int64_t c_stride0, int64_t c_stride1,
                         bool allow_tf32, cudaStream_t stream);
 
+// Whether the current device's TF32 kernel (Hopper's wgmma) reads both operands k-major only: a
+// row-major, b transposed (column-major). Other layouts then run the slower portable kernel unless
+// the caller passes k-major copies.
+bool gemm_tf32_wants_kmajor();
+
 }  // namespace cuops::kernels

@@ -1,0 +1,148 @@
+// The library's Hopper GEMM (kernels/gemm_wgmma.cu, compiled into this program) against cuBLAS:
+// correctness of every layout on odd shapes with alpha/beta, then speed of both tile widths. Not part
+// of the library or the tests.
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DCUOPS_WGMMA_BUILD=1 -Iinclude -Ikernels \
+//        bench/sweep/wgmma_lib_sweep.cu -lcublas -o wl && ./wl [quick]
+#include <cublas_v2.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+
+#include "../../kernels/gemm_wgmma.cu"
+#include "sweep_gemm_util.cuh"
+
+using namespace cuops::kernels;
+using namespace cuops::kernels::detail;
+
+namespace {
+
+template <typename T> cudaDataType cuda_type() {
+  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CUDA_R_16BF;
+  return CUDA_R_16F;
+}
+template <typename T> DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::Float32;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return DType::BFloat16;
+  return DType::Float16;
+}
+template <typename T> const char* name_of() {
+  if constexpr (std::is_same_v<T, float>) return "tf32";
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
+  return "f16";
+}
+
+// C [M, N] row-major; A k-major [M, K] or m-major (stored [K, M]); B n-major [K, N] or k-major ([N, K]).
+template <typename T> struct Case {
+  int64_t M, N, K;
+  bool ak, bn;
+  T *A, *B, *C, *R;
+  Case(int64_t m, int64_t n, int64_t k, bool a_k, bool b_n) : M(m), N(n), K(k), ak(a_k), bn(b_n) {
+    CK(cudaMalloc(&A, M * K * sizeof(T) + 16));
+    CK(cudaMalloc(&B, K * N * sizeof(T) + 16));
+    CK(cudaMalloc(&C, M * N * sizeof(T) + 16));
+    CK(cudaMalloc(&R, M * N * sizeof(T) + 16));
+    fill_uniform<<<1024, 256>>>(A, M * K, 1);
+    fill_uniform<<<1024, 256>>>(B, K * N, 2);
+  }
+  ~Case() {
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    cudaFree(R);
+  }
+  int64_t lda() const { return std::max<int64_t>(1, ak ? K : M); }
+  int64_t ldb() const { return std::max<int64_t>(1, bn ? N : K); }
+  GemmProblem problem(float alpha, float beta) const { return GemmProblem{M, N, K, A, lda(), B, ldb(), C, N, alpha, beta}; }
+  void cublas(cublasHandle_t h, float alpha, float beta) const {
+    CB(cublasGemmEx(h, bn ? CUBLAS_OP_N : CUBLAS_OP_T, ak ? CUBLAS_OP_N : CUBLAS_OP_T, int(N), int(M), int(K), &alpha, B,
+                    cuda_type<T>(), int(ldb()), A, cuda_type<T>(), int(lda()), &beta, R, cuda_type<T>(), int(N),
+                    std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+};
+
+const char* layout_name(bool ak, bool bn) {
+  return ak ? (bn ? "a row, b row " : "a row, b.t() ") : (bn ? "a.t(), b row " : "a.t(), b.t() ");
+}
+
+int failures = 0;
+
+// Odd shapes with alpha/beta: c starts as the same random values in ours and cuBLAS's output.
+template <typename T> void check(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn) {
+  Case<T> c(M, N, K, ak, bn);
+  fill_uniform<<<1024, 256>>>(c.C, M * N, 3);
+  fill_uniform<<<1024, 256>>>(c.R, M * N, 3);
+  const float alpha = 1.5f, beta = -0.5f;
+  c.cublas(h, alpha, beta);
+  const cudaError_t e = launch_gemm_wgmma(dtype_of<T>(), c.problem(alpha, beta), ak, bn, 0);
+  if (e == cudaErrorNotSupported) {
+    printf("check %-4s %5ld x %5ld x %5ld %s: not taken\n", name_of<T>(), (long)M, (long)N, (long)K, layout_name(ak, bn));
+    return;
+  }
+  CK(e);
+  CK(cudaDeviceSynchronize());
+  const double err = rel_err(c.C, c.R, M * N);
+  const double tol = std::is_same_v<T, float> ? 5e-3 : 2e-2;
+  const bool bad = !(err < tol);
+  failures += bad;
+  printf("check %-4s %5ld x %5ld x %5ld %s max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N, (long)K,
+         layout_name(ak, bn), err, bad ? "  WRONG" : "");
+}
+
+template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool variants) {
+  Case<T> c(S, S, S, ak, bn);
+  const double flops = 2.0 * S * S * S;
+  const int reps = S >= 8192 ? 20 : 50;
+  const float tb = median_ms([&] { c.cublas(h, 1.f, 0.f); }, reps);
+  printf("\n== %d^3 %s %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", S, name_of<T>(), layout_name(ak, bn), tb, flops / tb / 1e9);
+  auto report = [&](const char* name, const std::function<cudaError_t()>& f) {
+    CK(cudaMemset(c.C, 0xff, S * int64_t(S) * sizeof(T)));
+    const cudaError_t e = f();
+    if (e == cudaErrorNotSupported) return;
+    CK(e);
+    CK(cudaDeviceSynchronize());
+    const double err = rel_err(c.C, c.R, S * int64_t(S));
+    const float t = median_ms([&] { f(); }, reps);
+    printf("%-28s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.2e%s\n", name, t, flops / t / 1e9, tb / t, err,
+           err < 2e-2 ? "" : "  WRONG");
+    failures += !(err < 2e-2);
+  };
+  const GemmProblem p = c.problem(1.f, 0.f);
+  report("wgmma (library pick)", [&] { return launch_gemm_wgmma(dtype_of<T>(), p, ak, bn, 0); });
+  if (!variants) return;
+  report("wgmma 128x128", [&] { return launch_gemm_wgmma_tile<T, 128>(p, ak, bn, 0); });
+  report("wgmma 128x256", [&] { return launch_gemm_wgmma_tile<T, 256>(p, ak, bn, 0); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+  cublasHandle_t h;
+  CB(cublasCreate(&h));
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  for (int l = 0; l < 4; ++l) {
+    const bool ak = !(l & 1), bn = !(l & 2);
+    check<__nv_bfloat16>(h, 1000, 1000, 1000, ak, bn);
+    check<__half>(h, 136, 4104, 72, ak, bn);
+    check<__nv_bfloat16>(h, 4104, 8, 1000, ak, bn);
+    check<__nv_bfloat16>(h, 1, 8, 4097 - 1, ak, bn);
+    check<__half>(h, 8, 1, 8, ak, bn);
+    check<__nv_bfloat16>(h, 2048, 2048, 0, ak, bn);
+    check<float>(h, 1000, 1000, 1000, ak, bn);
+    check<float>(h, 300, 4100, 36, ak, bn);
+  }
+  for (int S : {1024, 4096, 8192}) {
+    speed<__nv_bfloat16>(h, S, true, true, true);
+    if (quick) continue;
+    speed<__half>(h, S, true, true, false);
+    speed<float>(h, S, true, false, true);
+  }
+  if (!quick) {
+    for (int l = 1; l < 4; ++l) speed<__nv_bfloat16>(h, 4096, !(l & 1), !(l & 2), false);
+  }
+  CB(cublasDestroy(h));
+  printf("\n%d failures\n", failures);
+  return failures != 0;
+}

@@ -1,0 +1,147 @@
+// Hopper (sm_90a) primitives of kernels/gemm_wgmma.cu: mbarriers, the bulk tensor copy (TMA),
+// shared-memory matrix descriptors, wgmma and setmaxnreg. Only that file includes this, and only
+// when it is compiled for compute_90a (CMake's cuops_kernels_sm90a).
+#pragma once
+
+#include <cuda.h>
+
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail::wg {
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+// Arms the barrier's current phase to also wait for `bytes` of TMA data, and arrives once.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
+// Parts of the box outside the tensor arrive as zeros (and still count their bytes).
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled tile (layout type 1, bits 62-63). Tiles
+// start 1024-byte aligned, so the base-offset field stays 0. lbo/sbo: byte distance between core
+// matrices along the leading / strided dimension (lbo unused for k-major swizzled operands).
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
+  const uint64_t a = smem_addr(smem);
+  return ((a & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t((sbo & 0x3FFFF) >> 4) << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+// Accumulator operand lists of wgmma m64nN (N/2 float registers per thread).
+#define CUOPS_WG_F8(i)                                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define CUOPS_WG_F64(o)                                                                                         \
+  CUOPS_WG_F8(o), CUOPS_WG_F8(o + 8), CUOPS_WG_F8(o + 16), CUOPS_WG_F8(o + 24), CUOPS_WG_F8(o + 32), \
+      CUOPS_WG_F8(o + 40), CUOPS_WG_F8(o + 48), CUOPS_WG_F8(o + 56)
+#define CUOPS_WG_D64                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                 \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "        \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "        \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define CUOPS_WG_D128                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                 \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "        \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "        \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "        \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "        \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "        \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+// One instruction for a 16-bit type: A, B the descriptors' operands, then scale-d (always
+// accumulate: the caller zeroes d), unit input scales, and the two transpose immediates (1 = m-major
+// A / n-major B).
+// scale-d is a predicate (no immediate form): set from operand ONE, which the caller passes as 1.
+#define CUOPS_WG_HALF(SHAPE, TY, D, A, B, TA, TB, ONE)                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                                     \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " D ", " A ", " B ", p, 1, 1, " TA ", " TB \
+  ";\n}\n"
+#define CUOPS_WG_TF32(SHAPE, D, A, B, ONE)                                                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                                 \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32.tf32.tf32 " D ", " A ", " B ", p, 1, 1;\n}\n"
+
+// d[64 x N] += A[64 x K0] B[K0 x N], A and B from shared-memory descriptors, one k-step of the
+// instruction (k16 for 16-bit types, k8 for tf32, 32 bytes of k either way). kTA / kTB: A
+// m-major / B n-major (16-bit types only: tf32 reads both k-major).
+template <typename T, int N, int kTA, int kTB>
+__device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db) {
+  static_assert(N == 128 || N == 256, "tile widths 128 and 256");
+  if constexpr (std::is_same_v<T, float>) {
+    static_assert(kTA == 0 && kTB == 0, "tf32 wgmma reads both operands k-major");
+    if constexpr (N == 128) {
+      asm volatile(CUOPS_WG_TF32("m64n128k8", CUOPS_WG_D64, "%64", "%65", "%66")
+                   : CUOPS_WG_F64(0)
+                   : "l"(da), "l"(db), "r"(1));
+    } else {
+      asm volatile(CUOPS_WG_TF32("m64n256k8", CUOPS_WG_D128, "%128", "%129", "%130")
+                   : CUOPS_WG_F64(0), CUOPS_WG_F64(64)
+                   : "l"(da), "l"(db), "r"(1));
+    }
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (N == 128) {
+      asm volatile(CUOPS_WG_HALF("m64n128k16", "bf16", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")
+                   : CUOPS_WG_F64(0)
+                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
+    } else {
+      asm volatile(CUOPS_WG_HALF("m64n256k16", "bf16", CUOPS_WG_D128, "%128", "%129", "%130", "%131", "%132")
+                   : CUOPS_WG_F64(0), CUOPS_WG_F64(64)
+                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
+    }
+  } else {
+    static_assert(std::is_same_v<T, __half>, "bfloat16, float16 or float (tf32)");
+    if constexpr (N == 128) {
+      asm volatile(CUOPS_WG_HALF("m64n128k16", "f16", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")
+                   : CUOPS_WG_F64(0)
+                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
+    } else {
+      asm volatile(CUOPS_WG_HALF("m64n256k16", "f16", CUOPS_WG_D128, "%128", "%129", "%130", "%131", "%132")
+                   : CUOPS_WG_F64(0), CUOPS_WG_F64(64)
+                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
+    }
+  }
+}
+
+#undef CUOPS_WG_F8
+#undef CUOPS_WG_F64
+#undef CUOPS_WG_D64
+#undef CUOPS_WG_D128
+#undef CUOPS_WG_HALF
+#undef CUOPS_WG_TF32
+
+}  // namespace cuops::kernels::detail::wg
