@@ -15,6 +15,8 @@
 #include <cudaTypedefs.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 
 #include "wgmma.cuh"
 #endif
@@ -40,45 +42,66 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 
 // Geometry of one ring stage: A 128 x BK and B BN x BK, BK = one 128-byte swizzle row of k. Each
 // operand is a set of boxes of 64 rows (or its whole k-major extent) that TMA writes with the
 // 128-byte swizzle wgmma's descriptors name; every box starts 1024-byte aligned.
+// 16-bit outputs leave through shared memory (kCBytes: the 128 x BN tile, as boxes of 64 x 64) by
+// TMA stores that run on while the consumers start the next tile: the stores of the direct epilogue
+// cost 10-13 % of the time at 4096^3-8192^3 (NOTES.md). float32 (TF32) results would need 128 KiB
+// there, so they are stored directly.
 template <typename T, int BN> struct WgCfg {
   static constexpr int kBK = 128 / static_cast<int>(sizeof(T));
   static constexpr int kABytes = kWgBM * 128, kBBytes = BN * 128;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = (200 * 1024) / kStageBytes;  // 4 stages of 48 KiB, 6 of 32 KiB
-  static constexpr int kSmem = kStages * kStageBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
+  static constexpr bool kTmaStore = sizeof(T) == 2;
+  static constexpr int kCBytes = kTmaStore ? kWgBM * BN * 2 : 0;
+  // 3 stages of 48 KiB or 6 of 32 KiB beside the output tile; 4 of 48 KiB without it.
+  static constexpr int kStages = (225 * 1024 - kCBytes) / kStageBytes;
+  static constexpr int kSmem = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
+  static_assert(kSmem <= 227 * 1024, "one block per SM's shared memory");
 };
 
-template <typename T, int BN, bool AK, bool BNM>
+// kCM: CTAs per cluster along m (1 or 2). In a pair, both CTAs compute tiles of the same columns
+// (rows 128 apart), so each loads half of the shared B tile and multicasts it to both: a third less
+// traffic from L2 for 128 x 256 tiles. Each stage is then released to the producers of both CTAs.
+template <typename T, int BN, bool AK, bool BNM, int kCM>
 __global__ void __launch_bounds__(kWgThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const GemmProblem p) {
+               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store) {
   using Cfg = WgCfg<T, BN>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages * Cfg::kStageBytes);
+  unsigned char* c_tile = base + kStages * Cfg::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
   uint64_t* empty = full + kStages;
+  // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
+  // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM, tiles_n = (p.n + BN - 1) / BN;
-  const int64_t tiles = tiles_m * tiles_n;
+  const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
+  const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
+  const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();
   const int ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], 1);   // the producer's expect_tx arrival, plus the bytes
-      wg::mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+      wg::mbar_init(&full[s], 1);             // the producer's expect_tx arrival, plus the bytes
+      wg::mbar_init(&empty[s], 2 * kCM);      // each consumer warpgroup of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  // The peer's barriers must be initialised before anything is multicast or arrives there.
+  if constexpr (kCM > 1) {
+    wg::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       uint32_t it = 0;  // k-tiles issued so far, over all of this block's tiles: the ring position
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        int64_t tm, tn;
-        tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
-        const int row0 = static_cast<int>(tm * kWgBM), col0 = static_cast<int>(tn * BN);
+      for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+        int64_t um, tn;
+        tile_coords<8>(unit, units_m, tiles_n, um, tn);
+        const int row0 = static_cast<int>((um * kCM + rank) * kWgBM), col0 = static_cast<int>(tn * BN);
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
           const int s = static_cast<int>(it % kStages);
           if (it >= kStages) wg::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
@@ -92,11 +115,24 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             wg::tma_load(sa, &map_a, row0, k0, &full[s]);
             wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, &full[s]);
           }
+          // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
+          auto load_b = [&](unsigned char* dst, int c0, int c1) {
+            if constexpr (kCM == 1) {
+              wg::tma_load(dst, &map_b, c0, c1, &full[s]);
+            } else {
+              wg::tma_load_multicast(dst, &map_b, c0, c1, &full[s], (1u << kCM) - 1);
+            }
+          };
           if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
+            constexpr int kBoxes = BN / 64 / kCM;
 #pragma unroll
-            for (int i = 0; i < BN / 64; ++i) wg::tma_load(sb + i * 8192, &map_b, col0 + 64 * i, k0, &full[s]);
-          } else {
-            wg::tma_load(sb, &map_b, k0, col0, &full[s]);
+            for (int i = 0; i < kBoxes; ++i) {
+              const int box = static_cast<int>(rank) * kBoxes + i;
+              load_b(sb + box * 8192, col0 + 64 * box, k0);
+            }
+          } else {  // rows of 128 bytes, BN / kCM of them per CTA
+            const int first = static_cast<int>(rank) * (BN / kCM);
+            load_b(sb + first * 128, k0, col0 + first);
           }
         }
       }
@@ -106,9 +142,21 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int cw = threadIdx.x / 128 - 1;  // this consumer's 64 rows of the block tile
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     uint32_t it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      int64_t tm, tn;
-      tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
+    // Hands stage s back: to this CTA's producer and, in a pair, to the peer's, whose multicast
+    // also writes this CTA's copy of the stage.
+    auto release = [&](uint32_t s) {
+      if (tid != 0) return;
+      if constexpr (kCM == 1) {
+        wg::mbar_arrive(&empty[s]);
+      } else {
+#pragma unroll
+        for (int r = 0; r < kCM; ++r) wg::mbar_arrive_cluster(&empty[s], r);
+      }
+    };
+    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+      int64_t um, tn;
+      tile_coords<8>(unit, units_m, tiles_n, um, tn);
+      const int64_t tm = um * kCM + rank;
       float d[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
@@ -131,14 +179,46 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         // The group before this one is done: its stage goes back to the producer. One group stays
         // in flight so the tensor cores never wait on this thread.
         wg::wait<1>();
-        if (kt > 0 && tid == 0) wg::mbar_arrive(&empty[(it - 1) % kStages]);
+        if (kt > 0) release((it - 1) % kStages);
       }
       wg::wait<0>();
-      if (ktiles > 0 && tid == 0) wg::mbar_arrive(&empty[(it - 1) % kStages]);
+      if (ktiles > 0) release((it - 1) % kStages);
 
       // Accumulator fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are
       // (row lane / 4, columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower.
       const int64_t r = tm * kWgBM + cw * 64 + warp * 16 + lane / 4;
+#ifdef CUOPS_WG_SKIP_STORE
+      if (d[0] != 12345.f) continue;  // sweep only: what the epilogue costs
+#endif
+      if constexpr (Cfg::kTmaStore) {
+        if (tma_store) {
+          // This consumer's 64 x BN rows as BN / 64 boxes of 64 x 64 (8 KiB), 128-byte swizzled as
+          // the store's tensor map reads them: 16-byte chunk q of row x sits at chunk q ^ (x % 8),
+          // so a warp's 8 rows x 16 bytes land on 32 different banks.
+          unsigned char* mine = c_tile + cw * (Cfg::kCBytes / 2);
+          if (tid == 0) wg::bulk_wait_read();  // the previous tile's stores have left this buffer
+          wg::named_sync(1 + cw, 128);
+          const int x = warp * 16 + lane / 4;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            unsigned char* box = mine + (j / 8) * 8192;
+            const int chunk = (j % 8) ^ (x % 8);
+            *reinterpret_cast<uint32_t*>(box + x * 128 + chunk * 16 + (lane % 4) * 4) =
+                pack_pair(p.alpha * d[4 * j], p.alpha * d[4 * j + 1], T{});
+            *reinterpret_cast<uint32_t*>(box + (x + 8) * 128 + chunk * 16 + (lane % 4) * 4) =
+                pack_pair(p.alpha * d[4 * j + 2], p.alpha * d[4 * j + 3], T{});
+          }
+          wg::fence_proxy_async();
+          wg::named_sync(1 + cw, 128);
+          if (tid == 0) {
+            const int row = static_cast<int>(tm * kWgBM + cw * 64);
+#pragma unroll
+            for (int b = 0; b < BN / 64; ++b) wg::tma_store(&map_c, mine + b * 8192, static_cast<int>(tn * BN) + 64 * b, row);
+            wg::bulk_commit();
+          }
+          continue;
+        }
+      }
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
@@ -146,7 +226,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         store_pair_t<T>(p, r + 8, c, d[4 * j + 2], d[4 * j + 3]);
       }
     }
+    if constexpr (Cfg::kTmaStore) {
+      if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
+    }
   }
+  // No CTA of a pair leaves while the peer may still arrive on its barriers.
+  if constexpr (kCM > 1) wg::cluster_sync();
 }
 
 // ---- host side
@@ -201,11 +286,6 @@ struct DeviceInfo {
 constexpr int kMaxDevices = 64;
 DeviceInfo g_devices[kMaxDevices];
 
-template <typename T, int BN, bool AK, bool BNM> cudaError_t set_smem() {
-  return cudaFuncSetAttribute(gemm_wgmma<T, BN, AK, BNM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WgCfg<T, BN>::kSmem);
-}
-
 bool device_takes_wgmma(int& sms) {
   // Read once: lets a test (or a user chasing a numerics question) run the portable kernels on Hopper.
   static const bool disabled = std::getenv("CUOPS_DISABLE_WGMMA") != nullptr;
@@ -224,7 +304,7 @@ bool device_takes_wgmma(int& sms) {
               cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && major == 9 &&
               minor == 0 && encoder() != nullptr;
     cudaFuncAttributes attr{};
-    ok = ok && cudaFuncGetAttributes(&attr, gemm_wgmma<__nv_bfloat16, 128, true, true>) == cudaSuccess;
+    ok = ok && cudaFuncGetAttributes(&attr, gemm_wgmma<__nv_bfloat16, 128, true, true, 1>) == cudaSuccess;
     (void)cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
     info.sms.store(count, std::memory_order_relaxed);
     state = ok ? 1 : -1;
@@ -234,52 +314,108 @@ bool device_takes_wgmma(int& sms) {
   return state == 1;
 }
 
-template <typename T, int BN, bool AK, bool BNM> cudaError_t launch_wg(const GemmProblem& p, int sms, cudaStream_t stream) {
+// Clusters of kernel K that fit on the device at once (a pair needs two free SMs of one GPC, so
+// this can be below sms / 2); asked once per device.
+template <auto K, int kCM> int max_clusters(int sms, int smem, cudaStream_t stream) {
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return sms / kCM;
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(kCM * (sms / kCM));
+    cfg.blockDim = dim3(kWgThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kCM, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, K, &cfg) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();
+      n = sms / kCM;
+    }
+#ifdef CUOPS_WG_SWEEP
+    if (const char* f = std::getenv("WG_CLUSTERS"); f && *f) n = std::atoi(f);
+    printf("max_clusters<%d>: %d\n", kCM, n);
+#endif
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+template <typename T, int BN, bool AK, bool BNM, int kCM>
+cudaError_t launch_wg(const GemmProblem& p, int sms, cudaStream_t stream) {
   using Cfg = WgCfg<T, BN>;
   CUtensorMap ma, mb;
   const bool maps = (AK ? make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, kWgBM)
                         : make_map<T>(ma, p.a, p.m, p.k, p.lda, 64, Cfg::kBK)) &&
                     (BNM ? make_map<T>(mb, p.b, p.n, p.k, p.ldb, 64, Cfg::kBK)
-                         : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN));
+                         : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM));
   if (!maps) return cudaErrorNotSupported;
-  cudaError_t err = set_smem<T, BN, AK, BNM>();
+  // The output by TMA where it can be (beta == 0: nothing to read; a row-major c with 16-byte rows);
+  // otherwise the direct epilogue.
+  CUtensorMap mc{};
+  const bool tma_store = Cfg::kTmaStore && p.beta == 0.f && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 &&
+                         (p.ldc * 2) % 16 == 0 && make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64);
+  constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM>;
+  // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
+  // device is whichever the op's guard selected.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
   if (err != cudaSuccess) return err;
-  const int64_t tiles = ((p.m + kWgBM - 1) / kWgBM) * ((p.n + BN - 1) / BN);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
-  gemm_wgmma<T, BN, AK, BNM><<<grid, kWgThreads, Cfg::kSmem, stream>>>(ma, mb, p);
-  return cudaGetLastError();
+  const int64_t units = ((p.m + kWgBM * kCM - 1) / (kWgBM * kCM)) * ((p.n + BN - 1) / BN);
+  if constexpr (kCM == 1) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(units, sms));
+    kernel<<<grid, kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store);
+    return cudaGetLastError();
+  } else {
+    const int64_t clusters = std::min<int64_t>(units, max_clusters<kernel, kCM>(sms, Cfg::kSmem, stream));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCM));
+    cfg.blockDim = dim3(kWgThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kCM, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, p, tma_store);
+  }
 }
 
-template <typename T, int BN>
+template <typename T, int BN, int kCM>
 cudaError_t launch_wg_layout(const GemmProblem& p, bool a_kmajor, bool b_nmajor, int sms, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     if (!a_kmajor || b_nmajor) return cudaErrorNotSupported;
-    return launch_wg<T, BN, true, false>(p, sms, stream);
+    return launch_wg<T, BN, true, false, kCM>(p, sms, stream);
   } else {
-    if (a_kmajor && b_nmajor) return launch_wg<T, BN, true, true>(p, sms, stream);
-    if (a_kmajor) return launch_wg<T, BN, true, false>(p, sms, stream);
-    if (b_nmajor) return launch_wg<T, BN, false, true>(p, sms, stream);
-    return launch_wg<T, BN, false, false>(p, sms, stream);
+    if (a_kmajor && b_nmajor) return launch_wg<T, BN, true, true, kCM>(p, sms, stream);
+    if (a_kmajor) return launch_wg<T, BN, true, false, kCM>(p, sms, stream);
+    if (b_nmajor) return launch_wg<T, BN, false, true, kCM>(p, sms, stream);
+    return launch_wg<T, BN, false, false, kCM>(p, sms, stream);
   }
 }
 
 template <typename T> cudaError_t launch_wg_dtype(const GemmProblem& p, bool a_kmajor, bool b_nmajor, int sms,
                                                   cudaStream_t stream) {
   if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) return cudaErrorNotSupported;
-  // 128 x 256 tiles where they fill every SM at least once; 128 x 128 below that.
+  // 128 x 256 tiles where they fill every SM at least once; 128 x 128 below that. Single CTAs: the
+  // multicast pairs (kCM = 2) measured 2.2x slower (NOTES.md), so only the sweep builds them.
   const int64_t wide_tiles = ((p.m + kWgBM - 1) / kWgBM) * ((p.n + 255) / 256);
-  if (wide_tiles >= sms) return launch_wg_layout<T, 256>(p, a_kmajor, b_nmajor, sms, stream);
-  return launch_wg_layout<T, 128>(p, a_kmajor, b_nmajor, sms, stream);
+  if (wide_tiles >= sms) return launch_wg_layout<T, 256, 1>(p, a_kmajor, b_nmajor, sms, stream);
+  return launch_wg_layout<T, 128, 1>(p, a_kmajor, b_nmajor, sms, stream);
 }
 
 }  // namespace
 
 // Sweeps (bench/sweep) call the tile sizes directly.
-template <typename T, int BN>
+template <typename T, int BN, int kCM>
 cudaError_t launch_gemm_wgmma_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
   int sms = 0;
   if (!device_takes_wgmma(sms)) return cudaErrorNotSupported;
-  return launch_wg_layout<T, BN>(p, a_kmajor, b_nmajor, sms, stream);
+  return launch_wg_layout<T, BN, kCM>(p, a_kmajor, b_nmajor, sms, stream);
 }
 
 cudaError_t launch_gemm_wgmma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {

@@ -69,13 +69,22 @@ const char* layout_name(bool ak, bool bn) {
 int failures = 0;
 
 // Odd shapes with alpha/beta: c starts as the same random values in ours and cuBLAS's output.
-template <typename T> void check(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn) {
+template <typename T>
+void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn, bool pairs, float beta);
+template <typename T>
+void check(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn, bool pairs = false) {
+  for (float beta : {-0.5f, 0.f}) check_beta<T>(h, M, N, K, ak, bn, pairs, beta);
+}
+
+template <typename T>
+void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn, bool pairs, float beta) {
   Case<T> c(M, N, K, ak, bn);
   fill_uniform<<<1024, 256>>>(c.C, M * N, 3);
   fill_uniform<<<1024, 256>>>(c.R, M * N, 3);
-  const float alpha = 1.5f, beta = -0.5f;
+  const float alpha = 1.5f;
   c.cublas(h, alpha, beta);
-  const cudaError_t e = launch_gemm_wgmma(dtype_of<T>(), c.problem(alpha, beta), ak, bn, 0);
+  const cudaError_t e = pairs ? launch_gemm_wgmma_tile<T, 256, 2>(c.problem(alpha, beta), ak, bn, 0)
+                              : launch_gemm_wgmma(dtype_of<T>(), c.problem(alpha, beta), ak, bn, 0);
   if (e == cudaErrorNotSupported) {
     printf("check %-4s %5ld x %5ld x %5ld %s: not taken\n", name_of<T>(), (long)M, (long)N, (long)K, layout_name(ak, bn));
     return;
@@ -86,8 +95,8 @@ template <typename T> void check(cublasHandle_t h, int64_t M, int64_t N, int64_t
   const double tol = std::is_same_v<T, float> ? 5e-3 : 2e-2;
   const bool bad = !(err < tol);
   failures += bad;
-  printf("check %-4s %5ld x %5ld x %5ld %s max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N, (long)K,
-         layout_name(ak, bn), err, bad ? "  WRONG" : "");
+  printf("check %-4s %5ld x %5ld x %5ld %s%s beta %4.1f max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N,
+         (long)K, layout_name(ak, bn), pairs ? " pairs" : "", beta, err, bad ? "  WRONG" : "");
 }
 
 template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool variants) {
@@ -111,8 +120,9 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   const GemmProblem p = c.problem(1.f, 0.f);
   report("wgmma (library pick)", [&] { return launch_gemm_wgmma(dtype_of<T>(), p, ak, bn, 0); });
   if (!variants) return;
-  report("wgmma 128x128", [&] { return launch_gemm_wgmma_tile<T, 128>(p, ak, bn, 0); });
-  report("wgmma 128x256", [&] { return launch_gemm_wgmma_tile<T, 256>(p, ak, bn, 0); });
+  if (S < 4096) report("wgmma 128x128", [&] { return launch_gemm_wgmma_tile<T, 128, 1>(p, ak, bn, 0); });
+  report("wgmma 128x256", [&] { return launch_gemm_wgmma_tile<T, 256, 1>(p, ak, bn, 0); });
+  report("wgmma 128x256, pairs", [&] { return launch_gemm_wgmma_tile<T, 256, 2>(p, ak, bn, 0); });
 }
 
 }  // namespace
@@ -122,6 +132,11 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   CB(cublasCreate(&h));
   setvbuf(stdout, nullptr, _IONBF, 0);
+  if (argc > 1 && !strcmp(argv[1], "big")) {  // the two sizes with targets, bf16 row-major
+    speed<__nv_bfloat16>(h, 4096, true, true, true);
+    speed<__nv_bfloat16>(h, 8192, true, true, true);
+    return 0;
+  }
   for (int l = 0; l < 4; ++l) {
     const bool ak = !(l & 1), bn = !(l & 2);
     check<__nv_bfloat16>(h, 1000, 1000, 1000, ak, bn);
@@ -132,6 +147,9 @@ int main(int argc, char** argv) {
     check<__nv_bfloat16>(h, 2048, 2048, 0, ak, bn);
     check<float>(h, 1000, 1000, 1000, ak, bn);
     check<float>(h, 300, 4100, 36, ak, bn);
+    check<__nv_bfloat16>(h, 1100, 600, 1000, ak, bn, true);
+    check<__half>(h, 136, 4104, 72, ak, bn, true);
+    check<float>(h, 1100, 600, 1000, ak, bn, true);
   }
   for (int S : {1024, 4096, 8192}) {
     speed<__nv_bfloat16>(h, S, true, true, true);
