@@ -1,6 +1,6 @@
 // Draft for issue 8 (bf16 GEMM on Hopper): a TMA + wgmma kernel, checked against cuBLAS and timed
 // beside it. Not part of the library or the tests.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a bench/sweep/wgmma_sweep.cu -lcublas -o wg && ./wg
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude bench/sweep/wgmma_sweep.cu -lcublas -o wg && ./wg
 // Status (session 3): written after the session's device time was spent; compiles, NEVER RUN. The
 // run answers three questions before any of it moves into kernels/: (1) is it correct for an n-major
 // B (row-major b, the common case), and which leading/stride byte-offset assignment of the
@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "../../kernels/wgmma.cuh"
 #include "sweep_gemm_util.cuh"
 
 
@@ -31,70 +32,10 @@ namespace {
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4, THREADS = 384;
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(saddr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(saddr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(saddr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(saddr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// 2-D TMA load of the box at (c0 innermost, c1) into shared memory; completes on `bar`.
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          saddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(saddr(bar))
-      : "memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63); the tile base is
-// 1024-byte aligned so the base-offset field stays 0.
-__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
-  const uint64_t a = saddr(smem);
-  return ((a & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t((sbo & 0x3FFFF) >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-// wgmma m64n128k16: bf16 A and B from shared-memory descriptors, float32 accumulators d[64],
-// d += A B (scale-d = 1: the caller zeroes d first). kTransB = 1 reads an n-major B. Generated
-// (the 64 accumulator operands).
-template <int kTransB>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%2"
-      "6,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%5"
-      "0,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, p, 1, 1, 0, %66;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "n"(kTransB), "r"(1));
+// The primitives (mbarriers, TMA, descriptors, wgmma) are the library's own (kernels/wgmma.cuh).
+using namespace cuops::kernels::detail::wg;
+template <int kTransB> __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+  mma<__nv_bfloat16, 128, 0, kTransB>(d, da, db);
 }
 
 // C[M, N] (row-major bf16) = A[M, K] (row-major) @ B, B n-major (row-major [K, N]) or k-major
@@ -149,7 +90,7 @@ __global__ void __launch_bounds__(THREADS) wgmma_gemm(const __grid_constant__ CU
   for (int kt = 0; kt < ktiles; ++kt) {
     const int s = kt % STAGES;
     mbar_wait(&full[s], (kt / STAGES) & 1);
-    wgmma_fence();
+    fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       // A k-major: rows of 128 bytes, 8-row swizzle atoms 1024 bytes apart; k16 step = 32 bytes.
@@ -163,8 +104,8 @@ __global__ void __launch_bounds__(THREADS) wgmma_gemm(const __grid_constant__ CU
         wgmma_m64n128k16<0>(d, da, db);
       }
     }
-    wgmma_commit();
-    wgmma_wait0();
+    commit();
+    wait<0>();
     if (tid == 0) mbar_arrive(&empty[s]);
   }
 
