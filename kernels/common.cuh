@@ -105,6 +105,35 @@ __device__ __forceinline__ A sum_vec(const Vec<T, V>& x, const Vec<T, V>& y, G g
   return static_cast<A>(s);
 }
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// mbarriers for the bulk-copy (TMA) pipelines: kernels/norm.cu's pass and the Hopper GEMM. The
+// expect_tx and try_wait forms are sm_90 PTX: call them only from code compiled for sm_90 and up.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+// Arms the barrier's current phase to also wait for `bytes` of bulk-copy data, and arrives once.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 inline bool aligned_like(const void* p, const void* q, uintptr_t to) {
   return (reinterpret_cast<uintptr_t>(p) % to) == (reinterpret_cast<uintptr_t>(q) % to);
 }

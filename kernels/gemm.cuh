@@ -41,10 +41,6 @@ __device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n, in
   tile_coords<kGroup>(blockIdx.x, tiles_m, tiles_n, tm, tn);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte asynchronous global -> shared copy (`bytes` 16; see copy_chunk for why never less).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes));

@@ -37,6 +37,9 @@ namespace cuops::kernels::detail {
 namespace {
 
 constexpr int kWgThreads = 384, kWgBM = 128;
+#ifndef CUOPS_WG_CSPLIT_256  // the sweep builds 1 to compare
+#define CUOPS_WG_CSPLIT_256 2
+#endif
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
 
 // Geometry of one ring stage: A 128 x BK and B BN x BK, BK = one 128-byte swizzle row of k. Each
@@ -51,8 +54,11 @@ template <typename T, int BN> struct WgCfg {
   static constexpr int kABytes = kWgBM * 128, kBBytes = BN * 128;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr bool kTmaStore = sizeof(T) == 2;
-  static constexpr int kCBytes = kTmaStore ? kWgBM * BN * 2 : 0;
-  // 3 stages of 48 KiB or 6 of 32 KiB beside the output tile; 4 of 48 KiB without it.
+  // The output tile leaves in kCSplit parts through a buffer of 1 / kCSplit of it: at 128 x 256 half
+  // (32 KiB), so the ring keeps 4 stages instead of 3.
+  static constexpr int kCSplit = BN == 256 ? CUOPS_WG_CSPLIT_256 : 1;
+  static constexpr int kCBytes = kTmaStore ? kWgBM * BN * 2 / kCSplit : 0;
+  // 4 stages of 48 KiB, 6 of 32 KiB or 8 of 24 KiB beside the output buffer; 4 of 48 KiB without it.
   static constexpr int kStages = (225 * 1024 - kCBytes) / kStageBytes;
   static constexpr int kSmem = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
   static_assert(kSmem <= 227 * 1024, "one block per SM's shared memory");
@@ -194,27 +200,36 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if (tma_store) {
           // This consumer's 64 x BN rows as BN / 64 boxes of 64 x 64 (8 KiB), 128-byte swizzled as
           // the store's tensor map reads them: 16-byte chunk q of row x sits at chunk q ^ (x % 8),
-          // so a warp's 8 rows x 16 bytes land on 32 different banks.
+          // so a warp's 8 rows x 16 bytes land on 32 different banks. kCSplit parts one after the
+          // other through this consumer's buffer, each written once the last stores have read it.
+          constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
           unsigned char* mine = c_tile + cw * (Cfg::kCBytes / 2);
-          if (tid == 0) wg::bulk_wait_read();  // the previous tile's stores have left this buffer
-          wg::named_sync(1 + cw, 128);
           const int x = warp * 16 + lane / 4;
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            unsigned char* box = mine + (j / 8) * 8192;
-            const int chunk = (j % 8) ^ (x % 8);
-            *reinterpret_cast<uint32_t*>(box + x * 128 + chunk * 16 + (lane % 4) * 4) =
-                pack_pair(p.alpha * d[4 * j], p.alpha * d[4 * j + 1], T{});
-            *reinterpret_cast<uint32_t*>(box + (x + 8) * 128 + chunk * 16 + (lane % 4) * 4) =
-                pack_pair(p.alpha * d[4 * j + 2], p.alpha * d[4 * j + 3], T{});
-          }
-          wg::fence_proxy_async();
-          wg::named_sync(1 + cw, 128);
-          if (tid == 0) {
-            const int row = static_cast<int>(tm * kWgBM + cw * 64);
+          for (int part = 0; part < Cfg::kCSplit; ++part) {
+            if (tid == 0) wg::bulk_wait_read();
+            wg::named_sync(1 + cw, 128);
 #pragma unroll
-            for (int b = 0; b < BN / 64; ++b) wg::tma_store(&map_c, mine + b * 8192, static_cast<int>(tn * BN) + 64 * b, row);
-            wg::bulk_commit();
+            for (int jj = 0; jj < 8 * kPartBoxes; ++jj) {
+              const int j = part * 8 * kPartBoxes + jj;
+              unsigned char* box = mine + (jj / 8) * 8192;
+              const int chunk = (j % 8) ^ (x % 8);
+              *reinterpret_cast<uint32_t*>(box + x * 128 + chunk * 16 + (lane % 4) * 4) =
+                  pack_pair(p.alpha * d[4 * j], p.alpha * d[4 * j + 1], T{});
+              *reinterpret_cast<uint32_t*>(box + (x + 8) * 128 + chunk * 16 + (lane % 4) * 4) =
+                  pack_pair(p.alpha * d[4 * j + 2], p.alpha * d[4 * j + 3], T{});
+            }
+            wg::fence_proxy_async();
+            wg::named_sync(1 + cw, 128);
+            if (tid == 0) {
+              const int row = static_cast<int>(tm * kWgBM + cw * 64);
+#pragma unroll
+              for (int b = 0; b < kPartBoxes; ++b) {
+                const int col = static_cast<int>(tn * BN) + 64 * (part * kPartBoxes + b);
+                wg::tma_store(&map_c, mine + b * 8192, col, row);
+              }
+              wg::bulk_commit();
+            }
           }
           continue;
         }
@@ -401,10 +416,18 @@ cudaError_t launch_wg_layout(const GemmProblem& p, bool a_kmajor, bool b_nmajor,
 template <typename T> cudaError_t launch_wg_dtype(const GemmProblem& p, bool a_kmajor, bool b_nmajor, int sms,
                                                   cudaStream_t stream) {
   if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) return cudaErrorNotSupported;
-  // 128 x 256 tiles where they fill every SM at least once; 128 x 128 below that. Single CTAs: the
-  // multicast pairs (kCM = 2) measured 2.2x slower (NOTES.md), so only the sweep builds them.
-  const int64_t wide_tiles = ((p.m + kWgBM - 1) / kWgBM) * ((p.n + 255) / 256);
-  if (wide_tiles >= sms) return launch_wg_layout<T, 256, 1>(p, a_kmajor, b_nmajor, sms, stream);
+  // 128 x 256 tiles where they fill every SM at least once, computed by pairs of CTAs that share
+  // each B tile by multicast (a third less traffic from L2; +1-2 % at 8192^3, NOTES.md). Below that,
+  // 128 x 128 or 128 x 64, whichever finishes first by a simple model: waves of tiles, each wave
+  // costing BN + 32 (the A operand and the per-tile fill, in units of B columns). At 1024^3, 64
+  // tiles of 128 x 128 leave half the SMs idle; 128 tiles of 128 x 64 do half the work each.
+  const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM;
+  if (tiles_m * ((p.n + 255) / 256) >= sms) {
+    if (tiles_m >= 2) return launch_wg_layout<T, 256, 2>(p, a_kmajor, b_nmajor, sms, stream);
+    return launch_wg_layout<T, 256, 1>(p, a_kmajor, b_nmajor, sms, stream);
+  }
+  auto cost = [&](int64_t bn) { return (tiles_m * ((p.n + bn - 1) / bn) + sms - 1) / sms * (bn + 32); };
+  if (cost(64) < cost(128)) return launch_wg_layout<T, 64, 1>(p, a_kmajor, b_nmajor, sms, stream);
   return launch_wg_layout<T, 128, 1>(p, a_kmajor, b_nmajor, sms, stream);
 }
 

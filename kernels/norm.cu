@@ -1,7 +1,11 @@
-// two_norm: sqrt(sum (a - b)^2) in two deterministic launches. Stage 1: a grid of 1024-thread blocks
-// (its size a function of n and the SM count alone), each a grid-stride pass with 16-byte loads and
-// a fixed shuffle tree, writes one partial sum. Stage 2: one block reduces the partials in a fixed
-// order and writes the 0-dim result. No atomics, so the bits never change between runs; nothing but partials is written.
+// two_norm: sqrt(sum (a - b)^2) in two deterministic launches. Stage 1: a fixed grid (its size a
+// function of n and the SM count alone) writes one partial sum per block; stage 2: one block reduces
+// the partials in a fixed order and writes the 0-dim result. No atomics, so the bits never change
+// between runs; nothing but partials is written. Stage 1 comes in two forms: on sm_90 and up, large
+// inputs stream through shared memory by bulk copies (a few 16 KiB requests per SM in flight instead
+// of thousands of 16-byte loads: ~1 % more read bandwidth, NOTES.md); elsewhere 16-byte loads.
+#include <atomic>
+
 #include "common.cuh"
 
 namespace cuops::kernels {
@@ -79,6 +83,101 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
+// The bulk-copy pass: one block per SM, warp 0's lane 0 keeps kBulkStages stages of kBulkChunk bytes
+// of a and of b in flight, the kBulkWarps other warps reduce each stage and hand it back. Chunk c of
+// the aligned body goes to block c % gridDim.x, so which thread adds which element is fixed by n
+// and the grid alone. Block 0 also takes the unaligned head and the body's last partial chunk.
+constexpr int kBulkChunk = 16384, kBulkStages = 4, kBulkWarps = 8;
+constexpr int kBulkThreads = 32 * (kBulkWarps + 1);
+constexpr int kBulkSmem = 2 * kBulkStages * kBulkChunk + 2 * kBulkStages * 8;
+
+template <typename T, typename A>
+__global__ void __launch_bounds__(kBulkThreads)
+    sum_sq_diff_bulk(const T* a, const T* b, int64_t head, int64_t nchunks, int64_t n, A* partials) {
+  const auto sq = [](auto p, auto q) { return (p - q) * (p - q); };
+  A s = 0;
+#if __CUDA_ARCH__ >= 900
+  using VecT = Vec<T, 16 / sizeof(T)>;
+  extern __shared__ __align__(128) unsigned char ring[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + 2 * kBulkStages * kBulkChunk);
+  uint64_t* empty = full + kBulkStages;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kBulkStages; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], kBulkWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t mine = nchunks > blockIdx.x ? (nchunks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const auto* body_a = reinterpret_cast<const unsigned char*>(a + head);
+  const auto* body_b = reinterpret_cast<const unsigned char*>(b + head);
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) {
+      for (int64_t j = 0; j < mine; ++j) {
+        const int st = static_cast<int>(j % kBulkStages);
+        if (j >= kBulkStages) mbar_wait(&empty[st], static_cast<uint32_t>((j / kBulkStages - 1) & 1));
+        const int64_t off = (blockIdx.x + j * gridDim.x) * int64_t{kBulkChunk};
+        unsigned char* dst = ring + st * 2 * kBulkChunk;
+        mbar_expect_tx(&full[st], 2 * kBulkChunk);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%4], [%5], %2, [%3];\n" ::"r"(
+                smem_addr(dst)),
+            "l"(body_a + off), "r"(kBulkChunk), "r"(smem_addr(&full[st])), "r"(smem_addr(dst + kBulkChunk)),
+            "l"(body_b + off)
+            : "memory");
+      }
+    }
+  } else {
+    constexpr int kPer = kBulkChunk / 16 / (32 * kBulkWarps);  // vectors of each input per thread
+    const int t = threadIdx.x - 32;
+    for (int64_t j = 0; j < mine; ++j) {
+      const int st = static_cast<int>(j % kBulkStages);
+      mbar_wait(&full[st], static_cast<uint32_t>((j / kBulkStages) & 1));
+      const VecT* x = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk);
+      const VecT* y = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk + kBulkChunk);
+      VecT xv[kPer], yv[kPer];
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) xv[u] = x[t + u * 32 * kBulkWarps], yv[u] = y[t + u * 32 * kBulkWarps];
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) mbar_arrive(&empty[st]);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) s += sum_vec<A>(xv[u], yv[u], sq);
+    }
+    if (blockIdx.x == 0) {
+      for (int64_t i = t; i < head; i += 32 * kBulkWarps) s += sq_diff<T, A>(a[i], b[i]);
+      const int64_t rest = head + nchunks * (kBulkChunk / static_cast<int64_t>(sizeof(T)));
+      for (int64_t i = rest + t; i < n; i += 32 * kBulkWarps) s += sq_diff<T, A>(a[i], b[i]);
+    }
+  }
+#else
+  __trap();  // never launched: the host runs this pass only where the sm_90 image is the one loaded
+#endif
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// Whether the bulk pass's sm_90 code is what runs on the current device (compute capability 9.0 or
+// newer and an sm_90+ image in this build), asked once per device.
+template <typename T, typename A> bool bulk_pass_runs_here() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int state = cache[dev].load(std::memory_order_relaxed);
+  if (state == 0) {
+    cudaFuncAttributes attr{};
+    const bool ok = cudaFuncGetAttributes(&attr, sum_sq_diff_bulk<T, A>) == cudaSuccess && attr.binaryVersion >= 90 &&
+                    cudaFuncSetAttribute(sum_sq_diff_bulk<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kBulkSmem) == cudaSuccess;
+    (void)cudaGetLastError();
+    state = ok ? 1 : -1;
+    cache[dev].store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
+}
+
 template <typename T, typename A>
 __global__ void __launch_bounds__(kFinalThreads) finish_norm(const A* partials, int64_t count, T* out) {
   A s = 0;
@@ -110,16 +209,26 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
     const T* pb = static_cast<const T*>(b);
     A* part = static_cast<A*>(partials);
     const int64_t blocks = num_partials;
+    int64_t finals = blocks;
     if (aligned_like(pa, pb, 16) && reinterpret_cast<uintptr_t>(pa) % sizeof(T) == 0) {
       const uintptr_t mis = reinterpret_cast<uintptr_t>(pa) % 16;
       const int64_t head = mis == 0 ? 0 : std::min<int64_t>(n, (16 - mis) / sizeof(T));
-      sum_sq_diff_partials<T, V, A><<<blocks, kThreads, 0, stream>>>(pa, pb, head, (n - head) / V, n, part);
+      // The bulk pass runs one block per SM (half the register pass's grid of two per SM), and only
+      // where each block gets at least 8 chunks: below that the ring never fills.
+      const int64_t bulk_blocks = (blocks + kBlocksPerSm - 1) / kBlocksPerSm;
+      const int64_t chunks = (n - head) * static_cast<int64_t>(sizeof(T)) / kBulkChunk;
+      if (chunks >= 8 * bulk_blocks && bulk_pass_runs_here<T, A>()) {
+        finals = bulk_blocks;
+        sum_sq_diff_bulk<T, A><<<bulk_blocks, kBulkThreads, kBulkSmem, stream>>>(pa, pb, head, chunks, n, part);
+      } else {
+        sum_sq_diff_partials<T, V, A><<<blocks, kThreads, 0, stream>>>(pa, pb, head, (n - head) / V, n, part);
+      }
     } else {
       sum_sq_diff_partials<T, 1, A><<<blocks, kThreads, 0, stream>>>(pa, pb, 0, n, n, part);
     }
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    finish_norm<T, A><<<1, kFinalThreads, 0, stream>>>(part, blocks, static_cast<T*>(out));
+    finish_norm<T, A><<<1, kFinalThreads, 0, stream>>>(part, finals, static_cast<T*>(out));
     return cudaGetLastError();
   });
 }

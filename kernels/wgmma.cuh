@@ -9,28 +9,11 @@
 
 namespace cuops::kernels::detail::wg {
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-// Arms the barrier's current phase to also wait for `bytes` of TMA data, and arrives once.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Returns once the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
+// The mbarrier primitives are common.cuh's (shared with the two_norm bulk pass).
+using detail::mbar_arrive;
+using detail::mbar_expect_tx;
+using detail::mbar_init;
+using detail::mbar_wait;
 
 // 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
 // Parts of the box outside the tensor arrive as zeros (and still count their bytes).
@@ -81,7 +64,7 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
       "r"(rank)
       : "memory");
 }
@@ -118,6 +101,9 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
 #define CUOPS_WG_F64(o)                                                                                         \
   CUOPS_WG_F8(o), CUOPS_WG_F8(o + 8), CUOPS_WG_F8(o + 16), CUOPS_WG_F8(o + 24), CUOPS_WG_F8(o + 32), \
       CUOPS_WG_F8(o + 40), CUOPS_WG_F8(o + 48), CUOPS_WG_F8(o + 56)
+#define CUOPS_WG_D32                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                 \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define CUOPS_WG_D64                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                 \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "        \
@@ -149,10 +135,14 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
 // m-major / B n-major (16-bit types only: tf32 reads both k-major).
 template <typename T, int N, int kTA, int kTB>
 __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db) {
-  static_assert(N == 128 || N == 256, "tile widths 128 and 256");
+  static_assert(N == 64 || N == 128 || N == 256, "tile widths 64, 128 and 256");
   if constexpr (std::is_same_v<T, float>) {
     static_assert(kTA == 0 && kTB == 0, "tf32 wgmma reads both operands k-major");
-    if constexpr (N == 128) {
+    if constexpr (N == 64) {
+      asm volatile(CUOPS_WG_TF32("m64n64k8", CUOPS_WG_D32, "%32", "%33", "%34")
+                   : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)
+                   : "l"(da), "l"(db), "r"(1));
+    } else if constexpr (N == 128) {
       asm volatile(CUOPS_WG_TF32("m64n128k8", CUOPS_WG_D64, "%64", "%65", "%66")
                    : CUOPS_WG_F64(0)
                    : "l"(da), "l"(db), "r"(1));
@@ -162,7 +152,11 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
                    : "l"(da), "l"(db), "r"(1));
     }
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if constexpr (N == 128) {
+    if constexpr (N == 64) {
+      asm volatile(CUOPS_WG_HALF("m64n64k16", "bf16", CUOPS_WG_D32, "%32", "%33", "%34", "%35", "%36")
+                   : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)
+                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
+    } else if constexpr (N == 128) {
       asm volatile(CUOPS_WG_HALF("m64n128k16", "bf16", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")
                    : CUOPS_WG_F64(0)
                    : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
@@ -173,7 +167,11 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
     }
   } else {
     static_assert(std::is_same_v<T, __half>, "bfloat16, float16 or float (tf32)");
-    if constexpr (N == 128) {
+    if constexpr (N == 64) {
+      asm volatile(CUOPS_WG_HALF("m64n64k16", "f16", CUOPS_WG_D32, "%32", "%33", "%34", "%35", "%36")
+                   : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)
+                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
+    } else if constexpr (N == 128) {
       asm volatile(CUOPS_WG_HALF("m64n128k16", "f16", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")
                    : CUOPS_WG_F64(0)
                    : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
@@ -187,6 +185,7 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
 
 #undef CUOPS_WG_F8
 #undef CUOPS_WG_F64
+#undef CUOPS_WG_D32
 #undef CUOPS_WG_D64
 #undef CUOPS_WG_D128
 #undef CUOPS_WG_HALF

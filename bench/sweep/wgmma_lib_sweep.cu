@@ -120,6 +120,7 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   const GemmProblem p = c.problem(1.f, 0.f);
   report("wgmma (library pick)", [&] { return launch_gemm_wgmma(dtype_of<T>(), p, ak, bn, 0); });
   if (!variants) return;
+  if (S < 4096) report("wgmma 128x64", [&] { return launch_gemm_wgmma_tile<T, 64, 1>(p, ak, bn, 0); });
   if (S < 4096) report("wgmma 128x128", [&] { return launch_gemm_wgmma_tile<T, 128, 1>(p, ak, bn, 0); });
   report("wgmma 128x256", [&] { return launch_gemm_wgmma_tile<T, 256, 1>(p, ak, bn, 0); });
   report("wgmma 128x256, pairs", [&] { return launch_gemm_wgmma_tile<T, 256, 2>(p, ak, bn, 0); });
@@ -144,6 +145,8 @@ int main(int argc, char** argv) {
     check<__nv_bfloat16>(h, 4104, 8, 1000, ak, bn);
     check<__nv_bfloat16>(h, 1, 8, 4097 - 1, ak, bn);
     check<__half>(h, 8, 1, 8, ak, bn);
+    check<__half>(h, 1024, 1000, 520, ak, bn);  // 128 x 64 tiles
+    check<float>(h, 1024, 1000, 520, ak, bn);
     check<__nv_bfloat16>(h, 2048, 2048, 0, ak, bn);
     check<float>(h, 1000, 1000, 1000, ak, bn);
     check<float>(h, 300, 4100, 36, ak, bn);

@@ -58,6 +58,9 @@ def test_add2_in_place(device, dtype, which, layout):
 
 NORM_CASES = [(s, l) for s in SHAPES for l in ["contiguous", "transposed", "expanded", "offset"]]
 NORM_CASES.append(((4096, 4096), "contiguous"))  # one large case: many blocks, many partials
+# Large enough for the bulk-copy pass on Hopper, with a misaligned head and a partial last chunk.
+BULK_NORM_N = (1 << 24) + 4097
+NORM_CASES.append(((BULK_NORM_N,), "offset"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -89,6 +92,22 @@ def test_two_norm_is_deterministic():
     first = ops.two_norm(a, b)
     for _ in range(20):
         assert torch.equal(ops.two_norm(a, b), first)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_norm_pass_choice(dtype):
+    """Large inputs take the bulk-copy pass where the GPU has it (sm_90+), the 16-byte-load pass
+    elsewhere; small inputs the load pass everywhere. Both give the float64 answer."""
+    major, _ = torch.cuda.get_device_capability()
+    for n, layout, bulk in [(BULK_NORM_N, "offset", major >= 9), (BULK_NORM_N, "contiguous", major >= 9),
+                            (100_003, "contiguous", False)]:
+        a, b = make((n,), dtype, "cuda", layout), make((n,), dtype, "cuda", layout)
+        names = cuda_kernel_names(lambda: ops.two_norm(a, b))
+        expected = "sum_sq_diff_bulk" if bulk else "sum_sq_diff_partials"
+        assert any(expected in k for k in names), (n, layout, expected, names)
+        ref = torch.linalg.vector_norm(a.double() - b.double())
+        assert rel_error(ops.two_norm(a, b), ref) <= REDUCTION_TOL[dtype]
 
 
 GEMM_SHAPES = [(1, 1, 1), (7, 1, 5), (1, 1000, 1), (1, 7, 1000), (1000, 7, 1), (64, 32, 16), (65, 33, 129),
