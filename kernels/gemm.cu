@@ -129,7 +129,39 @@ cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alp
                     : launch_sgemm_simt(p, a_kmajor, b_nmajor, stream);
 }
 
+// 32 x 32 tiles through shared memory, so both the reads of src rows and the writes of dst rows are
+// whole 128-byte lines; the padding column keeps the transposed reads off one bank. Tiles are
+// enumerated in gridDim.x, as gemm_tiled's are.
+constexpr int kTile = 32, kTileRows = 8;
+__global__ void __launch_bounds__(kTile * kTileRows)
+    transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  __shared__ float t[kTile][kTile + 1];
+  const int64_t tiles_c = (cols + kTile - 1) / kTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) / tiles_c * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) % tiles_c * kTile;
+  const int x = threadIdx.x % kTile, y = threadIdx.x / kTile;
+#pragma unroll
+  for (int j = y; j < kTile; j += kTileRows) {
+    if (r0 + j < rows && c0 + x < cols) t[j][x] = src[(r0 + j) * ld + c0 + x];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = y; j < kTile; j += kTileRows) {
+    if (c0 + j < cols && r0 + x < rows) dst[(c0 + j) * rows + r0 + x] = t[x][j];
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                                 cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld < cols) return cudaErrorInvalidValue;
+  const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+  if (tiles == 0) return cudaSuccess;
+  if (tiles > INT32_MAX) return cudaErrorInvalidValue;
+  transpose_f32<<<static_cast<unsigned>(tiles), kTile * kTileRows, 0, stream>>>(src, rows, cols, ld, dst);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a, MatrixView b,
                         double beta, void* c, int64_t c_stride0, int64_t c_stride1, bool allow_tf32,

@@ -64,6 +64,15 @@ kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0
 // Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
+// x [r, c] with unit column stride -> a contiguous [c, r] copy by cuops' transpose kernel (torch's
+// transposing copy ran at ~0.9 TB/s on the H100, a third of the bus: ~150 us at 4096^2, NOTES.md).
+at::Tensor transposed_copy(const at::Tensor& x) {
+  at::Tensor out = at::empty({x.size(1), x.size(0)}, x.options());
+  C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                                               out.data_ptr<float>(), current_stream(x)));
+  return out;
+}
+
 // TF32 on Hopper runs wgmma, which reads both operands k-major (a row-major, b column-major). An
 // operand in the other layout is copied into that form when the product pays for the copy: copying b
 // costs about 500 / m of the product's time at H100 rates (a: 500 / n), and the portable kernel is
@@ -73,8 +82,10 @@ void tf32_kmajor_operands(at::Tensor& a, at::Tensor& b, bool tf32) {
   if (!tf32 || a.scalar_type() != at::kFloat || !kernels::gemm_tf32_wants_kmajor()) return;
   const bool copy_a = a.stride(1) != 1 && a.size(1) > 1, copy_b = b.stride(0) != 1 && b.size(0) > 1;
   if ((copy_a && b.size(1) < 256) || (copy_b && a.size(0) < 256)) return;
-  if (copy_a) a = a.contiguous();
-  if (copy_b) b = b.t().contiguous().t();
+  // The usual layouts (a transposed view: unit row stride; b row-major) by the transpose kernel,
+  // anything else by torch's copy.
+  if (copy_a) a = a.stride(0) == 1 && a.stride(1) >= a.size(0) ? transposed_copy(a.t()) : a.contiguous();
+  if (copy_b) b = b.stride(1) == 1 && b.stride(0) >= b.size(1) ? transposed_copy(b).t() : b.t().contiguous().t();
 }
 
 void gemm_cuda(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in, double alpha, double beta) {

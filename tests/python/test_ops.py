@@ -307,6 +307,26 @@ def test_gemm_portable_kernels_without_wgmma():
     assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, summary
 
 
+@requires_cuda
+def test_gemm_tf32_kmajor_copies_by_transpose_kernel():
+    """TF32 on Hopper copies a transposed a and a row-major b to k-major form with cuops' transpose
+    kernel, also for rows padded past their length (slices of wider tensors) and edges off the 32-wide
+    tiles; elsewhere nothing is copied. Either way the product is TF32-accurate."""
+    m, k, n = 300, 333, 290
+    a = torch.randn(k, m + 24, device="cuda")[:, :m].t()  # [m, k], unit row stride, ld m + 24
+    b = torch.randn(k, n + 40, device="cuda")[:, :n]  # [k, n], row-major, ld n + 40
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        names = cuda_kernel_names(lambda: ops.mm(a, b))
+        out = ops.mm(a, b)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    transposes = [k_ for k_ in names if "transpose_f32" in k_]
+    assert bool(transposes) == wgmma_runs_here(), names
+    assert rel_error(out, a.double() @ b.double(), a.double().abs() @ b.double().abs()) <= 1e-3
+
+
 def tight_rows(rows, cols, dtype, ld=16):
     """[rows, cols] with rows ld elements apart (a 16-byte multiple: the fast kernels take it) in a
     buffer that ends at the last element, so a chunk read past a cut edge leaves the allocation."""

@@ -54,4 +54,9 @@ cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alp
 // the caller passes k-major copies.
 bool gemm_tf32_wants_kmajor();
 
+// dst[j][i] = src[i * ld + j] for a float32 src [rows, cols] with leading stride ld: dst is the
+// contiguous [cols, rows] transpose. The k-major operand copy of Hopper's TF32 GEMM.
+cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                                 cudaStream_t stream);
+
 }  // namespace cuops::kernels
