@@ -26,13 +26,12 @@ at::Tensor two_norm_cuda(const at::Tensor& a, const at::Tensor& b) {
   const auto dtype = kernel_dtype(a.scalar_type());
   const int64_t n = ac.numel();
   at::Tensor out = at::empty({}, a.options());
-  const int64_t num_partials =
-      kernels::two_norm_num_partials(n, at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount);
-  at::Tensor partials = at::empty({num_partials},
-                                  a.options().dtype(kernels::two_norm_partials_are_double(dtype) ? at::kDouble
-                                                                                                  : at::kFloat));
-  C10_CUDA_CHECK(kernels::launch_two_norm(dtype, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), n,
-                                          partials.data_ptr(), num_partials, current_stream(a)));
+  const int sms = at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount;
+  const int64_t scratch_bytes = kernels::two_norm_scratch_bytes(n, sms);
+  // Scratch through torch's allocator, so it is stream-ordered and CUDA-graph safe.
+  at::Tensor scratch = at::empty({scratch_bytes}, a.options().dtype(at::kByte));
+  C10_CUDA_CHECK(kernels::launch_two_norm(dtype, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), n, scratch.data_ptr(),
+                                          scratch_bytes, sms, current_stream(a)));
   return out;
 }
 

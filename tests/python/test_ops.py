@@ -98,8 +98,10 @@ def test_two_norm_is_deterministic():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_two_norm_pass_choice(dtype):
     """Large inputs take the bulk-copy pass where the GPU has it (sm_90+), the 16-byte-load pass
-    elsewhere; small inputs the load pass everywhere. Both give the float64 answer."""
-    has_bulk = torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("CUOPS_DISABLE_BULK_NORM") is None
+    elsewhere, and for float64 (the fixed-point finish assumes float32 squares); small inputs the load
+    pass everywhere. Both give the float64 answer."""
+    has_bulk = (torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("CUOPS_DISABLE_BULK_NORM") is None
+                and dtype != torch.float64)
     for n, layout, bulk in [(BULK_NORM_N, "offset", has_bulk), (BULK_NORM_N, "contiguous", has_bulk),
                             (100_003, "contiguous", False)]:
         a, b = make((n,), dtype, "cuda", layout), make((n,), dtype, "cuda", layout)
@@ -108,6 +110,30 @@ def test_two_norm_pass_choice(dtype):
         assert any(expected in k for k in names), (n, layout, expected, names)
         ref = torch.linalg.vector_norm(a.double() - b.double())
         assert rel_error(ops.two_norm(a, b), ref) <= REDUCTION_TOL[dtype]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_two_norm_extreme_values(dtype):
+    """The bulk pass sums chunk sums in fixed point (2^-160 .. 2^224) and counts inf and NaN chunks
+    apart: a NaN anywhere gives NaN, an inf gives inf, and tiny and huge inputs keep their precision
+    (bfloat16's huge case would overflow a float running sum; float16's norm must stay < 65504)."""
+    n = BULK_NORM_N
+    has_bulk = torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("CUOPS_DISABLE_BULK_NORM") is None
+    scales = {torch.float32: (1e-18, 1e17), torch.float16: (1e-3, 8.0), torch.bfloat16: (1e-18, 1e17)}[dtype]
+    for scale in scales if has_bulk else scales[:1]:
+        a, b = make((n,), dtype, "cuda", "offset", scale=scale), make((n,), dtype, "cuda", "offset", scale=scale)
+        ref = torch.linalg.vector_norm(a.double() - b.double())
+        assert torch.isfinite(ref) and ref > 0
+        got = ops.two_norm(a, b)
+        assert torch.isfinite(got), (scale, got)
+        assert rel_error(got, ref) <= REDUCTION_TOL[dtype], (scale, got, ref)
+    a, b = make((n,), dtype, "cuda", "offset"), make((n,), dtype, "cuda", "offset")
+    pos = int(torch.randint(0, n, ()))
+    a[pos] = float("inf")
+    assert ops.two_norm(a, b).item() == float("inf")
+    b[int(torch.randint(0, n, ()))] = float("nan")
+    assert torch.isnan(ops.two_norm(a, b)).item()
 
 
 GEMM_SHAPES = [(1, 1, 1), (7, 1, 5), (1, 1000, 1), (1, 7, 1000), (1000, 7, 1), (64, 32, 16), (65, 33, 129),

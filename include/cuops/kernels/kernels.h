@@ -21,18 +21,16 @@ cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, in
 // out[i] = x[i] * x[i]. out may equal x.
 cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cudaStream_t stream);
 
-// Number of per-block partial sums launch_two_norm uses for n elements on a GPU with
-// `multiprocessors` SMs: two 1024-thread blocks per SM, fewer for small n. It
-// depends on n and the GPU model only, so the reduction order (and the result bits) is the same on
-// every run on that model.
-int64_t two_norm_num_partials(int64_t n, int multiprocessors);
-// Element type of the partial sums: double for Float32/Float64, float for the half types.
-bool two_norm_partials_are_double(DType dtype);
+// Bytes of caller-owned scratch launch_two_norm needs for n elements on a GPU with
+// `multiprocessors` SMs (a few KiB). How the sum is split depends on n and the GPU model only, so the
+// result bits are the same on every run on that model.
+int64_t two_norm_scratch_bytes(int64_t n, int multiprocessors);
 
-// out[0] = sqrt(sum_i (a[i] - b[i])^2) in dtype; `partials` is caller-owned scratch of
-// num_partials (from two_norm_num_partials) accumulators. n == 0 writes 0.
-cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n,
-                            void* partials, int64_t num_partials, cudaStream_t stream);
+// out[0] = sqrt(sum_i (a[i] - b[i])^2) in dtype; `scratch` holds at least two_norm_scratch_bytes
+// bytes, 16-byte aligned, with any contents (the launch zeroes what it needs on `stream`). n == 0
+// writes 0.
+cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n, void* scratch,
+                            int64_t scratch_bytes, int multiprocessors, cudaStream_t stream);
 
 // A strided 2-D matrix view: element (i, j) is at ptr[i * stride0 + j * stride1] (in elements).
 struct MatrixView {
