@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "norm_sweep_util.cuh"
 #include "sweep_util.cuh"
 
 #ifdef WITH_LIBRARY  // the library's own two_norm (kernels/norm.cu), timed beside the variants
@@ -23,32 +24,6 @@ namespace cg = cooperative_groups;
 
 namespace {
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra W;\n}\n" ::"r"(smem_addr(b)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
 // kHint 1: the lines read are marked evict-first in L2; 2: evict-unchanged (existing priority kept).
 template <int kHint> __device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, uint32_t bytes,
                                                                     uint64_t* bar, uint64_t pol) {
@@ -72,33 +47,6 @@ __device__ __forceinline__ uint64_t gtime() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
-}
-
-__device__ __forceinline__ float sq4(float4 x, float4 y) {
-  const float a = x.x - y.x, b = x.y - y.y, c = x.z - y.z, d = x.w - y.w;
-  return a * a + b * b + c * c + d * d;
-}
-__device__ __forceinline__ float sq4(uint4 x, uint4 y) {  // 8 bfloat16
-  float s = 0.f;
-  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xs[i]));
-    const float2 q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ys[i]));
-    s += (p.x - q.x) * (p.x - q.x) + (p.y - q.y) * (p.y - q.y);
-  }
-  return s;
-}
-
-template <int kThreads> __device__ float block_sum(float v) {
-  __shared__ float ws[32];
-  for (int o = 16; o; o >>= 1) v += __shfl_down_sync(~0u, v, o);
-  if (threadIdx.x % 32 == 0) ws[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = threadIdx.x < kThreads / 32 ? ws[threadIdx.x] : 0.f;
-  if (threadIdx.x < 32)
-    for (int o = 16; o; o >>= 1) v += __shfl_down_sync(~0u, v, o);
-  return v;
 }
 
 constexpr int kChunk = 16384, kStages = 4, kConsumers = 8, kThreads = 32 * (kConsumers + 1);
@@ -296,14 +244,6 @@ __global__ void finish(const float* part, int count, float* out) {
   if (threadIdx.x == 0) *out = sqrtf(s);
 }
 
-__global__ void fill(float* p, int64_t n, uint32_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    p[i] = (h & 0xffffff) / float(1 << 24) - 0.5f;
-  }
-}
-
 int sms = 0;
 float *part, *out;
 unsigned long long* ticket;
@@ -332,16 +272,12 @@ __global__ void spin_smem(int64_t ns) {
 }
 // 0: zero the buffer (do_bench); 1: read it (no dirty lines); 2: zero, then a 30 us one-block spin
 // (lets the zeroing drain before the timed call); 3: zero, then one launch of `pre` (same kernel,
-// same shared-memory carve-out as the timed call) before the timer starts.
+// same shared-memory carve-out as the timed call) before the timer starts; 4: zero, then a different
+// kernel with the same dynamic shared memory; 5: `pre` ahead of the zeroing (counters reset early).
 int flush_mode = 0;
 std::function<void()> pre;
 float flushed_ms(const std::function<void()>& f, int reps = 40) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
+  return median_ms(f, reps, [] {
     if (flush_mode == 5) pre();  // before the flush
     if (flush_mode == 1) {
       read_flush<<<sms * 4, 512>>>(reinterpret_cast<const float4*>(flush_buf), kFlush / 16, part + 4000);
@@ -351,17 +287,7 @@ float flushed_ms(const std::function<void()>& f, int reps = 40) {
     if (flush_mode == 2) spin<<<1, 32>>>(30000);
     if (flush_mode == 3) pre();
     if (flush_mode == 4) spin_smem<<<sms, 32, kSmem>>>(1000);
-    CK(cudaEventRecord(e0));
-    f();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  });
 }
 
 // Back to back: batches of 10 calls, median per call.

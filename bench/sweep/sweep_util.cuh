@@ -18,14 +18,16 @@
     }                                                                                           \
   } while (0)
 
-// Median of `reps` single-call event timings after 3 warm-up calls.
-inline float median_ms(const std::function<void()>& f, int reps = 30) {
+// Median of `reps` single-call event timings after 3 warm-up calls; `before` (if any) runs ahead of
+// each timed call, outside the timer (an L2 flush, say).
+inline float median_ms(const std::function<void()>& f, int reps = 30, const std::function<void()>& before = {}) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   for (int i = 0; i < 3; ++i) f();
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
+    if (before) before();
     CK(cudaEventRecord(e0));
     f();
     CK(cudaEventRecord(e1));
