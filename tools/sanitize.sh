@@ -23,9 +23,11 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 # memory (two_norm's block reductions, gemm's tiles) in float32 and bfloat16 (dtype0, dtype3), every
 # shape and layout: the shared-memory code is the same template for the other two dtypes.
 PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_ops.py tests/python/test_bad_inputs.py tests/python/test_reliability.py}
-PYSEL=${SANITIZE_K:-"cuda and not huge and not threads and not bitwise"}
+# CUDA-graph tests are left out: the tools run with torch's caching allocator off
+# (PYTORCH_NO_CUDA_MEMORY_CACHING), and a capture that allocates then fails and poisons the process.
+PYSEL=${SANITIZE_K:-"cuda and not huge and not threads and not bitwise and not graph"}
 RACE_PYTESTS=${SANITIZE_RACE_PYTESTS:-tests/python/test_ops.py}
-RACE_SEL=${SANITIZE_RACE_K:-"cuda and (norm or gemm or mm) and (dtype0 or dtype3)"}
+RACE_SEL=${SANITIZE_RACE_K:-"cuda and (norm or gemm or mm) and (dtype0 or dtype3) and not graph"}
 canary=$out/sanitizer_canary
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 "$nvcc" -O1 -arch=native -o "$canary" tests/sanitizer_canary.cu || { echo "sanitize.sh: canary build failed"; exit 1; }
@@ -41,7 +43,7 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
     # add kernel reading it (H200, session 2). So no filter here (torch's kernels are instrumented
     # too, and so slower), on a narrower selection: float32 and bfloat16 cases of test_ops.py.
     extra=(--check-api-memory-access no)
-    sel=${SANITIZE_INIT_K:-"cuda and (dtype0 or dtype3) and not bitwise"} tests=${SANITIZE_INIT_PYTESTS:-tests/python/test_ops.py}
+    sel=${SANITIZE_INIT_K:-"cuda and (dtype0 or dtype3) and not bitwise and not graph"} tests=${SANITIZE_INIT_PYTESTS:-tests/python/test_ops.py}
     # initcheck does not see the bulk tensor copy engine's stores (H100, session 4): every bf16 output
     # of the Hopper wgmma GEMM, which leaves by TMA store, read back as "uninitialised" in torch's
     # copy kernel, though the same tests pass with c pre-filled with NaN (every element written). So

@@ -136,6 +136,31 @@ def test_two_norm_extreme_values(dtype):
     assert torch.isnan(ops.two_norm(a, b)).item()
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_norm_bulk_pass_replays_in_cuda_graph(dtype):
+    """The bulk pass zeroes its two counters with a memset node and finishes in whichever block ends
+    last: a captured graph replayed many times (inputs refilled in between) gives eager's bits."""
+    a, b = make((BULK_NORM_N,), dtype, "cuda", "offset"), make((BULK_NORM_N,), dtype, "cuda", "offset")
+    expected = ops.two_norm(a, b)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.two_norm(a, b)  # warm-up off the capture (one-time attribute queries)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.two_norm(a, b)
+    for i in range(20):
+        captured.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(captured, expected), i
+    b.copy_(make((BULK_NORM_N,), dtype, "cuda"))  # new values in the captured input: a new norm
+    graph.replay()
+    assert torch.equal(captured, ops.two_norm(a, b))
+    assert rel_error(captured, torch.linalg.vector_norm(a.double() - b.double())) <= REDUCTION_TOL[dtype]
+
+
 GEMM_SHAPES = [(1, 1, 1), (7, 1, 5), (1, 1000, 1), (1, 7, 1000), (1000, 7, 1), (64, 32, 16), (65, 33, 129),
                (0, 3, 4), (3, 0, 4), (4, 3, 0), (257, 300, 130)]
 GEMM_LAYOUTS = ["contiguous", "transposed", "sliced", "offset"]
