@@ -329,6 +329,25 @@ bool device_takes_wgmma(int& sms) {
   return state == 1;
 }
 
+// A launch of `grid` blocks of kWgThreads in clusters of `cm` along x, for the occupancy query and
+// the launch itself. Not copyable: cfg points at the member attribute.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  ClusterLaunch(unsigned grid, int cm, int smem, cudaStream_t stream) {
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kWgThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = stream;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cm), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Clusters of kernel K that fit on the device at once (a pair needs two free SMs of one GPC, so
 // this can be below sms / 2); asked once per device.
 template <auto K, int kCM> int max_clusters(int sms, int smem, cudaStream_t stream) {
@@ -337,17 +356,8 @@ template <auto K, int kCM> int max_clusters(int sms, int smem, cudaStream_t stre
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return sms / kCM;
   int n = cache[dev].load(std::memory_order_relaxed);
   if (n == 0) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kCM * (sms / kCM));
-    cfg.blockDim = dim3(kWgThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kCM, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, K, &cfg) != cudaSuccess || n <= 0) {
+    const ClusterLaunch launch(static_cast<unsigned>(kCM * (sms / kCM)), kCM, smem, stream);
+    if (cudaOccupancyMaxActiveClusters(&n, K, &launch.cfg) != cudaSuccess || n <= 0) {
       (void)cudaGetLastError();
       n = sms / kCM;
     }
@@ -386,17 +396,8 @@ cudaError_t launch_wg(const GemmProblem& p, int sms, cudaStream_t stream) {
     return cudaGetLastError();
   } else {
     const int64_t clusters = std::min<int64_t>(units, max_clusters<kernel, kCM>(sms, Cfg::kSmem, stream));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCM));
-    cfg.blockDim = dim3(kWgThreads);
-    cfg.dynamicSmemBytes = Cfg::kSmem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kCM, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, p, tma_store);
+    const ClusterLaunch launch(static_cast<unsigned>(clusters * kCM), kCM, Cfg::kSmem, stream);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store);
   }
 }
 

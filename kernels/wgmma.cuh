@@ -130,6 +130,23 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
   "{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                                 \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32.tf32.tf32 " D ", " A ", " B ", p, 1, 1;\n}\n"
 
+// The three tile widths of one 16-bit type (TY: the PTX type name, which must be a literal inside
+// the asm string, hence a macro rather than a template parameter).
+#define CUOPS_WG_HALF_N(TY)                                                                              \
+  if constexpr (N == 64) {                                                                              \
+    asm volatile(CUOPS_WG_HALF("m64n64k16", TY, CUOPS_WG_D32, "%32", "%33", "%34", "%35", "%36")        \
+                 : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)                     \
+                 : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));                                       \
+  } else if constexpr (N == 128) {                                                                      \
+    asm volatile(CUOPS_WG_HALF("m64n128k16", TY, CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")       \
+                 : CUOPS_WG_F64(0)                                                                      \
+                 : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));                                       \
+  } else {                                                                                              \
+    asm volatile(CUOPS_WG_HALF("m64n256k16", TY, CUOPS_WG_D128, "%128", "%129", "%130", "%131", "%132") \
+                 : CUOPS_WG_F64(0), CUOPS_WG_F64(64)                                                    \
+                 : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));                                       \
+  }
+
 // d[64 x N] += A[64 x K0] B[K0 x N], A and B from shared-memory descriptors, one k-step of the
 // instruction (k16 for 16-bit types, k8 for tf32, 32 bytes of k either way). kTA / kTB: A
 // m-major / B n-major (16-bit types only: tf32 reads both k-major).
@@ -152,34 +169,10 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
                    : "l"(da), "l"(db), "r"(1));
     }
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if constexpr (N == 64) {
-      asm volatile(CUOPS_WG_HALF("m64n64k16", "bf16", CUOPS_WG_D32, "%32", "%33", "%34", "%35", "%36")
-                   : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)
-                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
-    } else if constexpr (N == 128) {
-      asm volatile(CUOPS_WG_HALF("m64n128k16", "bf16", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")
-                   : CUOPS_WG_F64(0)
-                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
-    } else {
-      asm volatile(CUOPS_WG_HALF("m64n256k16", "bf16", CUOPS_WG_D128, "%128", "%129", "%130", "%131", "%132")
-                   : CUOPS_WG_F64(0), CUOPS_WG_F64(64)
-                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
-    }
+    CUOPS_WG_HALF_N("bf16");
   } else {
     static_assert(std::is_same_v<T, __half>, "bfloat16, float16 or float (tf32)");
-    if constexpr (N == 64) {
-      asm volatile(CUOPS_WG_HALF("m64n64k16", "f16", CUOPS_WG_D32, "%32", "%33", "%34", "%35", "%36")
-                   : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)
-                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
-    } else if constexpr (N == 128) {
-      asm volatile(CUOPS_WG_HALF("m64n128k16", "f16", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68")
-                   : CUOPS_WG_F64(0)
-                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
-    } else {
-      asm volatile(CUOPS_WG_HALF("m64n256k16", "f16", CUOPS_WG_D128, "%128", "%129", "%130", "%131", "%132")
-                   : CUOPS_WG_F64(0), CUOPS_WG_F64(64)
-                   : "l"(da), "l"(db), "n"(kTA), "n"(kTB), "r"(1));
-    }
+    CUOPS_WG_HALF_N("f16");
   }
 }
 
@@ -189,6 +182,7 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
 #undef CUOPS_WG_D64
 #undef CUOPS_WG_D128
 #undef CUOPS_WG_HALF
+#undef CUOPS_WG_HALF_N
 #undef CUOPS_WG_TF32
 
 }  // namespace cuops::kernels::detail::wg
