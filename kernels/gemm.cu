@@ -134,7 +134,7 @@ cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alp
 // enumerated in gridDim.x, as gemm_tiled's are.
 constexpr int kTile = 32, kTileRows = 8;
 __global__ void __launch_bounds__(kTile * kTileRows)
-    transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+    transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst, int64_t ld_dst) {
   __shared__ float t[kTile][kTile + 1];
   const int64_t tiles_c = (cols + kTile - 1) / kTile;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / tiles_c * kTile;
@@ -147,19 +147,19 @@ __global__ void __launch_bounds__(kTile * kTileRows)
   __syncthreads();
 #pragma unroll
   for (int j = y; j < kTile; j += kTileRows) {
-    if (c0 + j < cols && r0 + x < rows) dst[(c0 + j) * rows + r0 + x] = t[x][j];
+    if (c0 + j < cols && r0 + x < rows) dst[(c0 + j) * ld_dst + r0 + x] = t[x][j];
   }
 }
 
 }  // namespace
 
 cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
-                                 cudaStream_t stream) {
-  if (rows < 0 || cols < 0 || ld < cols) return cudaErrorInvalidValue;
+                                 int64_t ld_dst, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld < cols || ld_dst < rows) return cudaErrorInvalidValue;
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   if (tiles == 0) return cudaSuccess;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
-  transpose_f32<<<static_cast<unsigned>(tiles), kTile * kTileRows, 0, stream>>>(src, rows, cols, ld, dst);
+  transpose_f32<<<static_cast<unsigned>(tiles), kTile * kTileRows, 0, stream>>>(src, rows, cols, ld, dst, ld_dst);
   return cudaGetLastError();
 }
 

@@ -92,6 +92,22 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int6
   }
 }
 
+// The same pair of a transposed problem (c^T = b^T a^T computed, c stored): elements (r, col) and
+// (r, col + 1) of c^T are c[col][r] and c[col + 1][r], ldc apart, so two 4-byte accesses.
+__device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int64_t r, int64_t col, float v0,
+                                                      float v1) {
+  if (r >= p.m || col >= p.n) return;
+  float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
+  v0 *= p.alpha;
+  if (p.beta != 0.f) v0 = fmaf(p.beta, dst[0], v0);  // beta == 0 never reads c
+  dst[0] = v0;
+  if (col + 1 < p.n) {
+    v1 *= p.alpha;
+    if (p.beta != 0.f) v1 = fmaf(p.beta, dst[p.ldc], v1);
+    dst[p.ldc] = v1;
+  }
+}
+
 // c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T; col even, ldc even
 // and c 4-byte aligned (the dispatcher's rule), so a whole pair is one 4-byte access.
 template <typename T>

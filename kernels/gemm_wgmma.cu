@@ -4,9 +4,12 @@
 // group gives its registers to the others with setmaxnreg), warpgroups 1 and 2 each compute 64 rows
 // of the 128 x BN block tile. Persistent: one block per SM walks the tiles in grouped order, so the
 // producer already fills the ring for the next tile while the consumers run the epilogue.
-// bfloat16 / float16 take all four layouts (wgmma transposes m-major A and n-major B itself); float32
-// runs as TF32 (torch's "high" precision), which wgmma reads k-major only, so it takes row-major a
-// with transposed b. The epilogue applies alpha/beta and rounds once to the output type.
+// bfloat16 / float16 take all four layouts (wgmma transposes m-major A and n-major B itself). float32
+// runs as TF32 (torch's "high" precision), whose wgmma reads shared operands k-major only: a k-major A
+// comes from shared memory, an m-major one from registers (each consumer loads its fragments from the
+// swizzled m-major tile), and B must be k-major. The usual row-major a and b (B n-major) run as the
+// transposed problem C^T = B^T A^T, B^T from registers, with the epilogue storing the transpose: no
+// operand is copied. The epilogue applies alpha/beta and rounds once to the output type.
 // Built only for compute_90a (CMake defines CUOPS_WGMMA_BUILD there); elsewhere the launcher
 // reports cudaErrorNotSupported and the dispatcher uses the portable kernels.
 #include "gemm.cuh"
@@ -67,12 +70,16 @@ template <typename T, int BN> struct WgCfg {
 // kCM: CTAs per cluster along m (1 or 2). In a pair, both CTAs compute tiles of the same columns
 // (rows 128 apart), so each loads half of the shared B tile and multicasts it to both: a third less
 // traffic from L2 for 128 x 256 tiles. Each stage is then released to the producers of both CTAs.
+// TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
+// (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
+// result (i, j) goes to c[j * ldc + i].
 template <typename T, int BN, bool AK, bool BNM, int kCM>
 __global__ void __launch_bounds__(kWgThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store) {
+               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans) {
   using Cfg = WgCfg<T, BN>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
+  constexpr bool kRS = std::is_same_v<T, float> && !AK;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -117,6 +124,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           const int k0 = kt * kBK;
           if constexpr (AK) {
             wg::tma_load(sa, &map_a, k0, row0, &full[s]);
+          } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
+#pragma unroll
+            for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, &full[s]);
           } else {  // boxes of 64 m x 64 k, one per consumer
             wg::tma_load(sa, &map_a, row0, k0, &full[s]);
             wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, &full[s]);
@@ -166,6 +176,57 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       float d[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+      if constexpr (kRS) {
+        // Fragments of a k-tile from the m-major tile: 16 loads of 4 bytes per thread. Warp w reads
+        // box w / 2 of its consumer's two, and its 16 fragment rows are not the box's rows 16 (w % 2) ..
+        // but 8 (w % 2) + {0..7, 16..23}: then the 32 lanes of each load (8 rows x 4 k) fall on 32
+        // different banks under the 128-byte swizzle (16-byte chunk q of k-row x at q ^ (x % 8)), where
+        // 16 consecutive rows would span only 4 chunks and meet 2 to a bank. The epilogue stores the
+        // rows where they came from. Two register sets: a group's registers stay untouched until it
+        // has been waited for, so the next k-tile loads into the other.
+        const int g = lane / 4, t = lane % 4, c0 = 2 * (warp % 2) + 4 * (g / 4);
+        uint32_t off[2][2];  // [column half e][row r]: the byte offset in the box at kk = 0
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) off[e][r] = (t + 4 * e) * 128 + (((c0 + r) ^ (t + 4 * e)) * 16) + (g % 4) * 4;
+        // step(fr, other, kt): k-tile kt into fr; other holds the previous k-tile's fragments, free
+        // again once that group has been waited for.
+        auto step = [&](uint32_t(&fr)[4][4], uint32_t(&other)[4][4], int kt) {
+          const int s = static_cast<int>(it % kStages);
+          wg::mbar_wait(&full[s], (it / kStages) & 1);
+          const uint32_t box = smem_addr(base + s * Cfg::kStageBytes + cw * 8192 + (warp / 2) * 4096);
+          const unsigned char* sb = base + s * Cfg::kStageBytes + Cfg::kABytes;
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            fr[kk][0] = wg::lds32(box + kk * 1024 + off[0][0]);
+            fr[kk][1] = wg::lds32(box + kk * 1024 + off[0][1]);
+            fr[kk][2] = wg::lds32(box + kk * 1024 + off[1][0]);
+            fr[kk][3] = wg::lds32(box + kk * 1024 + off[1][1]);
+          }
+          wg::fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) wg::mma_tf32_rs<BN>(d, fr[kk], wg::make_desc(sb + kk * 32, 16, 1024));
+          wg::commit();
+          wg::wait<1>();
+          wg::keep(other);
+          if (kt > 0) release((it - 1) % kStages);
+          ++it;
+        };
+        uint32_t fr0[4][4] = {}, fr1[4][4] = {};
+        // Pairs, then an odd last k-tile into fr0: on no path is a set loaded while its group may still
+        // run (a conditional second step in the loop would make one, and ptxas would then serialise
+        // every wgmma).
+        int kt = 0;
+        for (; kt + 1 < ktiles; kt += 2) {
+          step(fr0, fr1, kt);
+          step(fr1, fr0, kt + 1);
+        }
+        if (kt < ktiles) step(fr0, fr1, kt);
+        wg::wait<0>();
+        wg::keep(fr0);
+        wg::keep(fr1);
+      } else {
       for (int kt = 0; kt < ktiles; ++kt, ++it) {
         const int s = static_cast<int>(it % kStages);
         wg::mbar_wait(&full[s], (it / kStages) & 1);
@@ -187,12 +248,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wg::wait<1>();
         if (kt > 0) release((it - 1) % kStages);
       }
+      }
       wg::wait<0>();
       if (ktiles > 0) release((it - 1) % kStages);
 
       // Accumulator fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are
       // (row lane / 4, columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower.
-      const int64_t r = tm * kWgBM + cw * 64 + warp * 16 + lane / 4;
+      // Under kRS the warp's rows are the permuted ones the fragments were loaded from.
+      const int64_t r = tm * kWgBM + cw * 64 +
+                        (kRS ? (warp / 2) * 32 + 8 * (warp % 2) + (lane / 4) % 4 + 16 * (lane / 16) : warp * 16 + lane / 4);
+      const int64_t r8 = r + (kRS ? 4 : 8);
 #ifdef CUOPS_WG_SKIP_STORE
       if (d[0] != 12345.f) continue;  // sweep only: what the epilogue costs
 #endif
@@ -234,11 +299,22 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           continue;
         }
       }
+      if constexpr (std::is_same_v<T, float>) {
+        if (c_trans) {
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
+            store_pair_transposed(p, r, c, d[4 * j], d[4 * j + 1]);
+            store_pair_transposed(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
+          }
+          continue;
+        }
+      }
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
         store_pair_t<T>(p, r, c, d[4 * j], d[4 * j + 1]);
-        store_pair_t<T>(p, r + 8, c, d[4 * j + 2], d[4 * j + 3]);
+        store_pair_t<T>(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
       }
     }
     if constexpr (Cfg::kTmaStore) {
@@ -371,18 +447,19 @@ template <auto K, int kCM> int max_clusters(int sms, int smem, cudaStream_t stre
 }
 
 template <typename T, int BN, bool AK, bool BNM, int kCM>
-cudaError_t launch_wg(const GemmProblem& p, int sms, cudaStream_t stream) {
+cudaError_t launch_wg(const GemmProblem& p, bool c_trans, int sms, cudaStream_t stream) {
   using Cfg = WgCfg<T, BN>;
   CUtensorMap ma, mb;
+  // m-major A: boxes of 128 bytes of m (64 16-bit elements, or the 32 floats of the TF32 register path).
   const bool maps = (AK ? make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, kWgBM)
-                        : make_map<T>(ma, p.a, p.m, p.k, p.lda, 64, Cfg::kBK)) &&
+                        : make_map<T>(ma, p.a, p.m, p.k, p.lda, 128 / sizeof(T), Cfg::kBK)) &&
                     (BNM ? make_map<T>(mb, p.b, p.n, p.k, p.ldb, 64, Cfg::kBK)
                          : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM));
   if (!maps) return cudaErrorNotSupported;
   // The output by TMA where it can be (beta == 0: nothing to read; a row-major c with 16-byte rows);
   // otherwise the direct epilogue.
   CUtensorMap mc{};
-  const bool tma_store = Cfg::kTmaStore && p.beta == 0.f && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 &&
+  const bool tma_store = Cfg::kTmaStore && !c_trans && p.beta == 0.f && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 &&
                          (p.ldc * 2) % 16 == 0 && make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64);
   constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
@@ -392,31 +469,51 @@ cudaError_t launch_wg(const GemmProblem& p, int sms, cudaStream_t stream) {
   const int64_t units = ((p.m + kWgBM * kCM - 1) / (kWgBM * kCM)) * ((p.n + BN - 1) / BN);
   if constexpr (kCM == 1) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(units, sms));
-    kernel<<<grid, kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store);
+    kernel<<<grid, kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store, c_trans);
     return cudaGetLastError();
   } else {
     const int64_t clusters = std::min<int64_t>(units, max_clusters<kernel, kCM>(sms, Cfg::kSmem, stream));
     const ClusterLaunch launch(static_cast<unsigned>(clusters * kCM), kCM, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, c_trans);
   }
+}
+
+// TF32 needs B k-major. A row-major b (n-major B) with a k-major A is the transposed problem
+// C^T = B^T A^T, whose A (b viewed [n, k]) is m-major and whose B (a viewed [k, m]) is k-major; c is
+// then stored transposed. An m-major A with an n-major B has no such form (the caller copies one).
+bool tf32_problem(GemmProblem& p, bool& a_kmajor, bool& b_nmajor, bool& c_trans) {
+  c_trans = false;
+  if (!b_nmajor) return true;
+  if (!a_kmajor) return false;
+  std::swap(p.m, p.n);
+  std::swap(p.a, p.b);
+  std::swap(p.lda, p.ldb);
+  a_kmajor = false, b_nmajor = false, c_trans = true;
+  return true;
 }
 
 template <typename T, int BN, int kCM>
-cudaError_t launch_wg_layout(const GemmProblem& p, bool a_kmajor, bool b_nmajor, int sms, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (!a_kmajor || b_nmajor) return cudaErrorNotSupported;
-    return launch_wg<T, BN, true, false, kCM>(p, sms, stream);
+cudaError_t launch_wg_layout(const GemmProblem& p, bool a_kmajor, bool b_nmajor, bool c_trans, int sms,
+                             cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {  // after tf32_problem: B k-major
+    if (b_nmajor) return cudaErrorNotSupported;
+    if (a_kmajor) return launch_wg<T, BN, true, false, kCM>(p, c_trans, sms, stream);
+    return launch_wg<T, BN, false, false, kCM>(p, c_trans, sms, stream);
   } else {
-    if (a_kmajor && b_nmajor) return launch_wg<T, BN, true, true, kCM>(p, sms, stream);
-    if (a_kmajor) return launch_wg<T, BN, true, false, kCM>(p, sms, stream);
-    if (b_nmajor) return launch_wg<T, BN, false, true, kCM>(p, sms, stream);
-    return launch_wg<T, BN, false, false, kCM>(p, sms, stream);
+    if (a_kmajor && b_nmajor) return launch_wg<T, BN, true, true, kCM>(p, false, sms, stream);
+    if (a_kmajor) return launch_wg<T, BN, true, false, kCM>(p, false, sms, stream);
+    if (b_nmajor) return launch_wg<T, BN, false, true, kCM>(p, false, sms, stream);
+    return launch_wg<T, BN, false, false, kCM>(p, false, sms, stream);
   }
 }
 
-template <typename T> cudaError_t launch_wg_dtype(const GemmProblem& p, bool a_kmajor, bool b_nmajor, int sms,
+template <typename T> cudaError_t launch_wg_dtype(GemmProblem p, bool a_kmajor, bool b_nmajor, int sms,
                                                   cudaStream_t stream) {
   if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) return cudaErrorNotSupported;
+  bool c_trans = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (!tf32_problem(p, a_kmajor, b_nmajor, c_trans)) return cudaErrorNotSupported;
+  }
   // 128 x 256 tiles where they fill every SM at least once, computed by pairs of CTAs that share
   // each B tile by multicast (a third less traffic from L2; +1-2 % at 8192^3, NOTES.md). Below that,
   // 128 x 128 or 128 x 64, whichever finishes first by a simple model: waves of tiles, each wave
@@ -424,22 +521,26 @@ template <typename T> cudaError_t launch_wg_dtype(const GemmProblem& p, bool a_k
   // tiles of 128 x 128 leave half the SMs idle; 128 tiles of 128 x 64 do half the work each.
   const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM;
   if (tiles_m * ((p.n + 255) / 256) >= sms) {
-    if (tiles_m >= 2) return launch_wg_layout<T, 256, 2>(p, a_kmajor, b_nmajor, sms, stream);
-    return launch_wg_layout<T, 256, 1>(p, a_kmajor, b_nmajor, sms, stream);
+    if (tiles_m >= 2) return launch_wg_layout<T, 256, 2>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
+    return launch_wg_layout<T, 256, 1>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
   }
   auto cost = [&](int64_t bn) { return (tiles_m * ((p.n + bn - 1) / bn) + sms - 1) / sms * (bn + 32); };
-  if (cost(64) < cost(128)) return launch_wg_layout<T, 64, 1>(p, a_kmajor, b_nmajor, sms, stream);
-  return launch_wg_layout<T, 128, 1>(p, a_kmajor, b_nmajor, sms, stream);
+  if (cost(64) < cost(128)) return launch_wg_layout<T, 64, 1>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
+  return launch_wg_layout<T, 128, 1>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
 }
 
 }  // namespace
 
 // Sweeps (bench/sweep) call the tile sizes directly.
 template <typename T, int BN, int kCM>
-cudaError_t launch_gemm_wgmma_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+cudaError_t launch_gemm_wgmma_tile(GemmProblem p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
   int sms = 0;
   if (!device_takes_wgmma(sms)) return cudaErrorNotSupported;
-  return launch_wg_layout<T, BN, kCM>(p, a_kmajor, b_nmajor, sms, stream);
+  bool c_trans = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (!tf32_problem(p, a_kmajor, b_nmajor, c_trans)) return cudaErrorNotSupported;
+  }
+  return launch_wg_layout<T, BN, kCM>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
 }
 
 cudaError_t launch_gemm_wgmma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {

@@ -82,6 +82,21 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, ui
          (uint64_t{1} << 62);
 }
 
+// A 4-byte shared-memory load by address (the generic pointers of the aligned dynamic buffer would
+// otherwise compile to generic loads).
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+// Registers a wgmma reads from must stay live (not reused) until its group has been waited for; this
+// empty statement after the wait is their last use, so the compiler neither reuses them earlier nor
+// serialises the wgmma to protect them.
+template <int R> __device__ __forceinline__ void keep(uint32_t (&r)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3]));
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() {
@@ -130,6 +145,12 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
   "{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                                 \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32.tf32.tf32 " D ", " A ", " B ", p, 1, 1;\n}\n"
 
+// TF32 with A from registers: the four 32-bit words of the m64k8 fragment, then B's descriptor.
+#define CUOPS_WG_TF32_RS(SHAPE, D, A0, A1, A2, A3, B, ONE)                                     \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                            \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32.tf32.tf32 " D ", {" A0 ", " A1 ", " A2 ", " A3 "}, " B \
+  ", p, 1, 1;\n}\n"
+
 // The three tile widths of one 16-bit type (TY: the PTX type name, which must be a literal inside
 // the asm string, hence a macro rather than a template parameter).
 #define CUOPS_WG_HALF_N(TY)                                                                              \
@@ -176,6 +197,29 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
   }
 }
 
+// d[64 x N] += A[64 x 8] B[8 x N] in TF32 with A from registers: a[0..3] hold this warp's rows
+// lane / 4 (a[0], a[2]) and lane / 4 + 8 (a[1], a[3]) of its 16, at columns lane % 4 (a[0], a[1]) and
+// lane % 4 + 4 (a[2], a[3]) (float32 bits: the tensor cores read them as TF32, as they do the shared
+// operand). B k-major from its descriptor. The registers must stay unchanged until the group is waited
+// for; a wgmma.fence must separate their writes from this instruction.
+template <int N>
+__device__ __forceinline__ void mma_tf32_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(N == 64 || N == 128 || N == 256, "tile widths 64, 128 and 256");
+  if constexpr (N == 64) {
+    asm volatile(CUOPS_WG_TF32_RS("m64n64k8", CUOPS_WG_D32, "%32", "%33", "%34", "%35", "%36", "%37")
+                 : CUOPS_WG_F8(0), CUOPS_WG_F8(8), CUOPS_WG_F8(16), CUOPS_WG_F8(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  } else if constexpr (N == 128) {
+    asm volatile(CUOPS_WG_TF32_RS("m64n128k8", CUOPS_WG_D64, "%64", "%65", "%66", "%67", "%68", "%69")
+                 : CUOPS_WG_F64(0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  } else {
+    asm volatile(CUOPS_WG_TF32_RS("m64n256k8", CUOPS_WG_D128, "%128", "%129", "%130", "%131", "%132", "%133")
+                 : CUOPS_WG_F64(0), CUOPS_WG_F64(64)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+}
+
 #undef CUOPS_WG_F8
 #undef CUOPS_WG_F64
 #undef CUOPS_WG_D32
@@ -184,5 +228,6 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
 #undef CUOPS_WG_HALF
 #undef CUOPS_WG_HALF_N
 #undef CUOPS_WG_TF32
+#undef CUOPS_WG_TF32_RS
 
 }  // namespace cuops::kernels::detail::wg

@@ -64,28 +64,56 @@ kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0
 // Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
-// x [r, c] with unit column stride -> a contiguous [c, r] copy by cuops' transpose kernel (torch's
-// transposing copy ran at ~0.9 TB/s on the H100, a third of the bus: ~150 us at 4096^2, NOTES.md).
+// An empty [rows, cols] view with rows a whole number of 16 bytes apart (the fast kernels' rule for
+// leading strides), so a copy is always one they take.
+at::Tensor padded_rows(int64_t rows, int64_t cols, const at::Tensor& like) {
+  return at::empty({rows, (cols + 3) / 4 * 4}, like.options()).narrow(1, 0, cols);
+}
+
+// x [r, c] with unit column stride -> its [c, r] transpose, row-major with padded rows, by cuops'
+// transpose kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus: ~150 us
+// at 4096^2, NOTES.md).
 at::Tensor transposed_copy(const at::Tensor& x) {
-  at::Tensor out = at::empty({x.size(1), x.size(0)}, x.options());
+  at::Tensor out = padded_rows(x.size(1), x.size(0), x);
   C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                                               out.data_ptr<float>(), current_stream(x)));
+                                               out.data_ptr<float>(), out.stride(0), current_stream(x)));
   return out;
 }
 
-// TF32 on Hopper runs wgmma, which reads both operands k-major (a row-major, b column-major). An
-// operand in the other layout is copied into that form when the product pays for the copy: copying b
-// costs about 500 / m of the product's time at H100 rates (a: 500 / n), and the portable kernel is
-// about 4x slower, so from 256 rows on. The copies come from torch's allocator on the op's stream.
-// Runs under the op's device guard, with c row-major (unit column stride).
+// Whether t [rows, cols] is what the fast kernels read along dimension `inner` without a copy: unit
+// stride there (or one element), the other stride a whole number of 16 bytes (or one element), and a
+// 16-byte aligned base (kernels/gemm.cu's launch_fast applies the same rule).
+bool fast_layout(const at::Tensor& t, int inner) {
+  const int outer = 1 - inner;
+  return (t.stride(inner) == 1 || t.size(inner) <= 1) && (t.size(outer) <= 1 || t.stride(outer) % 4 == 0) &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// TF32 on Hopper runs wgmma, whose shared operands are k-major: B always, A unless it comes from
+// registers. kernels/gemm_wgmma.cu takes a k-major or m-major a with a k-major b, and a k-major a with a
+// row-major b (as the transposed problem), without copies. What is left is copied into a form it
+// takes, when the product pays for the copy: copying b costs about 500 / m of the product's time at
+// H100 rates (a: 500 / n), and the portable kernel is about 4x slower, so from 256 rows on:
+// - a transposed a with a row-major b: the smaller of the two, by cuops' transpose kernel;
+// - an operand the fast kernels cannot read (other strides, rows not 16-byte multiples, a misaligned
+//   base): that one, into k-major form with padded rows.
+// The copies come from torch's allocator on the op's stream. Runs under the op's device guard, with c
+// row-major (unit column stride).
 void tf32_kmajor_operands(at::Tensor& a, at::Tensor& b, bool tf32) {
   if (!tf32 || a.scalar_type() != at::kFloat || !kernels::gemm_tf32_wants_kmajor()) return;
-  const bool copy_a = a.stride(1) != 1 && a.size(1) > 1, copy_b = b.stride(0) != 1 && b.size(0) > 1;
+  const bool a_k = fast_layout(a, 1), a_m = fast_layout(a, 0);
+  const bool b_k = fast_layout(b, 0), b_n = fast_layout(b, 1);
+  bool copy_a = !a_k && !a_m, copy_b = !b_k && !b_n;
+  if (!a_k && a_m && !b_k && b_n) (a.size(0) <= b.size(1) ? copy_a : copy_b) = true;
   if ((copy_a && b.size(1) < 256) || (copy_b && a.size(0) < 256)) return;
-  // The usual layouts (a transposed view: unit row stride; b row-major) by the transpose kernel,
-  // anything else by torch's copy.
-  if (copy_a) a = a.stride(0) == 1 && a.stride(1) >= a.size(0) ? transposed_copy(a.t()) : a.contiguous();
-  if (copy_b) b = b.stride(1) == 1 && b.stride(0) >= b.size(1) ? transposed_copy(b).t() : b.t().contiguous().t();
+  if (copy_a) {
+    a = a.stride(0) == 1 && a.stride(1) >= a.size(0) ? transposed_copy(a.t())
+                                                     : padded_rows(a.size(0), a.size(1), a).copy_(a);
+  }
+  if (copy_b) {
+    b = b.stride(1) == 1 && b.stride(0) >= b.size(1) ? transposed_copy(b).t()
+                                                     : padded_rows(b.size(1), b.size(0), b).copy_(b.t()).t();
+  }
 }
 
 void gemm_cuda(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in, double alpha, double beta) {

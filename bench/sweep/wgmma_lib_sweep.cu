@@ -133,6 +133,26 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   CB(cublasCreate(&h));
   setvbuf(stdout, nullptr, _IONBF, 0);
+  if (argc > 1 && !strcmp(argv[1], "tf32")) {  // TF32 layouts: checks, then both k-major forms and row-major b
+    for (int l = 0; l < 4; ++l) {
+      const bool ak = !(l & 1), bn = !(l & 2);
+      check<float>(h, 1024, 1000, 520, ak, bn);
+      check<float>(h, 1000, 1000, 1000, ak, bn);
+      check<float>(h, 300, 4100, 36, ak, bn);
+      check<float>(h, 4100, 300, 36, ak, bn);
+      check<float>(h, 1, 8, 4096, ak, bn);
+      check<float>(h, 8, 1, 1, ak, bn);
+      check<float>(h, 1100, 600, 1000, ak, bn, true);
+      check<float>(h, 600, 1100, 1000, ak, bn, true);
+    }
+    for (int S : {1024, 2048, 4096, 8192}) {
+      speed<float>(h, S, true, false, S >= 4096);
+      speed<float>(h, S, true, true, S >= 4096);
+      speed<float>(h, S, false, false, false);
+    }
+    printf("\n%d failures\n", failures);
+    return failures != 0;
+  }
   if (argc > 1 && !strcmp(argv[1], "big")) {  // the two sizes with targets, bf16 row-major
     speed<__nv_bfloat16>(h, 4096, true, true, true);
     speed<__nv_bfloat16>(h, 8192, true, true, true);
@@ -159,6 +179,7 @@ int main(int argc, char** argv) {
     if (quick) continue;
     speed<__half>(h, S, true, true, false);
     speed<float>(h, S, true, false, true);
+    speed<float>(h, S, true, true, true);  // row-major b: the transposed problem, A from registers
   }
   if (!quick) {
     for (int l = 1; l < 4; ++l) speed<__nv_bfloat16>(h, 4096, !(l & 1), !(l & 2), false);

@@ -47,14 +47,15 @@ cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alp
                         MatrixView b, double beta, void* c, int64_t c_stride0, int64_t c_stride1,
                         bool allow_tf32, cudaStream_t stream);
 
-// Whether the current device's TF32 kernel (Hopper's wgmma) reads both operands k-major only: a
-// row-major, b transposed (column-major). Other layouts then run the slower portable kernel unless
-// the caller passes k-major copies.
+// Whether the current device's TF32 kernel is Hopper's wgmma, which takes a k-major or m-major a with
+// a k-major (column-major) b, and a row-major a with a row-major b, but not a transposed a with a
+// row-major b: that layout then runs the slower portable kernel unless the caller copies one operand.
 bool gemm_tf32_wants_kmajor();
 
-// dst[j][i] = src[i * ld + j] for a float32 src [rows, cols] with leading stride ld: dst is the
-// contiguous [cols, rows] transpose. The k-major operand copy of Hopper's TF32 GEMM.
+// dst[j * ld_dst + i] = src[i * ld + j] for a float32 src [rows, cols] with leading stride ld: dst is
+// the [cols, rows] transpose with rows ld_dst >= rows apart. The operand copy of Hopper's TF32 GEMM for
+// the one layout it has no copy-free form for.
 cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
-                                 cudaStream_t stream);
+                                 int64_t ld_dst, cudaStream_t stream);
 
 }  // namespace cuops::kernels
