@@ -21,13 +21,15 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 # 100-run tests, which repeat the same kernels at sizes or counts the tools make slow), and the C++
 # op tests. racecheck, many times slower, takes test_ops.py's tests of the kernels that use shared
 # memory (two_norm's block reductions, gemm's tiles) in float32 and bfloat16 (dtype0, dtype3), every
-# shape and layout: the shared-memory code is the same template for the other two dtypes.
+# shape and layout: the shared-memory code is the same template for the other two dtypes. Plus the
+# float32 edge-cut GEMM tests, both precisions: the SIMT kernel and, on Hopper, TF32's wgmma kernel in
+# both of its forms (A from shared memory; A from registers, read from the TMA-written tile).
 PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_ops.py tests/python/test_bad_inputs.py tests/python/test_reliability.py}
 # CUDA-graph tests are left out: the tools run with torch's caching allocator off
 # (PYTORCH_NO_CUDA_MEMORY_CACHING), and a capture that allocates then fails and poisons the process.
 PYSEL=${SANITIZE_K:-"cuda and not huge and not threads and not bitwise and not graph"}
 RACE_PYTESTS=${SANITIZE_RACE_PYTESTS:-tests/python/test_ops.py}
-RACE_SEL=${SANITIZE_RACE_K:-"cuda and (norm or gemm or mm) and (dtype0 or dtype3) and not graph"}
+RACE_SEL=${SANITIZE_RACE_K:-"cuda and (norm or gemm or mm) and (dtype0 or dtype3 or (cut_chunks and float32)) and not graph"}
 canary=$out/sanitizer_canary
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 "$nvcc" -O1 -arch=native -o "$canary" tests/sanitizer_canary.cu || { echo "sanitize.sh: canary build failed"; exit 1; }
