@@ -108,6 +108,30 @@ __device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int6
   }
 }
 
+// Rows r, r + 1 and columns col, col + 1 of c^T (vRC: row R, column C) into c, whose rows col and
+// col + 1 then each take one 8-byte pair (r even, ldc even and c 8-byte aligned: the dispatcher's rule).
+__device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int64_t r, int64_t col, float v00,
+                                                      float v01, float v10, float v11) {
+  if (r + 1 >= p.m) {
+    store_pair_transposed(p, r, col, v00, v01);
+    return;
+  }
+  if (col >= p.n) return;
+  auto pair = [&](float* dst, float x, float y) {
+    x *= p.alpha;
+    y *= p.alpha;
+    if (p.beta != 0.f) {  // beta == 0 never reads c
+      const float2 old = *reinterpret_cast<const float2*>(dst);
+      x = fmaf(p.beta, old.x, x);
+      y = fmaf(p.beta, old.y, y);
+    }
+    *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+  };
+  float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
+  pair(dst, v00, v10);
+  if (col + 1 < p.n) pair(dst + p.ldc, v01, v11);
+}
+
 // c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T; col even, ldc even
 // and c 4-byte aligned (the dispatcher's rule), so a whole pair is one 4-byte access.
 template <typename T>

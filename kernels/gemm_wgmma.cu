@@ -70,6 +70,21 @@ template <typename T, int BN> struct WgCfg {
 // kCM: CTAs per cluster along m (1 or 2). In a pair, both CTAs compute tiles of the same columns
 // (rows 128 apart), so each loads half of the shared B tile and multicasts it to both: a third less
 // traffic from L2 for 128 x 256 tiles. Each stage is then released to the producers of both CTAs.
+// TF32 with A from registers (kRS, below): the row of the consumer's 64 that fragment row lane / 4 of
+// warp `warp` (second: lane / 4 + 8) is loaded from and its results stored to. Warp w reads box w / 2
+// of the consumer's two 32-row boxes, at rows 8 (w % 2) + {0..7, 16..23} rather than 16 (w % 2) + 0..15:
+// then a load's 32 lanes (8 rows x 4 k) cover 8 distinct 16-byte chunks under the 128-byte swizzle
+// (chunk q of k-row x sits at q ^ (x % 8)), where 16 consecutive rows span only 4. With
+// CUOPS_WG_RS_PAIRS the two rows of a lane are adjacent (a lane's transposed stores then write 8
+// bytes: half the store transactions) at the price of 2 lanes to a bank; otherwise 4 apart, no conflict.
+#ifndef CUOPS_WG_RS_PAIRS
+#define CUOPS_WG_RS_PAIRS 1
+#endif
+__device__ __forceinline__ int rs_row(int warp, int lane, int second) {
+  const int base = (warp / 2) * 32 + 8 * (warp % 2) + 16 * (lane / 16);
+  return CUOPS_WG_RS_PAIRS ? base + 2 * ((lane / 4) % 4) + second : base + (lane / 4) % 4 + 4 * second;
+}
+
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
 // (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
 // result (i, j) goes to c[j * ldc + i].
@@ -177,19 +192,18 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
       if constexpr (kRS) {
-        // Fragments of a k-tile from the m-major tile: 16 loads of 4 bytes per thread. Warp w reads
-        // box w / 2 of its consumer's two, and its 16 fragment rows are not the box's rows 16 (w % 2) ..
-        // but 8 (w % 2) + {0..7, 16..23}: then the 32 lanes of each load (8 rows x 4 k) fall on 32
-        // different banks under the 128-byte swizzle (16-byte chunk q of k-row x at q ^ (x % 8)), where
-        // 16 consecutive rows would span only 4 chunks and meet 2 to a bank. The epilogue stores the
-        // rows where they came from. Two register sets: a group's registers stay untouched until it
-        // has been waited for, so the next k-tile loads into the other.
-        const int g = lane / 4, t = lane % 4, c0 = 2 * (warp % 2) + 4 * (g / 4);
-        uint32_t off[2][2];  // [column half e][row r]: the byte offset in the box at kk = 0
+        // Fragments of a k-tile from the m-major tile: 16 loads of 4 bytes per thread, from the rows
+        // rs_row names (the epilogue stores them there). Two register sets: a group's registers stay
+        // untouched until it has been waited for, so the next k-tile loads into the other.
+        const int t = lane % 4;
+        uint32_t off[2][2];  // [column half e][fragment row]: the byte offset in the warp's box at kk = 0
 #pragma unroll
         for (int e = 0; e < 2; ++e)
 #pragma unroll
-          for (int r = 0; r < 2; ++r) off[e][r] = (t + 4 * e) * 128 + (((c0 + r) ^ (t + 4 * e)) * 16) + (g % 4) * 4;
+          for (int r = 0; r < 2; ++r) {
+            const int x = rs_row(warp, lane, r) % 32, k = t + 4 * e;
+            off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
+          }
         // step(fr, other, kt): k-tile kt into fr; other holds the previous k-tile's fragments, free
         // again once that group has been waited for.
         auto step = [&](uint32_t(&fr)[4][4], uint32_t(&other)[4][4], int kt) {
@@ -255,9 +269,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // Accumulator fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are
       // (row lane / 4, columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower.
       // Under kRS the warp's rows are the permuted ones the fragments were loaded from.
-      const int64_t r = tm * kWgBM + cw * 64 +
-                        (kRS ? (warp / 2) * 32 + 8 * (warp % 2) + (lane / 4) % 4 + 16 * (lane / 16) : warp * 16 + lane / 4);
-      const int64_t r8 = r + (kRS ? 4 : 8);
+      const int64_t r = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
+      const int64_t r8 = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
 #ifdef CUOPS_WG_SKIP_STORE
       if (d[0] != 12345.f) continue;  // sweep only: what the epilogue costs
 #endif
@@ -304,8 +317,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
             const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
-            store_pair_transposed(p, r, c, d[4 * j], d[4 * j + 1]);
-            store_pair_transposed(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
+            if constexpr (CUOPS_WG_RS_PAIRS != 0) {
+              store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+            } else {
+              store_pair_transposed(p, r, c, d[4 * j], d[4 * j + 1]);
+              store_pair_transposed(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
+            }
           }
           continue;
         }
