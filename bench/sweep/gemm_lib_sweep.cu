@@ -21,13 +21,8 @@ int main() {
   CB(cublasCreate(&h));
   for (int S : {1024, 2048, 4096, 8192}) {
     const int64_t M = S, N = S, K = S;
-    float *A, *B, *C, *R;
-    CK(cudaMalloc(&A, M * K * 4));
-    CK(cudaMalloc(&B, K * N * 4));
-    CK(cudaMalloc(&C, M * N * 4));
-    CK(cudaMalloc(&R, M * N * 4));
-    fill_uniform<<<1024, 256>>>(A, M * K, 1);
-    fill_uniform<<<1024, 256>>>(B, K * N, 2);
+    const SquareF32 sq(S);
+    float *A = sq.A, *B = sq.B, *C = sq.C, *R = sq.R;
     const double flops = 2.0 * M * N * K;
     const int reps = S >= 8192 ? 10 : 30;
     const float one = 1, zero = 0;
@@ -73,10 +68,6 @@ int main() {
         }
       }
     }
-    CK(cudaFree(A));
-    CK(cudaFree(B));
-    CK(cudaFree(C));
-    CK(cudaFree(R));
   }
   CB(cublasDestroy(h));
   return 0;

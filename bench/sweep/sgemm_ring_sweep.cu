@@ -108,13 +108,8 @@ int main() {
   int failures = 0;
   for (int S : {2048, 4096, 8192}) {
     const int64_t M = S, N = S, K = S;
-    float *A, *B, *C, *R;
-    CK(cudaMalloc(&A, M * K * 4));
-    CK(cudaMalloc(&B, K * N * 4));
-    CK(cudaMalloc(&C, M * N * 4));
-    CK(cudaMalloc(&R, M * N * 4));
-    fill_uniform<<<1024, 256>>>(A, M * K, 1);
-    fill_uniform<<<1024, 256>>>(B, K * N, 2);
+    const SquareF32 sq(S);
+    float *A = sq.A, *B = sq.B, *C = sq.C, *R = sq.R;
     const double flops = 2.0 * M * N * K;
     const int reps = S >= 8192 ? 10 : 30;
     const float one = 1, zero = 0;
@@ -143,10 +138,6 @@ int main() {
     report("ring 128x256x16 3 stages", [&] { return ring::launch_ring<128, 256, 16, 3, 1>(p); });
     const float tb2 = median_ms(cublas, reps);  // the spread of one kernel between two timings
     printf("%-34s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS\n", "cuBLAS again", tb2, flops / tb2 / 1e9, tb / tb2);
-    cudaFree(A);
-    cudaFree(B);
-    cudaFree(C);
-    cudaFree(R);
   }
   CB(cublasDestroy(h));
   printf("\n%d failures\n", failures);

@@ -47,3 +47,20 @@ template <typename T> double rel_err(const T* x, const T* ref, int64_t n) {
   }
   return num / (den > 0 ? den : 1);
 }
+
+// A square float32 problem of the FP32 sweeps: A and B filled, C (the kernel's) and R (cuBLAS's)
+// left for the calls to write. Freed with the object.
+struct SquareF32 {
+  int64_t S;
+  float *A = nullptr, *B = nullptr, *C = nullptr, *R = nullptr;
+  explicit SquareF32(int64_t s) : S(s) {
+    for (float** p : {&A, &B, &C, &R}) CK(cudaMalloc(p, S * S * 4));
+    fill_uniform<<<1024, 256>>>(A, S * S, 1);
+    fill_uniform<<<1024, 256>>>(B, S * S, 2);
+  }
+  ~SquareF32() {
+    for (float* p : {A, B, C, R}) cudaFree(p);
+  }
+  SquareF32(const SquareF32&) = delete;
+  SquareF32& operator=(const SquareF32&) = delete;
+};
