@@ -91,18 +91,19 @@ bool row_major(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int64_t mult,
 
 bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
 
-// The fast kernels' contract (gemm.cuh): c row-major with an even leading stride and a whole pair
-// aligned; a and b each row-major or transposed, 16-byte aligned, leading strides a whole number of
-// 16 bytes. A c that is only column-major in that sense is the transposed problem c^T = b^T a^T.
+// The fast kernels' contract (gemm.cuh): c row-major (any leading stride: the epilogue stores a pair
+// whole where it is aligned, else element by element); a and b each row-major or transposed, 16-byte
+// aligned, leading strides a whole number of 16 bytes. A c that is only column-major is the transposed
+// problem c^T = b^T a^T.
 // Anything else: cudaErrorNotSupported (the caller falls back to the general kernel).
 cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a, MatrixView b,
                         double beta, void* c, int64_t sc0, int64_t sc1, bool allow_tf32, cudaStream_t stream) {
   if (dtype == DType::Float64) return cudaErrorNotSupported;
   const int64_t elsize = dtype == DType::Float32 ? 4 : 2, per16 = 16 / elsize;
   GemmProblem p{};
-  if (row_major(m, n, sc0, sc1, 2, p.ldc)) {
+  if (row_major(m, n, sc0, sc1, 1, p.ldc)) {
     p.m = m, p.n = n;
-  } else if (row_major(n, m, sc1, sc0, 2, p.ldc)) {
+  } else if (row_major(n, m, sc1, sc0, 1, p.ldc)) {
     std::swap(a, b);
     std::swap(a.stride0, a.stride1);
     std::swap(b.stride0, b.stride1);
@@ -115,7 +116,7 @@ cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alp
   if (!a_kmajor && !row_major(p.k, p.m, a.stride1, a.stride0, per16, p.lda)) return cudaErrorNotSupported;
   const bool b_nmajor = row_major(p.k, p.n, b.stride0, b.stride1, per16, p.ldb);
   if (!b_nmajor && !row_major(p.n, p.k, b.stride1, b.stride0, per16, p.ldb)) return cudaErrorNotSupported;
-  if (!aligned(a.ptr, 16) || !aligned(b.ptr, 16) || !aligned(c, 2 * elsize)) return cudaErrorNotSupported;
+  if (!aligned(a.ptr, 16) || !aligned(b.ptr, 16) || !aligned(c, elsize)) return cudaErrorNotSupported;
   p.a = a.ptr, p.b = b.ptr, p.c = c;
   p.alpha = static_cast<float>(alpha), p.beta = static_cast<float>(beta);
   if (dtype != DType::Float32 || allow_tf32) {

@@ -71,15 +71,13 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ int clamp4(int64_t x) { return static_cast<int>(max(int64_t{0}, min(int64_t{4}, x))); }
 
-// The epilogue's unit: c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, for the pairs in
-// bounds. col is even and the dispatcher guarantees an even ldc and an 8-byte aligned c, so a
-// whole pair is one 8-byte access. beta == 0 never reads c: its old contents may be NaN or unwritten.
-__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
-  if (r >= p.m || col >= p.n) return;
-  float* dst = static_cast<float*>(p.c) + r * p.ldc + col;
+// dst[0], dst[1] <- alpha * (v0, v1) + beta * old: one 8-byte access where dst is 8-byte aligned,
+// else two 4-byte ones (an odd ldc leaves every other row's pairs unaligned). beta == 0 never reads c:
+// its old contents may be NaN or unwritten.
+__device__ __forceinline__ void put_pair(const GemmProblem& p, float* dst, float v0, float v1) {
   v0 *= p.alpha;
   v1 *= p.alpha;
-  if (col + 1 < p.n) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
     if (p.beta != 0.f) {
       const float2 old = *reinterpret_cast<const float2*>(dst);
       v0 = fmaf(p.beta, old.x, v0);
@@ -87,8 +85,29 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int6
     }
     *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
   } else {
-    if (p.beta != 0.f) v0 = fmaf(p.beta, dst[0], v0);
+    if (p.beta != 0.f) {
+      v0 = fmaf(p.beta, dst[0], v0);
+      v1 = fmaf(p.beta, dst[1], v1);
+    }
     dst[0] = v0;
+    dst[1] = v1;
+  }
+}
+__device__ __forceinline__ void put_one(const GemmProblem& p, float* dst, float v) {
+  v *= p.alpha;
+  if (p.beta != 0.f) v = fmaf(p.beta, dst[0], v);
+  dst[0] = v;
+}
+
+// The epilogue's unit: c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, for the pairs in
+// bounds (col even).
+__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+  if (r >= p.m || col >= p.n) return;
+  float* dst = static_cast<float*>(p.c) + r * p.ldc + col;
+  if (col + 1 < p.n) {
+    put_pair(p, dst, v0, v1);
+  } else {
+    put_one(p, dst, v0);
   }
 }
 
@@ -98,18 +117,12 @@ __device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int6
                                                       float v1) {
   if (r >= p.m || col >= p.n) return;
   float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
-  v0 *= p.alpha;
-  if (p.beta != 0.f) v0 = fmaf(p.beta, dst[0], v0);  // beta == 0 never reads c
-  dst[0] = v0;
-  if (col + 1 < p.n) {
-    v1 *= p.alpha;
-    if (p.beta != 0.f) v1 = fmaf(p.beta, dst[p.ldc], v1);
-    dst[p.ldc] = v1;
-  }
+  put_one(p, dst, v0);
+  if (col + 1 < p.n) put_one(p, dst + p.ldc, v1);
 }
 
 // Rows r, r + 1 and columns col, col + 1 of c^T (vRC: row R, column C) into c, whose rows col and
-// col + 1 then each take one 8-byte pair (r even, ldc even and c 8-byte aligned: the dispatcher's rule).
+// col + 1 then each take a pair (r even: 8-byte accesses where ldc and c allow).
 __device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int64_t r, int64_t col, float v00,
                                                       float v01, float v10, float v11) {
   if (r + 1 >= p.m) {
@@ -117,39 +130,33 @@ __device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int6
     return;
   }
   if (col >= p.n) return;
-  auto pair = [&](float* dst, float x, float y) {
-    x *= p.alpha;
-    y *= p.alpha;
-    if (p.beta != 0.f) {  // beta == 0 never reads c
-      const float2 old = *reinterpret_cast<const float2*>(dst);
-      x = fmaf(p.beta, old.x, x);
-      y = fmaf(p.beta, old.y, y);
-    }
-    *reinterpret_cast<float2*>(dst) = make_float2(x, y);
-  };
   float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
-  pair(dst, v00, v10);
-  if (col + 1 < p.n) pair(dst + p.ldc, v01, v11);
+  put_pair(p, dst, v00, v10);
+  if (col + 1 < p.n) put_pair(p, dst + p.ldc, v01, v11);
 }
 
-// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T; col even, ldc even
-// and c 4-byte aligned (the dispatcher's rule), so a whole pair is one 4-byte access.
+// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T (col even): one 4-byte
+// access where the pair is 4-byte aligned, else two 2-byte ones (an odd ldc).
 template <typename T>
 __device__ __forceinline__ void store_pair_half(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
   if (r >= p.m || col >= p.n) return;
   T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
   v0 *= p.alpha;
   v1 *= p.alpha;
-  if (col + 1 < p.n) {
+  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
     if (p.beta != 0.f) {  // beta == 0 never reads c
       const float2 old = unpack_pair(*reinterpret_cast<const uint32_t*>(dst), T{});
       v0 = fmaf(p.beta, old.x, v0);
       v1 = fmaf(p.beta, old.y, v1);
     }
     *reinterpret_cast<uint32_t*>(dst) = pack_pair(v0, v1, T{});
-  } else {
-    if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
-    dst[0] = from_acc<T>(v0);
+    return;
+  }
+  if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
+  dst[0] = from_acc<T>(v0);
+  if (col + 1 < p.n) {
+    if (p.beta != 0.f) v1 = fmaf(p.beta, to_acc(dst[1]), v1);
+    dst[1] = from_acc<T>(v1);
   }
 }
 
@@ -167,7 +174,7 @@ __device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r, in
 // takes, so the dispatcher falls back; otherwise the launch status.
 cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
-// bfloat16 / float16 (dtype says which); leading strides a multiple of 8 elements (16 bytes), c 4-byte aligned.
+// bfloat16 / float16 (dtype says which); operand leading strides a multiple of 8 elements (16 bytes).
 cudaError_t launch_hgemm_mma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
 // Hopper TMA + wgmma (kernels/gemm_wgmma.cu, sm_90a): bfloat16 / float16 in every layout, float32 as
 // TF32 when both operands are k-major. cudaErrorNotSupported where the device, the build or the

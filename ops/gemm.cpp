@@ -64,15 +64,19 @@ kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0
 // Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
+// Elements in 16 bytes: the fast kernels' unit for operand rows.
+int64_t row_unit(const at::Tensor& t) { return 16 / t.element_size(); }
+
 // An empty [rows, cols] view with rows a whole number of 16 bytes apart (the fast kernels' rule for
-// leading strides), so a copy is always one they take.
+// operand leading strides), so a copy is always one they read.
 at::Tensor padded_rows(int64_t rows, int64_t cols, const at::Tensor& like) {
-  return at::empty({rows, (cols + 3) / 4 * 4}, like.options()).narrow(1, 0, cols);
+  const int64_t unit = row_unit(like);
+  return at::empty({rows, (cols + unit - 1) / unit * unit}, like.options()).narrow(1, 0, cols);
 }
 
-// x [r, c] with unit column stride -> its [c, r] transpose, row-major with padded rows, by cuops'
-// transpose kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus: ~150 us
-// at 4096^2, NOTES.md).
+// x [r, c] float32 with unit column stride -> its [c, r] transpose, row-major with padded rows, by
+// cuops' transpose kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus:
+// ~150 us at 4096^2, NOTES.md).
 at::Tensor transposed_copy(const at::Tensor& x) {
   at::Tensor out = padded_rows(x.size(1), x.size(0), x);
   C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
@@ -85,34 +89,39 @@ at::Tensor transposed_copy(const at::Tensor& x) {
 // 16-byte aligned base (kernels/gemm.cu's launch_fast applies the same rule).
 bool fast_layout(const at::Tensor& t, int inner) {
   const int outer = 1 - inner;
-  return (t.stride(inner) == 1 || t.size(inner) <= 1) && (t.size(outer) <= 1 || t.stride(outer) % 4 == 0) &&
+  return (t.stride(inner) == 1 || t.size(inner) <= 1) && (t.size(outer) <= 1 || t.stride(outer) % row_unit(t) == 0) &&
          reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// TF32 on Hopper runs wgmma, whose shared operands are k-major: B always, A unless it comes from
-// registers. kernels/gemm_wgmma.cu takes a k-major or m-major a with a k-major b, and a k-major a with a
-// row-major b (as the transposed problem), without copies. What is left is copied into a form it
-// takes, when the product pays for the copy: copying b costs about 500 / m of the product's time at
-// H100 rates (a: 500 / n), and the portable kernel is about 4x slower, so from 256 rows on:
-// - a transposed a with a row-major b: the smaller of the two, by cuops' transpose kernel;
-// - an operand the fast kernels cannot read (other strides, rows not 16-byte multiples, a misaligned
-//   base): that one, into k-major form with padded rows.
-// The copies come from torch's allocator on the op's stream. Runs under the op's device guard, with c
-// row-major (unit column stride).
-void tf32_kmajor_operands(at::Tensor& a, at::Tensor& b, bool tf32) {
-  if (!tf32 || a.scalar_type() != at::kFloat || !kernels::gemm_tf32_wants_kmajor()) return;
+// Copies what the fast kernels cannot read, when the product pays for the copy: copying b costs
+// about 500 / m of the product's time at H100 rates (a: 500 / n) and the fallback is at best 4x slower
+// (the portable TF32 kernel; the general kernel ~50x), so from 256 rows on.
+// - An operand with odd strides, rows not a whole number of 16 bytes (a contiguous [4097, 4097]) or a
+//   misaligned base: into padded rows (a row-major; b row-major, or column-major for Hopper's TF32).
+// - Hopper's TF32 (wgmma, shared operands k-major; with c row-major): a transposed a with a row-major b
+//   has no copy-free form (kernels/gemm_wgmma.cu runs row-major a and b as the transposed problem, a
+//   transposed a from registers), so the smaller of the two is copied by cuops' transpose kernel.
+// float64 always runs the general kernel. The copies come from torch's allocator on the op's stream;
+// this runs under the op's device guard.
+void readable_operands(at::Tensor& a, at::Tensor& b, bool tf32, bool c_row_major) {
+  if (a.scalar_type() == at::kDouble) return;
   const bool a_k = fast_layout(a, 1), a_m = fast_layout(a, 0);
   const bool b_k = fast_layout(b, 0), b_n = fast_layout(b, 1);
+  const bool wgmma_tf32 =
+      tf32 && c_row_major && a.scalar_type() == at::kFloat && kernels::gemm_tf32_wants_kmajor();
   bool copy_a = !a_k && !a_m, copy_b = !b_k && !b_n;
-  if (!a_k && a_m && !b_k && b_n) (a.size(0) <= b.size(1) ? copy_a : copy_b) = true;
+  if (wgmma_tf32 && !a_k && a_m && !b_k && b_n) (a.size(0) <= b.size(1) ? copy_a : copy_b) = true;
   if ((copy_a && b.size(1) < 256) || (copy_b && a.size(0) < 256)) return;
+  const bool f32 = a.scalar_type() == at::kFloat;
   if (copy_a) {
-    a = a.stride(0) == 1 && a.stride(1) >= a.size(0) ? transposed_copy(a.t())
-                                                     : padded_rows(a.size(0), a.size(1), a).copy_(a);
+    a = f32 && a.stride(0) == 1 && a.stride(1) >= a.size(0) ? transposed_copy(a.t())
+                                                            : padded_rows(a.size(0), a.size(1), a).copy_(a);
   }
-  if (copy_b) {
-    b = b.stride(1) == 1 && b.stride(0) >= b.size(1) ? transposed_copy(b).t()
-                                                     : padded_rows(b.size(1), b.size(0), b).copy_(b.t()).t();
+  if (copy_b && wgmma_tf32) {
+    b = f32 && b.stride(1) == 1 && b.stride(0) >= b.size(1) ? transposed_copy(b).t()
+                                                            : padded_rows(b.size(1), b.size(0), b).copy_(b.t()).t();
+  } else if (copy_b) {
+    b = padded_rows(b.size(0), b.size(1), b).copy_(b);
   }
 }
 
@@ -122,7 +131,10 @@ void gemm_cuda(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_
   const c10::cuda::CUDAGuard guard(c.device());
   const bool tf32 = allow_tf32();
   at::Tensor a = a_in, b = b_in;
-  if (c.stride(1) == 1) tf32_kmajor_operands(a, b, tf32);
+  // c neither row- nor column-major runs the general kernel whatever the operands: nothing to copy for.
+  if (c.stride(1) == 1 || c.stride(0) == 1 || c.size(0) <= 1 || c.size(1) <= 1) {
+    readable_operands(a, b, tf32, c.stride(1) == 1 || c.size(1) <= 1);  // launch_fast's row-major test
+  }
   C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), alpha, view(a),
                                       view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), tf32, current_stream(c)));
 }
@@ -132,7 +144,7 @@ at::Tensor mm_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
   const c10::cuda::CUDAGuard guard(a_in.device());
   const bool tf32 = allow_tf32();
   at::Tensor a = a_in, b = b_in;
-  tf32_kmajor_operands(a, b, tf32);
+  readable_operands(a, b, tf32, /*c_row_major=*/true);
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(a.scalar_type()), a.size(0), b.size(1), a.size(1), 1.0, view(a),
                                       view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), tf32,

@@ -197,18 +197,11 @@ def test_mm_and_gemm(device, dtype, mkn, layout_a, layout_b):
 
 # float32 on the fast kernels (gemm_simt.cu, gemm_tf32.cu): shapes that pick every tile
 # configuration and cut every tile edge (m, n, k off the tile grid, k = 1, one row or column),
-# operands row-major or transposed (the four no-copy layouts), c row- or column-major. Leading
-# dimensions not a multiple of 4 (k = 4097 row-major, n = 4097 row-major) go to the general kernel.
+# operands row-major or transposed (the four no-copy layouts), c row- or column-major. Operand rows
+# that are not 16-byte multiples (k = 4097 row-major, n = 4097 row-major) are copied into padded rows
+# where the other side has >= 256 rows or columns, else run the general kernel.
 FAST_SHAPES = [(1000, 1000, 1000), (7, 4097, 1000), (1000, 4097, 4), (4097, 7, 1), (1, 1000, 4097),
                (2048, 260, 2052), (4100, 64, 2304), (300, 1, 257), (4096, 1000, 7)]
-
-
-def fast_kernel_takes(shape, layout, mult):
-    """Whether a [rows, cols] operand made by make(..., layout) meets the fast kernels' rule (row-major
-    or transposed with a leading stride that is a multiple of `mult`; one row or column always does)."""
-    rows, cols = shape
-    inner, outer = (cols, rows) if layout == "contiguous" else (rows, cols)
-    return inner % mult == 0 or outer == 1 or inner == 1
 
 
 def wgmma_runs_here():
@@ -218,26 +211,24 @@ def wgmma_runs_here():
 def fast_layout(t, inner):
     """Whether the fast kernels read t [rows, cols] along dimension `inner` in place (ops/gemm.cpp's
     fast_layout, kernels/gemm.cu's launch_fast): unit stride there or one element, the other stride a
-    multiple of 4 floats or one element, a 16-byte aligned base."""
+    whole number of 16 bytes or one element, a 16-byte aligned base."""
     outer = 1 - inner
-    return ((t.stride(inner) == 1 or t.size(inner) <= 1) and (t.size(outer) <= 1 or t.stride(outer) % 4 == 0)
+    unit = 16 // t.element_size()
+    return ((t.stride(inner) == 1 or t.size(inner) <= 1) and (t.size(outer) <= 1 or t.stride(outer) % unit == 0)
             and t.data_ptr() % 16 == 0)
 
 
-def tf32_operands_fast(a, b, c_row_major):
-    """Whether a TF32 product of a and b runs on a fast (TF32) kernel: the operands are readable in place
-    (a k- or m-major, b k- or n-major), or, on Hopper with c row-major, ops/gemm.cpp copies the one(s)
-    wgmma cannot read (the smaller of a transposed a and a row-major b; any unreadable operand) when the
+def operands_fast(a, b, wgmma_tf32):
+    """Whether the product of a and b runs on a fast kernel: the operands are readable in place (a k- or
+    m-major, b k- or n-major), or ops/gemm.cpp copies what is not (an unreadable operand; under Hopper's
+    TF32 with c row-major (wgmma_tf32), also the smaller of a transposed a and a row-major b) when the
     other side has 256 rows or columns to pay for it."""
     a_k, a_m, b_k, b_n = fast_layout(a, 1), fast_layout(a, 0), fast_layout(b, 0), fast_layout(b, 1)
-    readable = (a_k or a_m) and (b_k or b_n)
-    if not wgmma_runs_here() or not c_row_major:
-        return readable
     copy_a, copy_b = not (a_k or a_m), not (b_k or b_n)
-    if not a_k and a_m and not b_k and b_n:
+    if wgmma_tf32 and not a_k and a_m and not b_k and b_n:
         copy_a, copy_b = a.shape[0] <= b.shape[1], a.shape[0] > b.shape[1]
     if (copy_a and b.shape[1] < 256) or (copy_b and a.shape[0] < 256):
-        return readable
+        return (a_k or a_m) and (b_k or b_n)
     return True
 
 
@@ -274,9 +265,8 @@ def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, lay
     assert max(errs) <= max(3 * torch_err, TF32_TOL), (errs, torch_err)
     # ... where the fast kernels take the problem (mm's output is contiguous, gemm's has c's layout);
     # the general kernel they fall back to is true FP32.
-    for what, err, c_layout, c_row_major in (("mm", errs[0], "contiguous", True),
-                                             ("gemm", errs[1], layout_c, c.stride(1) == 1)):
-        if tf32_operands_fast(a, b, c_row_major) and fast_kernel_takes((m, n), c_layout, 2):
+    for what, err, c_row_major in (("mm", errs[0], True), ("gemm", errs[1], c.stride(1) == 1 or n == 1)):
+        if operands_fast(a, b, wgmma_runs_here() and c_row_major):
             assert err > 1e-6, f"{what}: TF32 allowed, fast kernel expected, but the result has FP32 accuracy"
         else:
             assert err <= REDUCTION_TOL[torch.float32], (what, err)
@@ -387,8 +377,6 @@ def test_gemm_tf32_copies_only_what_wgmma_cannot_read(layout_a, layout_b, rows):
     to 16 bytes (k = 333). Operands whose rows are not 16-byte multiples (slices of wider tensors) are
     copied into padded rows. Either way the product is TF32-accurate, not FP32-accurate (the general
     kernel's)."""
-    if rows == "odd rows" and not wgmma_runs_here():
-        pytest.skip("copies into padded rows are for Hopper's TF32 kernel; elsewhere odd rows run the general kernel")
     m, k, n = 300, 333, 290
     pad = 0 if rows == "16-byte rows" else 1
     if layout_a == "transposed":
@@ -413,6 +401,34 @@ def test_gemm_tf32_copies_only_what_wgmma_cannot_read(layout_a, layout_b, rows):
     assert any(expected_gemm_kernel(torch.float32, "high") in k_ for k_ in names), names
     err = rel_error(out, a.double() @ b.double(), a.double().abs() @ b.double().abs())
     assert 1e-6 < err <= TF32_TOL, err
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "highest"), (torch.float32, "high"),
+                                             (torch.bfloat16, "highest"), (torch.float16, "highest")], ids=str)
+def test_gemm_cuda_odd_leading_strides_run_fast_kernels(dtype, precision):
+    """Contiguous operands and outputs whose rows are not 16-byte multiples (the 4097^3 shape, scaled
+    down: every leading stride odd) run a fast kernel, not the general one: the operands are copied
+    into padded rows, and c (any leading stride) is written in place, pair by pair where aligned and
+    element by element where not. gemm with beta reads c the same way."""
+    m, k, n = 257, 333, 259
+    a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+    c0 = torch.randn(m, n, device="cuda", dtype=dtype)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        out = ops.mm(a, b)
+        c = c0.clone()
+        ops.gemm(c, a, b, 0.5, -2.0)
+        names = cuda_kernel_names(lambda: (ops.mm(a, b), ops.gemm(c0.clone(), a, b, 0.5, -2.0)))
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert not any("gemm_tiled" in k_ for k_ in names), names
+    assert any(expected_gemm_kernel(dtype, precision) in k_ for k_ in names), names
+    ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
+    tol = HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
 
 
 def tight_rows(rows, cols, dtype, ld=16):
