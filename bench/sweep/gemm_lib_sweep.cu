@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "../../kernels/gemm_simt.cu"
@@ -19,7 +20,9 @@ using namespace cuops::kernels::detail;
 int main() {
   cublasHandle_t h;
   CB(cublasCreate(&h));
-  for (int S : {1024, 2048, 4096, 8192}) {
+  std::vector<int> sizes{1024, 2048, 4096, 8192};
+  if (const char* e = getenv("SWEEP_SIZE")) sizes = {atoi(e)};
+  for (int S : sizes) {
     const int64_t M = S, N = S, K = S;
     const SquareF32 sq(S);
     float *A = sq.A, *B = sq.B, *C = sq.C, *R = sq.R;
@@ -27,6 +30,7 @@ int main() {
     const int reps = S >= 8192 ? 10 : 30;
     const float one = 1, zero = 0;
     for (bool tf32 : {false, true}) {
+      if (tf32 && getenv("SWEEP_NO_TF32")) continue;
       CB(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
       for (int layout = 0; layout < 4; ++layout) {
         const bool ak = !(layout & 1), bn = !(layout & 2);
@@ -51,13 +55,14 @@ int main() {
         };
         if (!tf32) {
           report("simt (library pick)", [&] { return launch_sgemm_simt(p, ak, bn, 0); });
-          if (layout != 0) continue;
+          if (layout != 0) {
+            report("simt 256x128x8", [&] { return launch_simt_tile<256, 128, 8>(p, ak, bn, 0); });
+            continue;
+          }
           report("simt 64x64x16", [&] { return launch_simt_tile<64, 64, 16>(p, ak, bn, 0); });
           report("simt 128x128x8", [&] { return launch_simt_tile<128, 128, 8>(p, ak, bn, 0); });
-          report("simt 128x128x8, 1 block/SM", [&] { return launch_simt_tile<128, 128, 8, 1>(p, ak, bn, 0); });
           report("simt 128x128x16", [&] { return launch_simt_tile<128, 128, 16>(p, ak, bn, 0); });
           report("simt 256x128x8", [&] { return launch_simt_tile<256, 128, 8>(p, ak, bn, 0); });
-          report("simt 128x256x8", [&] { return launch_simt_tile<128, 256, 8>(p, ak, bn, 0); });
         } else {
           report("tf32 (library pick)", [&] { return launch_sgemm_tf32(p, ak, bn, 0); });
           if (layout != 0) continue;
