@@ -3,6 +3,7 @@
 // against cuBLAS on the same inputs and timed beside it: which configuration launch_sgemm_* should
 // pick, and what the layouts cost. Not part of the library or the tests.
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Iinclude -Ikernels bench/sweep/gemm_lib_sweep.cu -lcublas -o s && ./s
+// SWEEP_SIZE=4096 runs one size; SWEEP_NO_TF32=1 leaves out the TF32 kernels.
 #include <cublas_v2.h>
 
 #include <cmath>
