@@ -1,6 +1,6 @@
 // True-FP32 GEMM (no tensor cores) fed by a cp.async ring instead of register staging: is the
-// library's 256x128 kernel (kernels/gemm_simt.cu: registers -> shared each slice, one barrier per 8 k)
-// held back by its pipeline? Row-major a and b only (the harness's layout), sizes a multiple of the
+// library's SIMT kernel (kernels/gemm_simt.cu: registers -> shared each slice, one barrier per 8 k;
+// 256x128 when this was written, session 7; 128x128 since session 8) held back by its pipeline? Row-major a and b only (the harness's layout), sizes a multiple of the
 // tile, no bounds. The k-contiguous A tile is kept as rows of k (a cp.async cannot transpose); each
 // thread's rows are 16 apart (ty + 16 i), so a warp's two row addresses sit in different banks and
 // an 8-byte read gives two k of one row. Not part of the library or the tests.
@@ -128,7 +128,7 @@ int main() {
       printf("%-34s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.2e%s\n", name, t, flops / t / 1e9, tb / t,
              err, bad ? "  WRONG" : "");
     };
-    report("library (simt 256x128x8)", [&] { return launch_sgemm_simt(p, true, true, 0); });
+    report("library pick (simt)", [&] { return launch_sgemm_simt(p, true, true, 0); });
     report("ring 256x128x16 3 stages", [&] { return ring::launch_ring<256, 128, 16, 3, 1>(p); });
     report("ring 256x128x16 4 stages", [&] { return ring::launch_ring<256, 128, 16, 4, 1>(p); });
     report("ring 256x128x8 4 stages", [&] { return ring::launch_ring<256, 128, 8, 4, 1>(p); });
