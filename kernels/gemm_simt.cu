@@ -59,6 +59,7 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) 
   // Chunk i of a thread (4 floats): `outer` along the operand's strided axis and `inner` along its
   // contiguous one, relative to the slice's corner; `inner` is the same for all of a thread's chunks.
   constexpr int A_ROW = AK ? BK / 4 : BM / 4, B_ROW = BNM ? BN / 4 : BK / 4;  // chunks per stored row
+  static_assert(kSimtThreads % A_ROW == 0 && kSimtThreads % B_ROW == 0, "a thread's chunks share `inner`");
   auto a_outer = [&](int i) { return (tid + i * kSimtThreads) / A_ROW; };
   const int a_inner = (tid % A_ROW) * 4, b_inner = (tid % B_ROW) * 4;
   auto b_outer = [&](int i) { return (tid + i * kSimtThreads) / B_ROW; };
