@@ -46,11 +46,7 @@ int main() {
         printf("\n== %d^3 %s A %s B %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", S, tf32 ? "TF32" : "FP32",
                ak ? "k-major" : "m-major", bn ? "n-major" : "k-major", tb, flops / tb / 1e9);
         auto report = [&](const char* name, const std::function<cudaError_t()>& f) {
-          CK(cudaMemset(C, 0xff, M * N * 4));
-          CK(f());
-          CK(cudaDeviceSynchronize());
-          const double err = rel_err(C, R, M * N);
-          const float t = median_ms([&] { f(); }, reps);
+          const auto [err, t] = sq.check_and_time(f, reps);
           printf("%-34s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err vs cuBLAS %.2e\n", name, t,
                  flops / t / 1e9, tb / t, err);
         };

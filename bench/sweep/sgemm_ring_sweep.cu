@@ -118,11 +118,7 @@ int main() {
     const float tb = median_ms(cublas, reps);
     printf("\n== %d^3 FP32 a, b row-major: cuBLAS %.3f ms, %.1f TFLOP/s\n", S, tb, flops / tb / 1e9);
     auto report = [&](const char* name, const std::function<cudaError_t()>& f) {
-      CK(cudaMemset(C, 0xff, M * N * 4));
-      CK(f());
-      CK(cudaDeviceSynchronize());
-      const double err = rel_err(C, R, M * N);
-      const float t = median_ms([&] { f(); }, reps);
+      const auto [err, t] = sq.check_and_time(f, reps);
       const bool bad = !(err < 1e-5);
       failures += bad;
       printf("%-34s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.2e%s\n", name, t, flops / t / 1e9, tb / t,

@@ -61,6 +61,18 @@ struct SquareF32 {
   ~SquareF32() {
     for (float* p : {A, B, C, R}) cudaFree(p);
   }
+  struct Run {
+    double err;  // max relative error of C against R (cuBLAS's result, computed first)
+    float ms;    // median time of `reps` calls
+  };
+  // One kernel under test: C poisoned, one checked call, then timed calls.
+  Run check_and_time(const std::function<cudaError_t()>& f, int reps) const {
+    CK(cudaMemset(C, 0xff, S * S * 4));
+    CK(f());
+    CK(cudaDeviceSynchronize());
+    const double err = rel_err(C, R, S * S);
+    return {err, median_ms([&] { f(); }, reps)};
+  }
   SquareF32(const SquareF32&) = delete;
   SquareF32& operator=(const SquareF32&) = delete;
 };
