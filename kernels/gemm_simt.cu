@@ -1,7 +1,7 @@
 // float32 GEMM without tensor cores ("highest" precision: true FP32 FMAs, as cuBLAS SGEMM).
 // Block tile BM x BN x BK, 256 threads in a 16 x 16 grid, each holding a (BM/16) x (BN/16) register
 // block split in two halves BM/2 rows and BN/2 columns apart, so a warp's 16-byte shared-memory reads
-// are contiguous and conflict-free. Both operands sit in shared memory k-outer (As[k][m], Bs[k][n]);
+// are contiguous and conflict-free. Both operands sit in shared memory k-outer (a[k][m], b[k][n]);
 // an operand whose contiguous axis is k is transposed on its way in. Two shared buffers and two
 // register fragments: the next k-slice is fetched into registers while the current one is
 // multiplied, and stashed, with the one barrier per slice, during the slice's last k, whose FMAs
@@ -33,6 +33,23 @@ template <int N> __device__ __forceinline__ void copy_frag(float* dst, const flo
   }
 }
 
+// acc += a b^T in the order j outer, i inner, zigzag (i runs backwards on odd j). The order decides
+// which registers ptxas gives the accumulators and which operands it can serve from its reuse cache,
+// so how many FFMAs read two registers of one bank and wait a cycle for the second (Nsight Compute's
+// "dispatch stall"). Counted in the SASS of the 128 x 128 loop (4 banks, register % 4, one reuse entry
+// per operand slot and bank), rows first had 0.19-0.35 conflicts per FFMA over the four layouts and
+// this order 0.10-0.25; cuBLAS's SGEMM has 0.07. On the H100 it took the 128 x 128 tile from 0.91-0.93x
+// cuBLAS to 0.97-0.99x at 4096^3 (bench/NOTES.md, v5).
+template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&acc)[TM][TN], const float* a, const float* b) {
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+#pragma unroll
+    for (int ii = 0; ii < TM; ++ii) {
+      const int i = j % 2 ? TM - 1 - ii : ii;
+      acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+}
+
 // Tiles up to 128 x 128 are held to 128 registers so two blocks share an SM (16 warps to hide
 // latency with); 256 x 128 needs ~250 and runs one.
 template <int BM, int BN, int BK, int MINB, bool AK, bool BNM>
@@ -45,8 +62,21 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) 
   // An operand transposed on its way in is stored with 4 floats of padding per k row: a warp's
   // scalar stores then land on 32 distinct banks instead of two-way conflicting (BK = 8).
   constexpr int APAD = AK ? 4 : 0, BPAD = BNM ? 0 : 4;
-  __shared__ __align__(16) float As[2][BK][BM + APAD];
-  __shared__ __align__(16) float Bs[2][BK][BN + BPAD];
+  // Both operands of one buffer in one struct, so a single offset (0 or kStage bytes) names the
+  // buffer for every shared address of a thread, toggled once per slice; the v4 loop recomputed each
+  // address from the buffer index, ~17 instructions per slice at the 128-register cap.
+  struct Stage {
+    float a[BK][BM + APAD];
+    float b[BK][BN + BPAD];
+  };
+  __shared__ __align__(16) Stage sm[2];
+  constexpr int kStage = sizeof(Stage);  // bytes between the buffers
+  // `p` moved on by `bytes`: the buffer offset is kept in bytes, so no shift per use.
+  auto at = [](auto* p, int bytes) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    using C = std::conditional_t<std::is_const_v<T>, const char, char>;
+    return reinterpret_cast<T*>(reinterpret_cast<C*>(p) + bytes);
+  };
 
   const float* A = static_cast<const float*>(p.a);
   const float* B = static_cast<const float*>(p.b);
@@ -99,29 +129,36 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) 
     for (int i = 0; i < B_LOADS; ++i)
       rb[i] = *reinterpret_cast<const float4*>(pb + int64_t{b_outer(i) - b_outer(0)} * p.ldb);
   };
-  auto stash = [&](int buf) {
+  // The thread's shared addresses in buffer 0; buffer 1 is kStage bytes on.
+  float* const a_st = AK ? &sm[0].a[a_inner][a_outer(0)] : &sm[0].a[a_outer(0)][a_inner];
+  float* const b_st = BNM ? &sm[0].b[b_outer(0)][b_inner] : &sm[0].b[b_inner][b_outer(0)];
+  const float* const a_rd = &sm[0].a[0][ty * TM / 2];
+  const float* const b_rd = &sm[0].b[0][tx * TN / 2];
+  auto stash = [&](int off) {
+    float* sa = at(a_st, off);
+    float* sb = at(b_st, off);
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i) {
       if constexpr (AK) {
-        const int r = a_outer(i);
-        As[buf][a_inner + 0][r] = ra[i].x;
-        As[buf][a_inner + 1][r] = ra[i].y;
-        As[buf][a_inner + 2][r] = ra[i].z;
-        As[buf][a_inner + 3][r] = ra[i].w;
+        float* s = sa + (a_outer(i) - a_outer(0));
+        s[0 * (BM + APAD)] = ra[i].x;
+        s[1 * (BM + APAD)] = ra[i].y;
+        s[2 * (BM + APAD)] = ra[i].z;
+        s[3 * (BM + APAD)] = ra[i].w;
       } else {
-        *reinterpret_cast<float4*>(&As[buf][a_outer(i)][a_inner]) = ra[i];
+        *reinterpret_cast<float4*>(sa + (a_outer(i) - a_outer(0)) * (BM + APAD)) = ra[i];
       }
     }
 #pragma unroll
     for (int i = 0; i < B_LOADS; ++i) {
       if constexpr (BNM) {
-        *reinterpret_cast<float4*>(&Bs[buf][b_outer(i)][b_inner]) = rb[i];
+        *reinterpret_cast<float4*>(sb + (b_outer(i) - b_outer(0)) * (BN + BPAD)) = rb[i];
       } else {
-        const int r = b_outer(i);
-        Bs[buf][b_inner + 0][r] = rb[i].x;
-        Bs[buf][b_inner + 1][r] = rb[i].y;
-        Bs[buf][b_inner + 2][r] = rb[i].z;
-        Bs[buf][b_inner + 3][r] = rb[i].w;
+        float* s = sb + (b_outer(i) - b_outer(0));
+        s[0 * (BN + BPAD)] = rb[i].x;
+        s[1 * (BN + BPAD)] = rb[i].y;
+        s[2 * (BN + BPAD)] = rb[i].z;
+        s[3 * (BN + BPAD)] = rb[i].w;
       }
     }
   };
@@ -132,51 +169,59 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) 
   else fetch_edge(0);
   stash(0);
   __syncthreads();
-  int buf = 0;
+  int off = 0;  // the buffer being multiplied: byte offset 0 or kStage
   // Fragments double-buffered in registers across the slice boundary. The v3 loop loaded each k's
   // fragments at that k and passed the barrier between slices: its SASS had every warp stalled at
   // the stash, the barrier and the first shared loads after it at the same time (bench/NOTES.md).
   float fa[2][TM], fb[2][TN];
-  auto load_frag = [&](int s, int bf, int kk) {
+  auto load_frag = [&](int s, int o, int kk) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      copy_frag<TM / 2>(fa[s] + h * TM / 2, &As[bf][kk][h * BM / 2 + ty * TM / 2]);
-      copy_frag<TN / 2>(fb[s] + h * TN / 2, &Bs[bf][kk][h * BN / 2 + tx * TN / 2]);
+      copy_frag<TM / 2>(fa[s] + h * TM / 2, at(a_rd, o) + kk * (BM + APAD) + h * BM / 2);
+      copy_frag<TN / 2>(fb[s] + h * TN / 2, at(b_rd, o) + kk * (BN + BPAD) + h * BN / 2);
     }
   };
   load_frag(0, 0, 0);
-  // One slice computed from shared buffer `cur`; fetch_next loads the next slice into registers.
+  // One slice computed from the buffer at `cur`; fetch_next loads the next slice into registers.
   // kMore: a next slice exists (known at compile time in the main loops, which then have no branch
   // for ptxas to schedule around).
   auto slice = [&](auto fetch_next, auto more_tag, bool more, int cur) {
     constexpr bool kMore = decltype(more_tag)::value;
+    const int nxt = cur ^ kStage;
     if (kMore || more) fetch_next();
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       if (kk == BK - 1 && (kMore || more)) {
-        stash(cur ^ 1);
+        stash(nxt);
         __syncthreads();
       }
-      if (kk < BK - 1 || kMore || more) load_frag((kk + 1) % 2, kk == BK - 1 ? cur ^ 1 : cur, (kk + 1) % BK);
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(fa[kk % 2][i], fb[kk % 2][j], acc[i][j]);
+      if (kk < BK - 1 || kMore || more) load_frag((kk + 1) % 2, kk == BK - 1 ? nxt : cur, (kk + 1) % BK);
+      outer_product(acc, fa[kk % 2], fb[kk % 2]);
     }
   };
   int64_t k0 = 0;
   if (inside) {
-    // One slice per trip: two (shared buffers as compile-time constants) made the loop body twice
-    // as long and ran 2 % slower on the H100.
-    for (; k0 + 2 * BK <= p.k; k0 += BK) {
-      slice([&] { fetch_full(a_base + (k0 + BK) * a_kstep, b_base + (k0 + BK) * b_kstep); }, std::true_type{}, true, buf);
-      buf ^= 1;
+    // Pointers advanced by a slice per trip, and the trip count held in A's pointer, rather than
+    // addresses recomputed from a 64-bit k0 (a multiply by the leading stride, its moves and a
+    // 64-bit compare, every slice). One slice per trip: two (shared buffers as compile-time
+    // constants) made the loop body twice as long and ran 2 % slower on the H100.
+    const int64_t trips = p.k / BK - 1;  // full slices that have a next slice
+    const int64_t a_step = BK * a_kstep, b_step = BK * b_kstep;  // a_step != 0: launch_sgemm_simt
+    const float* pa = a_base;
+    const float* pb = b_base;
+    const float* const pa_end = a_base + (trips > 0 ? trips : 0) * a_step;
+    while (pa != pa_end) {
+      pa += a_step;
+      pb += b_step;
+      slice([&] { fetch_full(pa, pb); }, std::true_type{}, true, off);
+      off ^= kStage;
     }
+    if (trips > 0) k0 = trips * BK;
   }
   for (; k0 < p.k; k0 += BK) {
     const bool more = k0 + BK < p.k;
-    slice([&] { fetch_edge(k0 + BK); }, std::false_type{}, more, buf);
-    if (more) buf ^= 1;
+    slice([&] { fetch_edge(k0 + BK); }, std::false_type{}, more, off);
+    if (more) off ^= kStage;
   }
 
 #pragma unroll
@@ -205,6 +250,9 @@ cudaError_t launch_simt_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor,
 }  // namespace
 
 cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
+  // The main loop counts its slices by A's pointer, which an m-major A of leading stride 0 (a column
+  // broadcast along k, `x.expand(m, k)`) never moves: that one goes to the general kernel.
+  if (!a_kmajor && p.lda == 0 && p.k > 1) return cudaErrorNotSupported;
   // Measured on the H100 (bench/sweep/gemm_lib_sweep.cu, NOTES.md): 128 x 128 (two blocks per SM,
   // 16 warps) is fastest from 2048^3 up, ahead of 256 x 128 (one block, 8 warps) by 1-2 %; 64 x 64
   // at 1024^3 and below, where larger tiles leave SMs idle.

@@ -483,6 +483,33 @@ def test_gemm_cuda_cut_chunks_stay_in_bounds(dtype, precision, mkn, layout_a, la
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "highest"), (torch.float32, "high"),
+                                             (torch.bfloat16, "highest"), (torch.float16, "highest")], ids=str)
+@pytest.mark.parametrize("mkn", [(300, 260, 520), (2048, 40, 2052)], ids=str)
+@pytest.mark.parametrize("broadcast", ["a", "b", "both"])
+def test_gemm_cuda_broadcast_operands(dtype, precision, mkn, broadcast):
+    """Expanded operands: a column of a broadcast along k (strides (1, 0)) and a row of b broadcast
+    along k (strides (0, 1)) have leading stride 0, which the fast kernels' layout rule accepts; every
+    slice of k must still be read (the float32 SIMT loop counts its slices by A's pointer)."""
+    m, k, n = mkn
+    a = make((m, 1), dtype, "cuda").expand(m, k) if broadcast != "b" else make((m, k), dtype, "cuda")
+    b = make((1, n), dtype, "cuda").expand(k, n) if broadcast != "a" else make((k, n), dtype, "cuda")
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    tol = HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        out = ops.mm(a, b)
+        c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        ops.gemm(c, a, b, -1.5, 0.0)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
+
+
+@requires_cuda
 def test_gemm_float32_highest_k4096_within_1e_5():
     a, b = torch.randn(512, 4096, device="cuda"), torch.randn(4096, 512, device="cuda")
     for x, y in [(a, b), (a.t().contiguous().t(), b), (a, b.t().contiguous().t())]:
