@@ -1,4 +1,5 @@
 """Correctness of every op against a float64 reference: devices x dtypes x shapes x layouts."""
+import contextlib
 import os
 
 import pytest
@@ -244,17 +245,13 @@ def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, lay
     ref = a.double() @ b.double()
     scale = a.double().abs() @ b.double().abs()
     c0 = make((m, n), torch.float32, "cuda", layout_c)
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
+    with matmul_precision(precision):
         out = ops.mm(a, b)
         c = torch.full_like(c0, float("nan"))  # keeps c0's layout: NaN must not leak with beta = 0
         ops.gemm(c, a, b, -1.5, 0.0)
         cb = c0.clone()
         ops.gemm(cb, a, b, 0.5, -2.0)
         torch_err = rel_error(torch.mm(a, b), ref, scale)
-    finally:
-        torch.set_float32_matmul_precision(old)
     errs = [rel_error(out, ref, scale), rel_error(c, -1.5 * ref, 1.5 * scale),
             rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs())]
     if precision == "highest":
@@ -283,6 +280,22 @@ HALF_SHAPES = FAST_SHAPES + [(4096, 1024, 2048)]
 # float32 accumulation and one rounding of each result: the error is at most the dtype's unit
 # roundoff (2^-8 bfloat16, 2^-11 float16) of |result| <= |a| @ |b|, plus float32 accumulation.
 HALF_TOL = {torch.bfloat16: 2.0 ** -8 + 1e-5, torch.float16: 2.0 ** -11 + 1e-5}
+
+
+def fast_kernel_tol(dtype, precision):
+    """Error bound of a fast kernel's product: the half types' rounding, TF32's, or float32's."""
+    return HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
+
+
+@contextlib.contextmanager
+def matmul_precision(precision):
+    """torch.set_float32_matmul_precision for the block only (the ops read it at each call)."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 @requires_cuda
@@ -338,16 +351,12 @@ def test_gemm_kernel_choice(dtype, precision, layout_a, layout_b):
     """The fast path is the one taken: the wgmma kernel on Hopper (float32 TF32 too, after k-major
     copies of operands in other layouts), the portable tensor-core kernels elsewhere."""
     a, b = make((512, 256), dtype, "cuda", layout_a), make((256, 384), dtype, "cuda", layout_b)
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
+    with matmul_precision(precision):
         names = cuda_kernel_names(lambda: ops.mm(a, b))
         out = ops.mm(a, b)
-    finally:
-        torch.set_float32_matmul_precision(old)
     expected = expected_gemm_kernel(dtype, precision)
     assert any(expected in n for n in names), (expected, names)
-    tol = HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
+    tol = fast_kernel_tol(dtype, precision)
     assert rel_error(out, a.double() @ b.double(), a.double().abs() @ b.double().abs()) <= tol
 
 
@@ -387,13 +396,9 @@ def test_gemm_tf32_copies_only_what_wgmma_cannot_read(layout_a, layout_b, rows):
         b = torch.randn(k, n + 42 + pad, device="cuda")[:, :n]  # [k, n], row-major, ld 332 (333)
     else:
         b = torch.randn(n, k + 7 + pad, device="cuda")[:, :k].t()  # [k, n], unit row stride, ld 340 (341)
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
+    with matmul_precision("high"):
         out = ops.mm(a, b)  # first: the profiler may name a kernel loaded during the profiled call INVALID
         names = cuda_kernel_names(lambda: ops.mm(a, b))
-    finally:
-        torch.set_float32_matmul_precision(old)
     if rows == "16-byte rows":
         transposes = [k_ for k_ in names if "transpose_f32" in k_]
         copied = wgmma_runs_here() and layout_a == "transposed" and layout_b == "contiguous"
@@ -413,16 +418,12 @@ def odd_strides_products(dtype, precision):
     m, k, n = 257, 333, 259
     a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
     c0 = torch.randn(m, n, device="cuda", dtype=dtype)
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
+    with matmul_precision(precision):
         out = ops.mm(a, b)
         c = c0.clone()
         ops.gemm(c, a, b, 0.5, -2.0)
-    finally:
-        torch.set_float32_matmul_precision(old)
     ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
-    tol = HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
+    tol = fast_kernel_tol(dtype, precision)
     assert rel_error(out, ref, scale) <= tol
     assert rel_error(c, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
 
@@ -468,16 +469,12 @@ def test_gemm_cuda_cut_chunks_stay_in_bounds(dtype, precision, mkn, layout_a, la
     b = tight_rows(k, n, dtype) if layout_b == "rows" else tight_rows(n, k, dtype).t()
     ref = a.double() @ b.double()
     scale = a.double().abs() @ b.double().abs()
-    tol = HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
+    tol = fast_kernel_tol(dtype, precision)
+    with matmul_precision(precision):
         out = ops.mm(a, b)
         c = tight_rows(m, n, dtype)
         c0 = c.clone()
         ops.gemm(c, a, b, 0.5, -2.0)
-    finally:
-        torch.set_float32_matmul_precision(old)
     assert rel_error(out, ref, scale) <= tol
     assert rel_error(c, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
 
@@ -496,15 +493,11 @@ def test_gemm_cuda_broadcast_operands(dtype, precision, mkn, broadcast):
     b = make((1, n), dtype, "cuda").expand(k, n) if broadcast != "a" else make((k, n), dtype, "cuda")
     ref = a.double() @ b.double()
     scale = a.double().abs() @ b.double().abs()
-    tol = HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
+    tol = fast_kernel_tol(dtype, precision)
+    with matmul_precision(precision):
         out = ops.mm(a, b)
         c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         ops.gemm(c, a, b, -1.5, 0.0)
-    finally:
-        torch.set_float32_matmul_precision(old)
     assert rel_error(out, ref, scale) <= tol
     assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
 
