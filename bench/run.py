@@ -15,6 +15,10 @@ Protocol
   call, with the L2 cache flushed before every call. The rep budget is raised so that at least 20 calls
   are timed. Without Triton: CUDA events around batches of >= 3 back-to-back calls (>= 1 ms a batch),
   median of 25 batches.
+* GEMM rows time baseline and cuops in rounds of alternating order (B C, C B, ...), each side the
+  median of its timings: 2 rounds (B C C B), or 12 for rows of at least 4096^3 multiply-adds
+  (STEADY_MNK). There the H100 runs at its 700 W cap; one timing of a kernel moved by up to 6 %
+  against the next, while the ratio of 12-round medians moved by 0.3 % over three runs (NOTES.md).
 * Memory-bound rows (copy, elementwise, norm) also record that batched figure with Triton present
   ("steady_ms", "steady_fraction"; baselines "steady_ms", "steady_ratio"; copy rows "steady_GBps"):
   the two timers disagree by up to ~2.5 % on the same kernel (do_bench's flush leaves ~50 MB of dirty
@@ -98,6 +102,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 WARMUP_MS = 25
 REP_MS = 100
+# Large GEMMs run at the board's power cap, and the clock the power controller allows moves on a scale
+# of a second: single do_bench medians of one kernel at 8192^3 moved by up to 6 % between neighbouring
+# timings, and so did the ratio of one baseline-cuops pair (bench/NOTES.md). Rows with M*N*K at least
+# STEADY_MNK alternate baseline and cuops for STEADY_ROUNDS rounds and take each side's median; the
+# smaller rows keep two rounds (B C C B).
+STEADY_MNK = 4096**3
+STEADY_ROUNDS = 12
 MIN_REPS = 20
 CAP_MS = 2000.0          # most time spent timing one slow function (the naive GEMM at 4096+)
 MIN_SLOW_REPS = 3
@@ -463,22 +474,23 @@ def gemm_section(cfg, rows: list) -> None:
                             r.update(status="skipped", skip_reason=(
                                 f"one cuops call at 4096^3 took {slow_4096_ms:.0f} ms > {GEMM_SKIP_8192_MS:.0f} ms"))
                             return
-                        # Order A B B A: at the large sizes the GPU runs at its power limit and its
-                        # clock drifts while a row is measured (cuBLAS alone read 1.59 and 1.68 ms at
-                        # 8192^3 in consecutive rows); timing the baseline always first tilted every
-                        # ratio by that drift. Each side is the mean of its two medians.
-                        b1 = measure(base[3])
-                        t1 = measure(cuops_fn)
-                        t2 = measure(cuops_fn)
-                        b2 = measure(base[3])
-                        base_ms, ms = (b1.ms + b2.ms) / 2, (t1.ms + t2.ms) / 2
-                        cublas = {"label": base[1], "call": base[2], "ms": base_ms, "runs_ms": [b1.ms, b2.ms],
-                                  "reps": b1.reps + b2.reps, "TFLOPs": r["flops"] / base_ms / 1e9,
+                        # Rounds of (baseline, cuops), the order flipped every round (B C C B ...), so
+                        # drift in the clock under the power cap falls on both sides alike.
+                        rounds = STEADY_ROUNDS if M * N * K >= STEADY_MNK else 2
+                        bs, ts = [], []
+                        for i in range(rounds):
+                            for side in ((bs, base[3]), (ts, cuops_fn))[:: 1 if i % 2 == 0 else -1]:
+                                side[0].append(measure(side[1]))
+                        base_ms = statistics.median(b.ms for b in bs)
+                        ms = statistics.median(t.ms for t in ts)
+                        cublas = {"label": base[1], "call": base[2], "ms": base_ms, "runs_ms": [b.ms for b in bs],
+                                  "reps": sum(b.reps for b in bs), "TFLOPs": r["flops"] / base_ms / 1e9,
                                   "ratio": base_ms / ms}
                         r["baselines"] = {"cublas": cublas}
-                        r.update(status="ok", cuops_ms=ms, cuops_runs_ms=[t1.ms, t2.ms], cuops_reps=t1.reps + t2.reps,
-                                 timer=t1.method + ", order baseline-cuops-cuops-baseline",
-                                 single_ms=t1.single_ms, cuops_TFLOPs=r["flops"] / ms / 1e9,
+                        r.update(status="ok", cuops_ms=ms, cuops_runs_ms=[t.ms for t in ts],
+                                 cuops_reps=sum(t.reps for t in ts),
+                                 timer=ts[0].method + f", median of {rounds} rounds, baseline and cuops alternating",
+                                 single_ms=ts[0].single_ms, cuops_TFLOPs=r["flops"] / ms / 1e9,
                                  ratio=cublas["ratio"], fraction=cublas["ratio"])
 
                     guarded(rows, row, work)

@@ -2,9 +2,12 @@
 // correctness of every layout on odd shapes with alpha/beta, then speed of both tile widths. Not part
 // of the library or the tests.
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DCUOPS_WGMMA_BUILD=1 -Iinclude -Ikernels \
-//        bench/sweep/wgmma_lib_sweep.cu -lcublas -o wl && ./wl [quick]
+//        bench/sweep/wgmma_lib_sweep.cu -lcublas -ldl -o wl && ./wl [quick | tf32 | big | power [M N K rounds secs]]
 #include <cublas_v2.h>
 
+#include <dlfcn.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -126,6 +129,123 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   report("wgmma 128x256, pairs", [&] { return launch_gemm_wgmma_tile<T, 256, 2>(p, ak, bn, 0); });
 }
 
+// The board's energy counter (mJ) and SM clock through NVML, opened at run time (the toolkit here
+// has no nvml.h): enough to compare kernels by energy per call under the power cap.
+struct Nvml {
+  using Init = int (*)();
+  using Handle = int (*)(unsigned, void**);
+  using Energy = int (*)(void*, unsigned long long*);
+  using Clock = int (*)(void*, int, unsigned*);
+  Energy energy = nullptr;
+  Clock clock = nullptr;
+  void* dev = nullptr;
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib == nullptr) return;
+    auto init = reinterpret_cast<Init>(dlsym(lib, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<Handle>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    energy = reinterpret_cast<Energy>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    clock = reinterpret_cast<Clock>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    if (init == nullptr || handle == nullptr || clock == nullptr || init() != 0 || handle(0, &dev) != 0) energy = nullptr;
+  }
+  unsigned long long mj() const {
+    unsigned long long e = 0;
+    if (energy != nullptr) energy(dev, &e);
+    return e;
+  }
+  unsigned sm_mhz() const {
+    unsigned c = 0;
+    if (energy != nullptr) clock(dev, 1 /* NVML_CLOCK_SM */, &c);
+    return c;
+  }
+};
+
+// One kernel back to back for `secs` (after 1 s of warm-up): time per call (events around batches of
+// 10, or around each call when an L2 flush runs before it), energy per call from the board counter,
+// mean SM clock. Steady state under the 700 W cap, where a faster kernel must use less energy.
+void steady(const Nvml& nv, const char* name, double flops, const std::function<void()>& f, void* flush,
+            double secs) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  using clk = std::chrono::steady_clock;
+  auto run_for = [&](double s, double* gpu_ms, int* calls, double* mhz) {
+    const auto t0 = clk::now();
+    int n = 0, samples = 0;
+    double ms_sum = 0, mhz_sum = 0;
+    while (std::chrono::duration<double>(clk::now() - t0).count() < s) {
+      for (int i = 0; i < 10; ++i) {
+        if (flush) CK(cudaMemsetAsync(flush, i, 256u << 20));
+        if (flush || i == 0) CK(cudaEventRecord(e0));
+        f();
+        if (flush || i == 9) {
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          ms_sum += ms;
+        }
+      }
+      n += 10;
+      mhz_sum += nv.sm_mhz();
+      ++samples;
+    }
+    if (gpu_ms) *gpu_ms = ms_sum;
+    if (calls) *calls = n;
+    if (mhz) *mhz = samples ? mhz_sum / samples : 0;
+  };
+  run_for(1.0, nullptr, nullptr, nullptr);
+  CK(cudaDeviceSynchronize());
+  const unsigned long long j0 = nv.mj();
+  const auto t0 = clk::now();
+  double ms = 0, mhz = 0;
+  int calls = 0;
+  run_for(secs, &ms, &calls, &mhz);
+  CK(cudaDeviceSynchronize());
+  const double wall = std::chrono::duration<double>(clk::now() - t0).count();
+  const double joules = (nv.mj() - j0) / 1000.0;
+  printf("%-26s flush=%d %7.3f ms/call %6.1f TFLOP/s  %5.0f W  %6.1f mJ/call  SM %4.0f MHz  (%d calls)\n", name,
+         flush != nullptr, ms / calls, flops / (ms / calls) / 1e9, joules / wall, 1000 * joules / calls, mhz, calls);
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+}
+
+// Steady-state time and energy per call of the library's 128 x 256 pairs beside cuBLAS (bf16, row-major a
+// and b; NOTES.md "energy sweep" has the variants tried with it), alternating so that drift in
+// temperature falls on both.
+void power(cublasHandle_t h, int64_t M, int64_t N, int64_t K, int rounds, double secs) {
+  const Nvml nv;
+  if (nv.energy == nullptr) printf("NVML energy counter not available: energy columns are 0\n");
+  Case<__nv_bfloat16> c(M, N, K, true, true);
+  printf("\n== steady state, bf16 %ld x %ld x %ld\n", (long)M, (long)N, (long)K);
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, 256u << 20));
+  const double flops = 2.0 * M * N * K;
+  const GemmProblem p = c.problem(1.f, 0.f);
+  struct V {
+    const char* name;
+    std::function<void()> f;
+  };
+  const V vs[] = {
+      {"cuBLAS", [&] { c.cublas(h, 1.f, 0.f); }},
+      {"wgmma 128x256 pairs", [&] { CK((launch_gemm_wgmma_tile<__nv_bfloat16, 256, 2>(p, true, true, 0))); }},
+  };
+  c.cublas(h, 1.f, 0.f);  // the reference, in c.R
+  for (const V& v : vs) {  // each of ours against it first
+    if (&v == &vs[0]) continue;
+    CK(cudaMemset(c.C, 0xff, M * N * 2));
+    v.f();
+    CK(cudaDeviceSynchronize());
+    const double err = rel_err(c.C, c.R, M * N);
+    printf("check %-22s max rel err %.2e%s\n", v.name, err, err < 2e-2 ? "" : "  WRONG");
+    failures += !(err < 2e-2);
+  }
+  for (int r = 0; r < rounds; ++r)
+    for (void* fl : {static_cast<void*>(nullptr), flush})
+      for (const V& v : vs) steady(nv, v.name, flops, v.f, fl, secs);
+  CK(cudaFree(flush));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +270,13 @@ int main(int argc, char** argv) {
       speed<float>(h, S, true, true, S >= 4096);
       speed<float>(h, S, false, false, false);
     }
+    printf("\n%d failures\n", failures);
+    return failures != 0;
+  }
+  if (argc > 1 && !strcmp(argv[1], "power")) {  // steady state: time and energy per call
+    // power M N K rounds secs
+    auto arg = [&](int i, double d) { return argc > i ? atof(argv[i]) : d; };
+    power(h, int64_t(arg(2, 8192)), int64_t(arg(3, 8192)), int64_t(arg(4, 8192)), int(arg(5, 2)), arg(6, 2.5));
     printf("\n%d failures\n", failures);
     return failures != 0;
   }
