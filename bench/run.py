@@ -18,7 +18,7 @@ Protocol
 * GEMM rows time baseline and cuops in rounds of alternating order (B C, C B, ...), each side the
   median of its timings: 2 rounds (B C C B), or 12 for rows of at least 4096^3 multiply-adds
   (STEADY_MNK). There the H100 runs at its 700 W cap; one timing of a kernel moved by up to 6 %
-  against the next, while the ratio of 12-round medians moved by 0.3 % over three runs (NOTES.md).
+  against the next; the ratio of 12-round medians of one row moved by 0.3-1 % over three full runs (NOTES.md).
 * Memory-bound rows (copy, elementwise, norm) also record that batched figure with Triton present
   ("steady_ms", "steady_fraction"; baselines "steady_ms", "steady_ratio"; copy rows "steady_GBps"):
   the two timers disagree by up to ~2.5 % on the same kernel (do_bench's flush leaves ~50 MB of dirty
