@@ -102,11 +102,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 WARMUP_MS = 25
 REP_MS = 100
-# Large GEMMs run at the board's power cap, and the clock the power controller allows moves on a scale
-# of a second: single do_bench medians of one kernel at 8192^3 moved by up to 6 % between neighbouring
-# timings, and so did the ratio of one baseline-cuops pair (bench/NOTES.md). Rows with M*N*K at least
-# STEADY_MNK alternate baseline and cuops for STEADY_ROUNDS rounds and take each side's median; the
-# smaller rows keep two rounds (B C C B).
+# GEMM rows with M*N*K at least this run STEADY_ROUNDS rounds (the protocol note above says why).
 STEADY_MNK = 4096**3
 STEADY_ROUNDS = 12
 MIN_REPS = 20
@@ -478,9 +474,10 @@ def gemm_section(cfg, rows: list) -> None:
                         # drift in the clock under the power cap falls on both sides alike.
                         rounds = STEADY_ROUNDS if M * N * K >= STEADY_MNK else 2
                         bs, ts = [], []
+                        sides = [(bs, base[3]), (ts, cuops_fn)]
                         for i in range(rounds):
-                            for side in ((bs, base[3]), (ts, cuops_fn))[:: 1 if i % 2 == 0 else -1]:
-                                side[0].append(measure(side[1]))
+                            for times, fn in (sides if i % 2 == 0 else sides[::-1]):
+                                times.append(measure(fn))
                         base_ms = statistics.median(b.ms for b in bs)
                         ms = statistics.median(t.ms for t in ts)
                         cublas = {"label": base[1], "call": base[2], "ms": base_ms, "runs_ms": [b.ms for b in bs],
