@@ -101,6 +101,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   unsigned char* c_tile = base + kStages * Cfg::kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
   uint64_t* empty = full + kStages;
+  // The same as shared-memory addresses: the loops below use these (with constant offsets per
+  // stage) rather than convert generic pointers on every k-tile.
+  const uint32_t base_s = smem_addr(base), full_s = smem_addr(full), empty_s = smem_addr(empty);
   // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM, tiles_n = (p.n + BN - 1) / BN;
@@ -125,33 +128,34 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      uint32_t it = 0;  // k-tiles issued so far, over all of this block's tiles: the ring position
+      // Ring position over all of this block's tiles: stage s, in its phase-th use (mod 2). The
+      // empty barriers are waited on with the parity of the use before: for a fresh barrier that
+      // preceding phase counts as complete, so the first kStages waits return at once.
+      uint32_t s = 0, phase = 0;
       for (int64_t unit = first_unit; unit < units; unit += unit_step) {
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
         const int row0 = static_cast<int>((um * kCM + rank) * kWgBM), col0 = static_cast<int>(tn * BN);
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-          const int s = static_cast<int>(it % kStages);
-          if (it >= kStages) wg::mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
-          unsigned char* sa = base + s * Cfg::kStageBytes;
-          unsigned char* sb = sa + Cfg::kABytes;
-          wg::mbar_expect_tx(&full[s], Cfg::kStageBytes);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          wg::mbar_wait(empty_s + 8 * s, phase ^ 1);
+          const uint32_t sa = base_s + s * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * s;
+          wg::mbar_expect_tx(bar, Cfg::kStageBytes);
           const int k0 = kt * kBK;
           if constexpr (AK) {
-            wg::tma_load(sa, &map_a, k0, row0, &full[s]);
+            wg::tma_load(sa, &map_a, k0, row0, bar);
           } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
 #pragma unroll
-            for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, &full[s]);
+            for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
           } else {  // boxes of 64 m x 64 k, one per consumer
-            wg::tma_load(sa, &map_a, row0, k0, &full[s]);
-            wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, &full[s]);
+            wg::tma_load(sa, &map_a, row0, k0, bar);
+            wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, bar);
           }
           // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
-          auto load_b = [&](unsigned char* dst, int c0, int c1) {
+          auto load_b = [&](uint32_t dst, int c0, int c1) {
             if constexpr (kCM == 1) {
-              wg::tma_load(dst, &map_b, c0, c1, &full[s]);
+              wg::tma_load(dst, &map_b, c0, c1, bar);
             } else {
-              wg::tma_load_multicast(dst, &map_b, c0, c1, &full[s], (1u << kCM) - 1);
+              wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
             }
           };
           if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
@@ -165,25 +169,41 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             const int first = static_cast<int>(rank) * (BN / kCM);
             load_b(sb + first * 128, k0, col0 + first);
           }
+          if (++s == kStages) s = 0, phase ^= 1;
         }
       }
     }
   } else {
     wg::setmaxnreg_inc<kConsumerRegs>();
-    const int cw = threadIdx.x / 128 - 1;  // this consumer's 64 rows of the block tile
+    // This consumer's 64 rows of the block tile. Read through a shuffle from lane 0 so the compiler
+    // knows it is warp-uniform and keeps the descriptors built from it in uniform registers.
+    const int cw = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0) - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    uint32_t it = 0;
-    // Hands stage s back: to this CTA's producer and, in a pair, to the peer's, whose multicast
+    uint32_t it = 0;  // the register-A path's ring position (k-tiles consumed so far)
+    uint32_t stage = 0, phase = 0;  // the other paths': the ring stage and the parity of its current use
+    // Hands stage st back: to this CTA's producer and, in a pair, to the peer's, whose multicast
     // also writes this CTA's copy of the stage.
-    auto release = [&](uint32_t s) {
+    uint32_t empty_r[kCM];  // empty_s in each CTA of the cluster
+#pragma unroll
+    for (int r = 0; r < kCM; ++r) empty_r[r] = kCM == 1 ? empty_s : wg::map_cluster(empty_s, r);
+    auto release = [&](uint32_t st) {
       if (tid != 0) return;
       if constexpr (kCM == 1) {
-        wg::mbar_arrive(&empty[s]);
+        wg::mbar_arrive(empty_s + 8 * st);
       } else {
 #pragma unroll
-        for (int r = 0; r < kCM; ++r) wg::mbar_arrive_cluster(&empty[s], r);
+        for (int r = 0; r < kCM; ++r) wg::mbar_arrive_cluster(empty_r[r] + 8 * st);
       }
     };
+    // Descriptors of this consumer's A and of B in stage 0 at k-step 0; a stage and a k-step are
+    // constant additions to their low words (make_desc: no carry out of the address field), and
+    // the high words are constants.
+    const uint64_t da0 =
+        AK ? wg::make_desc(base_s + cw * 8192, 16, 1024) : wg::make_desc(base_s + cw * 8192, 8192, 1024);
+    const uint64_t db0 = BNM ? wg::make_desc(base_s + Cfg::kABytes, 8192, 1024)
+                             : wg::make_desc(base_s + Cfg::kABytes, 16, 1024);
+    const uint32_t da_lo = static_cast<uint32_t>(da0), db_lo = static_cast<uint32_t>(db0);
+    const uint64_t da_hi = da0 & ~uint64_t{0xFFFFFFFF}, db_hi = db0 & ~uint64_t{0xFFFFFFFF};
     for (int64_t unit = first_unit; unit < units; unit += unit_step) {
       int64_t um, tn;
       tile_coords<8>(unit, units_m, tiles_n, um, tn);
@@ -240,31 +260,33 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         wg::wait<0>();
         wg::keep(fr0);
         wg::keep(fr1);
+        if (ktiles > 0) release((it - 1) % kStages);
       } else {
-      for (int kt = 0; kt < ktiles; ++kt, ++it) {
-        const int s = static_cast<int>(it % kStages);
-        wg::mbar_wait(&full[s], (it / kStages) & 1);
-        const unsigned char* sa = base + s * Cfg::kStageBytes + cw * 8192;
-        const unsigned char* sb = base + s * Cfg::kStageBytes + Cfg::kABytes;
-        wg::fence();
+        uint32_t prev = 0;  // the stage of the group before
+        for (int kt = 0; kt < ktiles; ++kt) {
+          wg::mbar_wait(full_s + 8 * stage, phase);
+          const uint32_t so = stage * (Cfg::kStageBytes / 16);
+          wg::fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          // One instruction k-step is 32 bytes of k: 32 bytes along a k-major row (the swizzle is
-          // applied by the hardware on the address), 16 rows of 128 bytes in an m/n-major box.
-          // m/n-major: 64-element core-matrix columns 8 KiB apart (the boxes), 8-row groups 1 KiB.
-          const uint64_t da = AK ? wg::make_desc(sa + kk * 32, 16, 1024) : wg::make_desc(sa + kk * 2048, 8192, 1024);
-          const uint64_t db = BNM ? wg::make_desc(sb + kk * 2048, 8192, 1024) : wg::make_desc(sb + kk * 32, 16, 1024);
-          wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da, db);
+          for (int kk = 0; kk < 4; ++kk) {
+            // One instruction k-step is 32 bytes of k: 32 bytes along a k-major row (the swizzle is
+            // applied by the hardware on the address), 16 rows of 128 bytes in an m/n-major box.
+            // m/n-major: 64-element core-matrix columns 8 KiB apart (the boxes), 8-row groups 1 KiB.
+            constexpr uint32_t kStepA = AK ? 32 / 16 : 2048 / 16, kStepB = BNM ? 2048 / 16 : 32 / 16;
+            wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da_hi | (da_lo + so + kk * kStepA),
+                                                    db_hi | (db_lo + so + kk * kStepB));
+          }
+          wg::commit();
+          // The group before this one is done: its stage goes back to the producer. One group stays
+          // in flight so the tensor cores never wait on this thread.
+          wg::wait<1>();
+          if (kt > 0) release(prev);
+          prev = stage;
+          if (++stage == kStages) stage = 0, phase ^= 1;
         }
-        wg::commit();
-        // The group before this one is done: its stage goes back to the producer. One group stays
-        // in flight so the tensor cores never wait on this thread.
-        wg::wait<1>();
-        if (kt > 0) release((it - 1) % kStages);
+        wg::wait<0>();
+        if (ktiles > 0) release(prev);
       }
-      }
-      wg::wait<0>();
-      if (ktiles > 0) release((it - 1) % kStages);
 
       // Accumulator fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are
       // (row lane / 4, columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower.

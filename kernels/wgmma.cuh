@@ -17,22 +17,23 @@ using detail::mbar_wait;
 
 // 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
 // Parts of the box outside the tensor arrive as zeros (and still count their bytes).
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+// dst, bar: shared-memory addresses.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
 
 // The same load, multicast: the box lands at the same shared-memory offset in every CTA of the
 // cluster named in `mask`, each completing its bytes on its own barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
                                                    uint16_t mask) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(mask)
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
       : "memory");
 }
 
@@ -60,13 +61,16 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
-// Arrives on the barrier at `bar`'s offset in CTA `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
-      "r"(rank)
-      : "memory");
+// The shared::cluster address of shared-memory address `addr` in CTA `rank` of the cluster. Addresses
+// of one CTA's window are contiguous there too, so an offset may be added to the result.
+__device__ __forceinline__ uint32_t map_cluster(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Arrives on the barrier at shared::cluster address `bar` (from map_cluster).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // All threads of all CTAs of the cluster.
 __device__ __forceinline__ void cluster_sync() {
@@ -76,10 +80,15 @@ __device__ __forceinline__ void cluster_sync() {
 // Shared-memory matrix descriptor for a 128-byte-swizzled tile (layout type 1, bits 62-63). Tiles
 // start 1024-byte aligned, so the base-offset field stays 0. lbo/sbo: byte distance between core
 // matrices along the leading / strided dimension (lbo unused for k-major swizzled operands).
-__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
-  const uint64_t a = smem_addr(smem);
+// The address field (bits 0-13, address / 16) never carries into lbo: shared memory ends below 256 KiB,
+// so a descriptor may be advanced by adding (bytes / 16) to it.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem, uint32_t lbo, uint32_t sbo) {
+  const uint64_t a = smem;
   return ((a & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t((sbo & 0x3FFFF) >> 4) << 32) |
          (uint64_t{1} << 62);
+}
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
+  return make_desc(smem_addr(smem), lbo, sbo);
 }
 
 // A 4-byte shared-memory load by address (the generic pointers of the aligned dynamic buffer would
