@@ -19,6 +19,9 @@ Protocol
   median of its timings: 2 rounds (B C C B), or 12 for rows of at least 4096^3 multiply-adds
   (STEADY_MNK). There the H100 runs at its 700 W cap; one timing of a kernel moved by up to 6 %
   against the next; the ratio of 12-round medians of one row moved by 0.3-1 % over three full runs (NOTES.md).
+  From 8192^3 (LONG_MNK) each timing runs >= 400 ms of calls (LONG_REP_MS) instead of 100: a 100 ms
+  window sits in one phase of the cap's clock swings (bf16 8192^3: 6 % spread of cuBLAS's timings,
+  5.3 % of one round's ratio), 400 ms spans several (1.2 %, 3.0 %; NOTES.md, "harness: 400 ms").
 * Memory-bound rows (copy, elementwise, norm) also record that batched figure with Triton present
   ("steady_ms", "steady_fraction"; baselines "steady_ms", "steady_ratio"; copy rows "steady_GBps"):
   the two timers disagree by up to ~2.5 % on the same kernel (do_bench's flush leaves ~50 MB of dirty
@@ -105,6 +108,9 @@ REP_MS = 100
 # GEMM rows with M*N*K at least this run STEADY_ROUNDS rounds (the protocol note above says why).
 STEADY_MNK = 4096**3
 STEADY_ROUNDS = 12
+# ... and from this size each timing spans at least LONG_REP_MS (the note again).
+LONG_MNK = 8192**3
+LONG_REP_MS = 400
 MIN_REPS = 20
 CAP_MS = 2000.0          # most time spent timing one slow function (the naive GEMM at 4096+)
 MIN_SLOW_REPS = 3
@@ -183,8 +189,9 @@ def _elapsed_ms(fn, calls: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / calls
 
 
-def measure(fn, cap_ms: float = CAP_MS, flush: bool = True) -> Timing:
-    """flush=True: do_bench (L2 flushed before each call) when Triton is there; False: event batches."""
+def measure(fn, cap_ms: float = CAP_MS, flush: bool = True, min_rep_ms: float = REP_MS) -> Timing:
+    """flush=True: do_bench (L2 flushed before each call, at least min_rep_ms of calls) when Triton is
+    there; False: event batches."""
     if time.perf_counter() > DEADLINE:
         raise BudgetSpent("the run's time budget (--budget-s) was spent before this measurement")
     fn()  # first call outside the timing: lazy module loading, cuBLAS handles, torch.compile
@@ -198,7 +205,7 @@ def measure(fn, cap_ms: float = CAP_MS, flush: bool = True) -> Timing:
     if DO_BENCH is not None and flush:
         # do_bench repeats rep / estimate times, its estimate being (call + L2 flush); a budget of
         # 25 calls keeps that >= 20 even when the flush is a quarter of the call.
-        rep_ms = max(REP_MS, 1.25 * MIN_REPS * single)
+        rep_ms = max(min_rep_ms, 1.25 * MIN_REPS * single)
         ms = DO_BENCH(fn, warmup=WARMUP_MS, rep=rep_ms, return_mode="median")
         return Timing(float(ms), max(MIN_REPS, int(rep_ms / (single + 0.1))), "triton.do_bench", single)
     # At least 3 calls a batch: back to back, so the steady rate is measured even for multi-ms calls.
@@ -473,11 +480,13 @@ def gemm_section(cfg, rows: list) -> None:
                         # Rounds of (baseline, cuops), the order flipped every round (B C C B ...), so
                         # drift in the clock under the power cap falls on both sides alike.
                         rounds = STEADY_ROUNDS if M * N * K >= STEADY_MNK else 2
+                        rep_ms = LONG_REP_MS if M * N * K >= LONG_MNK else REP_MS
                         bs, ts = [], []
                         sides = [(bs, base[3]), (ts, cuops_fn)]
                         for i in range(rounds):
                             for times, fn in (sides if i % 2 == 0 else sides[::-1]):
-                                times.append(measure(fn))
+                                times.append(measure(fn, min_rep_ms=rep_ms))
+                        window = f" (>= {rep_ms} ms a timing)" if ts[0].method == "triton.do_bench" else ""
                         base_ms = statistics.median(b.ms for b in bs)
                         ms = statistics.median(t.ms for t in ts)
                         cublas = {"label": base[1], "call": base[2], "ms": base_ms, "runs_ms": [b.ms for b in bs],
@@ -486,7 +495,8 @@ def gemm_section(cfg, rows: list) -> None:
                         r["baselines"] = {"cublas": cublas}
                         r.update(status="ok", cuops_ms=ms, cuops_runs_ms=[t.ms for t in ts],
                                  cuops_reps=sum(t.reps for t in ts),
-                                 timer=ts[0].method + f", median of {rounds} rounds, baseline and cuops alternating",
+                                 timer=(ts[0].method + window
+                                        + f", median of {rounds} rounds, baseline and cuops alternating"),
                                  single_ms=ts[0].single_ms, cuops_TFLOPs=r["flops"] / ms / 1e9,
                                  ratio=cublas["ratio"], fraction=cublas["ratio"])
 
