@@ -7,9 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
-#include "cuops/kernels/kernels.h"
+#include "kernels.h"
 
 namespace cuops::kernels::detail {
 
@@ -151,6 +152,32 @@ template <typename F> cudaError_t dispatch_dtype(DType dtype, F&& f) {
   }
   return cudaErrorInvalidValue;
 }
+
+// Facts about a GPU that cost a driver query (SM count, whether a kernel image loads there), asked
+// once per device: get() runs query(device) on the first call for the current device, under a
+// once-flag, and returns that answer after. Devices past kMaxDevices, or no current device, get
+// fallback (never cached).
+constexpr int kMaxDevices = 64;
+template <typename T> class PerDevice {
+ public:
+  template <typename Query> T get(Query query, T fallback) {
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+      (void)cudaGetLastError();
+      return fallback;
+    }
+    std::call_once(once_[dev], [&] { value_[dev] = query(dev); });
+    return value_[dev];
+  }
+
+ private:
+  std::once_flag once_[kMaxDevices];
+  T value_[kMaxDevices]{};
+};
+
+// A one-dimensional grid of `blocks`: 2^31 - 1 at most (gridDim.x's limit). Every 1-D launch checks
+// here, so a too-large problem is one error (cudaErrorInvalidConfiguration), whichever kernel.
+inline bool grid_fits(int64_t blocks) { return blocks >= 0 && blocks <= 0x7fffffff; }
 
 inline unsigned int blocks_for(int64_t work, int64_t per_block) {
   return static_cast<unsigned int>((work + per_block - 1) / per_block);

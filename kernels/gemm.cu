@@ -1,10 +1,7 @@
-// GEMM dispatch, and the general kernel every case falls back to. Problems whose operands are
-// row-major or transposed views with 16-byte aligned rows go to the fast kernels (on Hopper
-// gemm_wgmma.cu for bfloat16/float16 and TF32; elsewhere gemm_half.cu for bfloat16/float16,
-// gemm_tf32.cu when TF32 is allowed; gemm_simt.cu for true FP32); everything else
-// (float64, arbitrary strides, misaligned slices) runs the general kernel below: shared-memory tiling
-// (64x64 block tile, 16-deep k slices, 4x4 register blocking) reading operands through their
-// strides, so it needs no copy and is correct for every shape.
+// launch_gemm: runs a plan (gemm_plan.h) on the kernel it names. Also the general kernel, which takes
+// what no fast kernel does (float64, any strides, misaligned slices): shared-memory tiling (64x64
+// block tile, 16-deep k slices, 4x4 register blocking) reading operands through their strides, so it
+// needs no copy and is correct for every shape.
 #include "gemm.cuh"
 
 namespace cuops::kernels {
@@ -80,56 +77,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// A [rows, cols] view read as row-major (element (i, j) at i * ld + j, ld a multiple of `mult`),
-// possible when its column stride is 1 or it has one column (a one-row view's leading stride is
-// never used: reported as 0).
-bool row_major(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int64_t mult, int64_t& ld) {
-  if (s1 != 1 && cols != 1) return false;
-  ld = rows == 1 ? 0 : s0;
-  return ld % mult == 0;
-}
-
-bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
-
-// The fast kernels' contract (gemm.cuh): c row-major (any leading stride: the epilogue stores a pair
-// whole where it is aligned, else element by element); a and b each row-major or transposed, 16-byte
-// aligned, leading strides a whole number of 16 bytes. A c that is only column-major is the transposed
-// problem c^T = b^T a^T.
-// Anything else: cudaErrorNotSupported (the caller falls back to the general kernel).
-cudaError_t launch_fast(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a, MatrixView b,
-                        double beta, void* c, int64_t sc0, int64_t sc1, bool allow_tf32, cudaStream_t stream) {
-  if (dtype == DType::Float64) return cudaErrorNotSupported;
-  const int64_t elsize = dtype == DType::Float32 ? 4 : 2, per16 = 16 / elsize;
-  GemmProblem p{};
-  if (row_major(m, n, sc0, sc1, 1, p.ldc)) {
-    p.m = m, p.n = n;
-  } else if (row_major(n, m, sc1, sc0, 1, p.ldc)) {
-    std::swap(a, b);
-    std::swap(a.stride0, a.stride1);
-    std::swap(b.stride0, b.stride1);
-    p.m = n, p.n = m;
-  } else {
-    return cudaErrorNotSupported;
-  }
-  p.k = k;
-  const bool a_kmajor = row_major(p.m, p.k, a.stride0, a.stride1, per16, p.lda);
-  if (!a_kmajor && !row_major(p.k, p.m, a.stride1, a.stride0, per16, p.lda)) return cudaErrorNotSupported;
-  const bool b_nmajor = row_major(p.k, p.n, b.stride0, b.stride1, per16, p.ldb);
-  if (!b_nmajor && !row_major(p.n, p.k, b.stride1, b.stride0, per16, p.ldb)) return cudaErrorNotSupported;
-  if (!aligned(a.ptr, 16) || !aligned(b.ptr, 16) || !aligned(c, elsize)) return cudaErrorNotSupported;
-  p.a = a.ptr, p.b = b.ptr, p.c = c;
-  p.alpha = static_cast<float>(alpha), p.beta = static_cast<float>(beta);
-  if (dtype != DType::Float32 || allow_tf32) {
-    // Hopper's wgmma kernel first (it answers "not supported" off sm_90a, and for TF32 unless both
-    // operands are k-major), then the portable tensor-core kernels.
-    const cudaError_t err = launch_gemm_wgmma(dtype, p, a_kmajor, b_nmajor, stream);
-    if (err != cudaErrorNotSupported) return err;
-  }
-  if (dtype != DType::Float32) return launch_hgemm_mma(dtype, p, a_kmajor, b_nmajor, stream);
-  return allow_tf32 ? launch_sgemm_tf32(p, a_kmajor, b_nmajor, stream)
-                    : launch_sgemm_simt(p, a_kmajor, b_nmajor, stream);
-}
-
 // 32 x 32 tiles through shared memory, so both the reads of src rows and the writes of dst rows are
 // whole 128-byte lines; the padding column keeps the transposed reads off one bank. Tiles are
 // enumerated in gridDim.x, as gemm_tiled's are.
@@ -159,28 +106,62 @@ cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, i
   if (rows < 0 || cols < 0 || ld < cols || ld_dst < rows) return cudaErrorInvalidValue;
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   if (tiles == 0) return cudaSuccess;
-  if (tiles > INT32_MAX) return cudaErrorInvalidValue;
-  transpose_f32<<<static_cast<unsigned>(tiles), kTile * kTileRows, 0, stream>>>(src, rows, cols, ld, dst, ld_dst);
-  return cudaGetLastError();
+  return launch_blocks(transpose_f32, tiles, kTile * kTileRows, 0, stream, src, rows, cols, ld, dst, ld_dst);
 }
 
-cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a, MatrixView b,
-                        double beta, void* c, int64_t c_stride0, int64_t c_stride1, bool allow_tf32,
-                        cudaStream_t stream) {
-  if (m == 0 || n == 0) return cudaSuccess;
-  const cudaError_t err = launch_fast(dtype, m, n, k, alpha, a, b, beta, c, c_stride0, c_stride1, allow_tf32, stream);
-  if (err != cudaErrorNotSupported) return err;
-  return dispatch_dtype(dtype, [&](auto tag) {
+GemmDevice current_gemm_device() {
+  static PerDevice<GemmDevice> cache;
+  return cache.get(
+      [](int dev) {
+        GemmDevice d;
+        if (cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || d.sms < 1) {
+          (void)cudaGetLastError();
+          d.sms = 1;
+        }
+        d.wgmma = wgmma_runs_on(dev, d.pair_clusters);
+        return d;
+      },
+      GemmDevice{1, false, 0});
+}
+
+namespace {
+
+// The problem the fast kernels see (gemm.cuh): operands exchanged where the plan computes a
+// transposed product (a column-major c; TF32 wgmma's C^T = B^T A^T), m, n and strides as planned.
+GemmProblem fast_problem(const GemmPlan& plan) {
+  const GemmRequest& r = plan.req;
+  const void* a = plan.swap_ab ? r.b.ptr : r.a.ptr;
+  const void* b = plan.swap_ab ? r.a.ptr : r.b.ptr;
+  if (plan.c_trans) std::swap(a, b);
+  return GemmProblem{plan.m, plan.n, r.k, a, plan.lda, b, plan.ldb, r.c, plan.ldc,
+                     static_cast<float>(r.alpha), static_cast<float>(r.beta)};
+}
+
+cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
+  const GemmRequest& r = plan.req;
+  return dispatch_dtype(r.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    const int64_t tiles = ((m + kBM - 1) / kBM) * ((n + kBN - 1) / kBN);
-    if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    gemm_tiled<T><<<static_cast<unsigned int>(tiles), kThreads, 0, stream>>>(
-        m, n, k, static_cast<A>(alpha), static_cast<const T*>(a.ptr), a.stride0, a.stride1,
-        static_cast<const T*>(b.ptr), b.stride0, b.stride1, static_cast<A>(beta), static_cast<T*>(c), c_stride0,
-        c_stride1);
-    return cudaGetLastError();
+    return launch_blocks(gemm_tiled<T>, plan.grid, kThreads, 0, stream, r.m, r.n, r.k, static_cast<A>(r.alpha),
+                         static_cast<const T*>(r.a.ptr), r.a.stride0, r.a.stride1, static_cast<const T*>(r.b.ptr),
+                         r.b.stride0, r.b.stride1, static_cast<A>(r.beta), static_cast<T*>(r.c), r.c_stride0,
+                         r.c_stride1);
   });
+}
+
+}  // namespace
+
+cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.copy_a != OperandCopy::None || plan.copy_b != OperandCopy::None) return cudaErrorInvalidValue;
+  switch (plan.kernel) {
+    case GemmKernel::None: return cudaSuccess;
+    case GemmKernel::General: return launch_general(plan, stream);
+    case GemmKernel::Simt: return launch_gemm_simt(plan, fast_problem(plan), stream);
+    case GemmKernel::MmaTf32: return launch_gemm_mma_tf32(plan, fast_problem(plan), stream);
+    case GemmKernel::MmaHalf: return launch_gemm_mma_half(plan, fast_problem(plan), stream);
+    case GemmKernel::Wgmma: return launch_gemm_wgmma(plan, fast_problem(plan), stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace cuops::kernels

@@ -1,8 +1,10 @@
 // Shared by the GEMM translation units: the canonical problem the fast kernels see, the block-tile
-// order, cp.async, and the per-family launchers that kernels/gemm.cu's dispatcher picks from.
+// order, operand staging by cp.async, the epilogue's stores, and the per-family launchers that
+// kernels/gemm.cu's launch_gemm calls as the plan (gemm_plan.h) says.
 #pragma once
 
 #include "common.cuh"
+#include "gemm_plan.h"
 
 namespace cuops::kernels::detail {
 
@@ -11,7 +13,7 @@ namespace cuops::kernels::detail {
 // compile-time form: A [m, k] "k-major" (row-major, a[i][k] at i*lda + k) or "m-major" (a.t() of a
 // row-major tensor, a[i][k] at k*lda + i); B [k, n] "n-major" (row-major) or "k-major" (b.t()).
 // Every operand's base is 16-byte aligned and its leading stride a multiple of 16 bytes, so every
-// 16-byte chunk along the contiguous axis is an aligned load (the dispatcher checks).
+// 16-byte chunk along the contiguous axis is an aligned load (the planner checks).
 struct GemmProblem {
   int64_t m, n, k;
   const void* a;
@@ -69,7 +71,48 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ int clamp4(int64_t x) { return static_cast<int>(max(int64_t{0}, min(int64_t{4}, x))); }
+// Elements of a 16-byte chunk that lie before an edge `left` elements away (0 .. kPer).
+template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
+  return static_cast<int>(max(int64_t{0}, min(int64_t{kPer}, left)));
+}
+
+// Stages ROWS x COLS elements (COLS along the source's contiguous axis) into shared memory rows `ld`
+// elements apart, by 16-byte chunks (copy_chunk): element (r, c) of the slice is
+// src[(outer0 + r) * g_ld + inner0 + c], zero past outer_n rows or inner_n columns. Thread tid takes
+// chunks tid, tid + THREADS, ...
+template <int ROWS, int COLS, int THREADS, typename T>
+__device__ __forceinline__ void stage_rows(T* smem, int ld, const T* src, int64_t g_ld, int64_t outer0,
+                                           int64_t outer_n, int64_t inner0, int64_t inner_n, int tid) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kRowChunks = COLS / kPer;
+  constexpr int kLoads = ROWS * kRowChunks / THREADS;
+  static_assert(kLoads >= 1 && ROWS * kRowChunks % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int idx = tid + i * THREADS;
+    const int r = idx / kRowChunks, c = (idx % kRowChunks) * kPer;
+    const int64_t go = outer0 + r, gi = inner0 + c;
+    copy_chunk<sizeof(T)>(smem + r * ld + c, src + go * g_ld + gi, go < outer_n ? chunk_valid<kPer>(inner_n - gi) : 0);
+  }
+}
+
+// One k-slice of both operands of the mma.sync kernels, each stored as it lies in global memory:
+// A's BM x BK rows (k-major) or BK x BM (m-major) at `as`, B's BK x BN (n-major) or BN x BK at `bs`.
+template <int BM, int BN, int BK, int THREADS, bool AK, bool BNM, typename T>
+__device__ __forceinline__ void stage_operands(const GemmProblem& p, T* as, int a_ld, T* bs, int b_ld, int64_t row0,
+                                               int64_t col0, int64_t k0, int tid) {
+  const T* A = static_cast<const T*>(p.a);
+  const T* B = static_cast<const T*>(p.b);
+  if constexpr (AK) {
+    stage_rows<BM, BK, THREADS>(as, a_ld, A, p.lda, row0, p.m, k0, p.k, tid);
+  } else {
+    stage_rows<BK, BM, THREADS>(as, a_ld, A, p.lda, k0, p.k, row0, p.m, tid);
+  }
+  if constexpr (BNM) {
+    stage_rows<BK, BN, THREADS>(bs, b_ld, B, p.ldb, k0, p.k, col0, p.n, tid);
+  } else {
+    stage_rows<BN, BK, THREADS>(bs, b_ld, B, p.ldb, col0, p.n, k0, p.k, tid);
+  }
+}
 
 // dst[0], dst[1] <- alpha * (v0, v1) + beta * old: one 8-byte access where dst is 8-byte aligned,
 // else two 4-byte ones (an odd ldc leaves every other row's pairs unaligned). beta == 0 never reads c:
@@ -170,15 +213,34 @@ __device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r, in
   }
 }
 
-// Fast-path launchers. Each returns cudaErrorNotSupported when the shape is not one it
-// takes, so the dispatcher falls back; otherwise the launch status.
-cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
-cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
-// bfloat16 / float16 (dtype says which); operand leading strides a multiple of 8 elements (16 bytes).
-cudaError_t launch_hgemm_mma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
-// Hopper TMA + wgmma (kernels/gemm_wgmma.cu, sm_90a): bfloat16 / float16 in every layout, float32 as
-// TF32 when both operands are k-major. cudaErrorNotSupported where the device, the build or the
-// shape does not take it (the dispatcher then uses the kernels above).
-cudaError_t launch_gemm_wgmma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream);
+// Calls f(std::bool_constant<a_kmajor>, std::bool_constant<b_nmajor>): the four operand layouts as
+// compile-time arguments, so every kernel instance has its addressing fixed.
+template <typename F> cudaError_t with_layouts(bool a_kmajor, bool b_nmajor, F&& f) {
+  if (a_kmajor) return b_nmajor ? f(std::true_type{}, std::true_type{}) : f(std::true_type{}, std::false_type{});
+  return b_nmajor ? f(std::false_type{}, std::true_type{}) : f(std::false_type{}, std::false_type{});
+}
+
+// `blocks` blocks of `threads` on `stream` with `smem` bytes of dynamic shared memory (a kernel
+// above 48 KiB must opt in: cheap, and set on every launch because the attribute is per device).
+template <typename K, typename... Args>
+cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaStream_t stream, const Args&... args) {
+  if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+  if (smem > 0) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned int>(blocks), threads, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+// The fast kernels' launchers: the instance the plan names (its tile, layouts and grid), or
+// cudaErrorInvalidValue when no such instance is compiled.
+cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_gemm_mma_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+// Whether this library's sm_90a wgmma kernel runs on device `dev` and how many clusters of two of it
+// fit there (kernels/gemm_wgmma.cu; a build without sm_90a answers no).
+bool wgmma_runs_on(int dev, int& pair_clusters);
 
 }  // namespace cuops::kernels::detail

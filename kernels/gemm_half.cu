@@ -5,15 +5,14 @@
 // ldmatrix (.trans where the stored orientation is the fragment's transpose) builds the fragments,
 // so all four layouts cost the same.
 // Rows are padded by 16 bytes: the 8 row addresses of every ldmatrix land in 8 different bank groups.
-// This is the portable tensor-core path; a Hopper wgmma kernel is the planned fast path (NOTES.md).
+// The portable tensor-core path: GPUs without this library's sm_90a wgmma kernel (gemm_wgmma.cu), and
+// operands TMA cannot describe.
 #include "gemm.cuh"
 
 namespace cuops::kernels::detail {
 namespace {
 
 constexpr int kHalfThreads = 256, kHBK = 32, kPad = 8;  // kPad elements = 16 bytes
-
-__device__ __forceinline__ int clamp8(int64_t x) { return static_cast<int>(max(int64_t{0}, min(int64_t{8}, x))); }
 
 template <bool kTrans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   if constexpr (kTrans) {
@@ -57,12 +56,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
   using S = HalfSmem<T, BM, BN, AK, BNM>;
   constexpr int MI = BM / 32, NI = BN / 32;  // m16 and n8 tiles per warp
   static_assert(NI % 2 == 0, "B fragments load two n8 tiles per ldmatrix.x4");
-  constexpr int A_LOADS = BM * kHBK / 8 / kHalfThreads, B_LOADS = BN * kHBK / 8 / kHalfThreads;
-  static_assert(A_LOADS >= 1 && B_LOADS >= 1, "whole chunks per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
-  const T* A = static_cast<const T*>(p.a);
-  const T* B = static_cast<const T*>(p.b);
   int64_t tm, tn;
   tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
   const int64_t row0 = tm * BM, col0 = tn * BN;
@@ -71,35 +66,9 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
   const int64_t ktiles = (p.k + kHBK - 1) / kHBK;
 
   auto load_stage = [&](int stage, int64_t kt) {
-    const int64_t k0 = kt * kHBK;
     T* as = smem + stage * S::kStageElems;
-    T* bs = as + S::kAElems;
-#pragma unroll
-    for (int i = 0; i < A_LOADS; ++i) {
-      const int idx = tid + i * kHalfThreads;
-      if constexpr (AK) {
-        const int r = idx / (kHBK / 8), c = (idx % (kHBK / 8)) * 8;
-        const int64_t gr = row0 + r, gk = k0 + c;
-        copy_chunk<2>(as + r * S::kALd + c, A + gr * p.lda + gk, gr < p.m ? clamp8(p.k - gk) : 0);
-      } else {
-        const int r = idx / (BM / 8), c = (idx % (BM / 8)) * 8;
-        const int64_t gk = k0 + r, gr = row0 + c;
-        copy_chunk<2>(as + r * S::kALd + c, A + gk * p.lda + gr, gk < p.k ? clamp8(p.m - gr) : 0);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < B_LOADS; ++i) {
-      const int idx = tid + i * kHalfThreads;
-      if constexpr (BNM) {
-        const int r = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
-        const int64_t gk = k0 + r, gc = col0 + c;
-        copy_chunk<2>(bs + r * S::kBLd + c, B + gk * p.ldb + gc, gk < p.k ? clamp8(p.n - gc) : 0);
-      } else {
-        const int r = idx / (kHBK / 8), c = (idx % (kHBK / 8)) * 8;
-        const int64_t gc = col0 + r, gk = k0 + c;
-        copy_chunk<2>(bs + r * S::kBLd + c, B + gc * p.ldb + gk, gc < p.n ? clamp8(p.k - gk) : 0);
-      }
-    }
+    stage_operands<BM, BN, kHBK, kHalfThreads, AK, BNM>(p, as, S::kALd, as + S::kAElems, S::kBLd, row0, col0,
+                                                       kt * kHBK, tid);
   };
 
   float acc[MI][NI][4] = {};
@@ -165,38 +134,26 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
 }
 
 template <typename T, int BM, int BN, int STAGES, bool AK, bool BNM>
-cudaError_t launch_half_one(const GemmProblem& p, cudaStream_t stream) {
-  const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
-  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+cudaError_t launch_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = STAGES * HalfSmem<T, BM, BN, AK, BNM>::kStageElems * 2;
-  auto kernel = hgemm_mma<T, BM, BN, STAGES, AK, BNM>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(tiles), kHalfThreads, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <typename T, int BM, int BN, int STAGES>
-cudaError_t launch_half_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  if (a_kmajor && b_nmajor) return launch_half_one<T, BM, BN, STAGES, true, true>(p, stream);
-  if (a_kmajor) return launch_half_one<T, BM, BN, STAGES, true, false>(p, stream);
-  if (b_nmajor) return launch_half_one<T, BM, BN, STAGES, false, true>(p, stream);
-  return launch_half_one<T, BM, BN, STAGES, false, false>(p, stream);
-}
-
-template <typename T> cudaError_t launch_half(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  // 128 x 128 where that makes about two waves of two blocks per SM; 64 x 128 below.
-  const int64_t big_tiles = ((p.m + 127) / 128) * ((p.n + 127) / 128);
-  if (big_tiles >= 264) return launch_half_tile<T, 128, 128, 4>(p, a_kmajor, b_nmajor, stream);
-  return launch_half_tile<T, 64, 128, 4>(p, a_kmajor, b_nmajor, stream);
+  return launch_blocks(hgemm_mma<T, BM, BN, STAGES, AK, BNM>, plan.grid, kHalfThreads, smem, stream, p);
 }
 
 }  // namespace
 
-cudaError_t launch_hgemm_mma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  if (dtype == DType::BFloat16) return launch_half<__nv_bfloat16>(p, a_kmajor, b_nmajor, stream);
-  if (dtype == DType::Float16) return launch_half<__half>(p, a_kmajor, b_nmajor, stream);
-  return cudaErrorNotSupported;
+cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  auto typed = [&](auto tag) {
+    using T = decltype(tag);
+    return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+      constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+      if (plan.bm == 128 && plan.bn == 128) return launch_half<T, 128, 128, 4, AK, BNM>(plan, p, stream);
+      if (plan.bm == 64 && plan.bn == 128) return launch_half<T, 64, 128, 4, AK, BNM>(plan, p, stream);
+      return cudaErrorInvalidValue;
+    });
+  };
+  if (plan.req.dtype == DType::BFloat16) return typed(__nv_bfloat16{});
+  if (plan.req.dtype == DType::Float16) return typed(__half{});
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace cuops::kernels::detail

@@ -102,20 +102,20 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) 
     for (int i = 0; i < A_LOADS; ++i) {
       if constexpr (AK) {  // rows of A, k contiguous
         const int64_t gr = row0 + a_outer(i), gk = k0 + a_inner;
-        ra[i] = load_chunk(A + gr * p.lda + gk, gr < p.m ? clamp4(p.k - gk) : 0);
+        ra[i] = load_chunk(A + gr * p.lda + gk, gr < p.m ? chunk_valid<4>(p.k - gk) : 0);
       } else {  // k rows of A^T, m contiguous
         const int64_t gk = k0 + a_outer(i), gr = row0 + a_inner;
-        ra[i] = load_chunk(A + gk * p.lda + gr, gk < p.k ? clamp4(p.m - gr) : 0);
+        ra[i] = load_chunk(A + gk * p.lda + gr, gk < p.k ? chunk_valid<4>(p.m - gr) : 0);
       }
     }
 #pragma unroll
     for (int i = 0; i < B_LOADS; ++i) {
       if constexpr (BNM) {  // k rows of B, n contiguous
         const int64_t gk = k0 + b_outer(i), gc = col0 + b_inner;
-        rb[i] = load_chunk(B + gk * p.ldb + gc, gk < p.k ? clamp4(p.n - gc) : 0);
+        rb[i] = load_chunk(B + gk * p.ldb + gc, gk < p.k ? chunk_valid<4>(p.n - gc) : 0);
       } else {  // columns of B, k contiguous
         const int64_t gc = col0 + b_outer(i), gk = k0 + b_inner;
-        rb[i] = load_chunk(B + gc * p.ldb + gk, gc < p.n ? clamp4(p.k - gk) : 0);
+        rb[i] = load_chunk(B + gc * p.ldb + gk, gc < p.n ? chunk_valid<4>(p.k - gk) : 0);
       }
     }
   };
@@ -235,30 +235,19 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) 
   }
 }
 
-template <int BM, int BN, int BK, int MINB = (BM * BN <= 128 * 128 ? 2 : 1)>
-cudaError_t launch_simt_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
-  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
-  const dim3 grid(static_cast<unsigned int>(tiles));
-  if (a_kmajor && b_nmajor) sgemm_simt<BM, BN, BK, MINB, true, true><<<grid, kSimtThreads, 0, stream>>>(p);
-  else if (a_kmajor) sgemm_simt<BM, BN, BK, MINB, true, false><<<grid, kSimtThreads, 0, stream>>>(p);
-  else if (b_nmajor) sgemm_simt<BM, BN, BK, MINB, false, true><<<grid, kSimtThreads, 0, stream>>>(p);
-  else sgemm_simt<BM, BN, BK, MINB, false, false><<<grid, kSimtThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
-cudaError_t launch_sgemm_simt(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  // The main loop counts its slices by A's pointer, which an m-major A of leading stride 0 (a column
-  // broadcast along k, `x.expand(m, k)`) never moves: that one goes to the general kernel.
-  if (!a_kmajor && p.lda == 0 && p.k > 1) return cudaErrorNotSupported;
-  // Measured on the H100 (bench/sweep/gemm_lib_sweep.cu, NOTES.md): 128 x 128 (two blocks per SM,
-  // 16 warps) is fastest from 2048^3 up, ahead of 256 x 128 (one block, 8 warps) by 1-2 %; 64 x 64
-  // at 1024^3 and below, where larger tiles leave SMs idle.
-  const int64_t tiles_128x128 = ((p.m + 127) / 128) * ((p.n + 127) / 128);
-  if (tiles_128x128 >= 256) return launch_simt_tile<128, 128, 8>(p, a_kmajor, b_nmajor, stream);
-  return launch_simt_tile<64, 64, 16>(p, a_kmajor, b_nmajor, stream);
+cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+    constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+    if (plan.bm == 128 && plan.bn == 128 && plan.bk == 8) {
+      return launch_blocks(sgemm_simt<128, 128, 8, 2, AK, BNM>, plan.grid, kSimtThreads, 0, stream, p);
+    }
+    if (plan.bm == 64 && plan.bn == 64 && plan.bk == 16) {
+      return launch_blocks(sgemm_simt<64, 64, 16, 2, AK, BNM>, plan.grid, kSimtThreads, 0, stream, p);
+    }
+    return cudaErrorInvalidValue;
+  });
 }
 
 }  // namespace cuops::kernels::detail

@@ -34,10 +34,7 @@ template <int BM, int BN, int STAGES, bool AK, bool BNM>
 __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgemm_tf32(GemmProblem p) {
   using S = Tf32Smem<BM, BN, AK, BNM>;
   constexpr int MI = BM / 32, NI = BN / 32;  // m16 and n8 tiles per warp
-  constexpr int A_LOADS = BM * kBK / 4 / kTf32Threads, B_LOADS = BN * kBK / 4 / kTf32Threads;
   extern __shared__ __align__(16) float smem[];
-  const float* A = static_cast<const float*>(p.a);
-  const float* B = static_cast<const float*>(p.b);
   int64_t tm, tn;
   tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
   const int64_t row0 = tm * BM, col0 = tn * BN;
@@ -46,35 +43,9 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
   const int64_t ktiles = (p.k + kBK - 1) / kBK;
 
   auto load_stage = [&](int stage, int64_t kt) {
-    const int64_t k0 = kt * kBK;
     float* as = smem + stage * S::kStageFloats;
-    float* bs = as + S::kAFloats;
-#pragma unroll
-    for (int i = 0; i < A_LOADS; ++i) {
-      const int idx = tid + i * kTf32Threads;
-      if constexpr (AK) {
-        const int r = idx / (kBK / 4), c = (idx % (kBK / 4)) * 4;
-        const int64_t gr = row0 + r, gk = k0 + c;
-        copy_chunk<4>(as + r * S::kALd + c, A + gr * p.lda + gk, gr < p.m ? clamp4(p.k - gk) : 0);
-      } else {
-        const int r = idx / (BM / 4), c = (idx % (BM / 4)) * 4;
-        const int64_t gk = k0 + r, gr = row0 + c;
-        copy_chunk<4>(as + r * S::kALd + c, A + gk * p.lda + gr, gk < p.k ? clamp4(p.m - gr) : 0);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < B_LOADS; ++i) {
-      const int idx = tid + i * kTf32Threads;
-      if constexpr (BNM) {
-        const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-        const int64_t gk = k0 + r, gc = col0 + c;
-        copy_chunk<4>(bs + r * S::kBLd + c, B + gk * p.ldb + gc, gk < p.k ? clamp4(p.n - gc) : 0);
-      } else {
-        const int r = idx / (kBK / 4), c = (idx % (kBK / 4)) * 4;
-        const int64_t gc = col0 + r, gk = k0 + c;
-        copy_chunk<4>(bs + r * S::kBLd + c, B + gc * p.ldb + gk, gc < p.n ? clamp4(p.k - gk) : 0);
-      }
-    }
+    stage_operands<BM, BN, kBK, kTf32Threads, AK, BNM>(p, as, S::kALd, as + S::kAFloats, S::kBLd, row0, col0,
+                                                      kt * kBK, tid);
   };
 
   float acc[MI][NI][4] = {};
@@ -134,33 +105,20 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
 }
 
 template <int BM, int BN, int STAGES, bool AK, bool BNM>
-cudaError_t launch_tf32_one(const GemmProblem& p, cudaStream_t stream) {
-  const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
-  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+cudaError_t launch_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = STAGES * Tf32Smem<BM, BN, AK, BNM>::kStageFloats * 4;
-  auto kernel = sgemm_tf32<BM, BN, STAGES, AK, BNM>;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in; cheap, and idempotent per call.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned int>(tiles), kTf32Threads, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <int BM, int BN, int STAGES>
-cudaError_t launch_tf32_tile(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  if (a_kmajor && b_nmajor) return launch_tf32_one<BM, BN, STAGES, true, true>(p, stream);
-  if (a_kmajor) return launch_tf32_one<BM, BN, STAGES, true, false>(p, stream);
-  if (b_nmajor) return launch_tf32_one<BM, BN, STAGES, false, true>(p, stream);
-  return launch_tf32_one<BM, BN, STAGES, false, false>(p, stream);
+  return launch_blocks(sgemm_tf32<BM, BN, STAGES, AK, BNM>, plan.grid, kTf32Threads, smem, stream, p);
 }
 
 }  // namespace
 
-cudaError_t launch_sgemm_tf32(const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  // 128 x 128 tiles where they make >= ~2 waves of 2 blocks on 132 SMs, 64 x 128 below.
-  const int64_t big_tiles = ((p.m + 127) / 128) * ((p.n + 127) / 128);
-  if (big_tiles >= 512) return launch_tf32_tile<128, 128, 3>(p, a_kmajor, b_nmajor, stream);
-  return launch_tf32_tile<64, 128, 3>(p, a_kmajor, b_nmajor, stream);
+cudaError_t launch_gemm_mma_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+    constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+    if (plan.bm == 128 && plan.bn == 128) return launch_tf32<128, 128, 3, AK, BNM>(plan, p, stream);
+    if (plan.bm == 64 && plan.bn == 128) return launch_tf32<64, 128, 3, AK, BNM>(plan, p, stream);
+    return cudaErrorInvalidValue;
+  });
 }
 
 }  // namespace cuops::kernels::detail

@@ -9,16 +9,15 @@
 // comes from shared memory, an m-major one from registers (each consumer loads its fragments from the
 // swizzled m-major tile), and B must be k-major. The usual row-major a and b (B n-major) run as the
 // transposed problem C^T = B^T A^T, B^T from registers, with the epilogue storing the transpose: no
-// operand is copied. The epilogue applies alpha/beta and rounds once to the output type.
-// Built only for compute_90a (CMake defines CUOPS_WGMMA_BUILD there); elsewhere the launcher
-// reports cudaErrorNotSupported and the dispatcher uses the portable kernels.
+// operand is copied. The epilogue applies alpha/beta and rounds once to the output type. The tile,
+// cluster, grid and epilogue come from the plan (gemm_plan.cpp says why).
+// Built only for compute_90a (CMake defines CUOPS_WGMMA_BUILD there); elsewhere wgmma_runs_on says
+// no, so the planner never picks it.
 #include "gemm.cuh"
 
 #if CUOPS_WGMMA_BUILD
 #include <cudaTypedefs.h>
 
-#include <atomic>
-#include <cstdio>
 #include <cstdlib>
 
 #include "wgmma.cuh"
@@ -28,21 +27,17 @@ namespace cuops::kernels::detail {
 
 #if !CUOPS_WGMMA_BUILD
 
-cudaError_t launch_gemm_wgmma(DType, const GemmProblem&, bool, bool, cudaStream_t) { return cudaErrorNotSupported; }
-}  // namespace cuops::kernels::detail
-namespace cuops::kernels {
-bool gemm_tf32_wants_kmajor() { return false; }
-}  // namespace cuops::kernels
-namespace cuops::kernels::detail {
+bool wgmma_runs_on(int, int& pair_clusters) {
+  pair_clusters = 0;
+  return false;
+}
+cudaError_t launch_gemm_wgmma(const GemmPlan&, const GemmProblem&, cudaStream_t) { return cudaErrorInvalidValue; }
 
 #else
 
 namespace {
 
 constexpr int kWgThreads = 384, kWgBM = 128;
-#ifndef CUOPS_WG_CSPLIT_256  // the sweep builds 1 to compare
-#define CUOPS_WG_CSPLIT_256 2
-#endif
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
 
 // Geometry of one ring stage: A 128 x BK and B BN x BK, BK = one 128-byte swizzle row of k. Each
@@ -58,8 +53,8 @@ template <typename T, int BN> struct WgCfg {
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr bool kTmaStore = sizeof(T) == 2;
   // The output tile leaves in kCSplit parts through a buffer of 1 / kCSplit of it: at 128 x 256 half
-  // (32 KiB), so the ring keeps 4 stages instead of 3.
-  static constexpr int kCSplit = BN == 256 ? CUOPS_WG_CSPLIT_256 : 1;
+  // (32 KiB), so the ring keeps 4 stages instead of 3 (NOTES.md, wgmma v6).
+  static constexpr int kCSplit = BN == 256 ? 2 : 1;
   static constexpr int kCBytes = kTmaStore ? kWgBM * BN * 2 / kCSplit : 0;
   // 4 stages of 48 KiB, 6 of 32 KiB or 8 of 24 KiB beside the output buffer; 4 of 48 KiB without it.
   static constexpr int kStages = (225 * 1024 - kCBytes) / kStageBytes;
@@ -74,15 +69,12 @@ template <typename T, int BN> struct WgCfg {
 // warp `warp` (second: lane / 4 + 8) is loaded from and its results stored to. Warp w reads box w / 2
 // of the consumer's two 32-row boxes, at rows 8 (w % 2) + {0..7, 16..23} rather than 16 (w % 2) + 0..15:
 // then a load's 32 lanes (8 rows x 4 k) cover 8 distinct 16-byte chunks under the 128-byte swizzle
-// (chunk q of k-row x sits at q ^ (x % 8)), where 16 consecutive rows span only 4. With
-// CUOPS_WG_RS_PAIRS the two rows of a lane are adjacent (a lane's transposed stores then write 8
-// bytes: half the store transactions) at the price of 2 lanes to a bank; otherwise 4 apart, no conflict.
-#ifndef CUOPS_WG_RS_PAIRS
-#define CUOPS_WG_RS_PAIRS 1
-#endif
+// (chunk q of k-row x sits at q ^ (x % 8)), where 16 consecutive rows span only 4. The two rows of a
+// lane are adjacent, so its transposed stores write 8-byte pairs (half the store transactions), at the
+// price of 2 lanes to a bank on the loads: 0.957x -> 1.048x cuBLAS at 4096^3 (NOTES.md, TF32 v3).
 __device__ __forceinline__ int rs_row(int warp, int lane, int second) {
   const int base = (warp / 2) * 32 + 8 * (warp % 2) + 16 * (lane / 16);
-  return CUOPS_WG_RS_PAIRS ? base + 2 * ((lane / 4) % 4) + second : base + (lane / 4) % 4 + 4 * second;
+  return base + 2 * ((lane / 4) % 4) + second;
 }
 
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
@@ -293,9 +285,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // Under kRS the warp's rows are the permuted ones the fragments were loaded from.
       const int64_t r = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
       const int64_t r8 = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
-#ifdef CUOPS_WG_SKIP_STORE
-      if (d[0] != 12345.f) continue;  // sweep only: what the epilogue costs
-#endif
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
           // This consumer's 64 x BN rows as BN / 64 boxes of 64 x 64 (8 KiB), 128-byte swizzled as
@@ -339,12 +328,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
             const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
-            if constexpr (CUOPS_WG_RS_PAIRS != 0) {
-              store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
-            } else {
-              store_pair_transposed(p, r, c, d[4 * j], d[4 * j + 1]);
-              store_pair_transposed(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
-            }
+            store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
           }
           continue;
         }
@@ -407,43 +391,6 @@ bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer, i
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Per device: whether this library's sm_90a code runs there (compute capability exactly 9.0, the
-// kernel image loads, the driver has the encoder), and its SM count. Settled on first use.
-struct DeviceInfo {
-  std::atomic<int> state{0};  // 0 unknown, 1 yes, -1 no
-  std::atomic<int> sms{0};
-};
-constexpr int kMaxDevices = 64;
-DeviceInfo g_devices[kMaxDevices];
-
-bool device_takes_wgmma(int& sms) {
-  // Read once: lets a test (or a user chasing a numerics question) run the portable kernels on Hopper.
-  static const bool disabled = std::getenv("CUOPS_DISABLE_WGMMA") != nullptr;
-  if (disabled) return false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  DeviceInfo& info = g_devices[dev];
-  int state = info.state.load(std::memory_order_acquire);
-  if (state == 0) {
-    int major = 0, minor = 0, count = 0;
-    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && major == 9 &&
-              minor == 0 && encoder() != nullptr;
-    cudaFuncAttributes attr{};
-    ok = ok && cudaFuncGetAttributes(&attr, gemm_wgmma<__nv_bfloat16, 128, true, true, 1>) == cudaSuccess;
-    (void)cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
-    info.sms.store(count, std::memory_order_relaxed);
-    state = ok ? 1 : -1;
-    info.state.store(state, std::memory_order_release);
-  }
-  sms = info.sms.load(std::memory_order_relaxed);
-  return state == 1;
-}
-
 // A launch of `grid` blocks of kWgThreads in clusters of `cm` along x, for the occupancy query and
 // the launch itself. Not copyable: cfg points at the member attribute.
 struct ClusterLaunch {
@@ -463,155 +410,97 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// Clusters of kernel K that fit on the device at once (a pair needs two free SMs of one GPC, so
-// this can be below sms / 2); asked once per device.
-template <auto K, int kCM> int max_clusters(int sms, int smem, cudaStream_t stream) {
-  static std::atomic<int> cache[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return sms / kCM;
-  int n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    const ClusterLaunch launch(static_cast<unsigned>(kCM * (sms / kCM)), kCM, smem, stream);
-    if (cudaOccupancyMaxActiveClusters(&n, K, &launch.cfg) != cudaSuccess || n <= 0) {
-      (void)cudaGetLastError();
-      n = sms / kCM;
-    }
-#ifdef CUOPS_WG_SWEEP
-    if (const char* f = std::getenv("WG_CLUSTERS"); f && *f) n = std::atoi(f);
-    printf("max_clusters<%d>: %d\n", kCM, n);
-#endif
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 template <typename T, int BN, bool AK, bool BNM, int kCM>
-cudaError_t launch_wg(const GemmProblem& p, bool c_trans, int sms, cudaStream_t stream) {
+cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   using Cfg = WgCfg<T, BN>;
-  CUtensorMap ma, mb;
+  CUtensorMap ma, mb, mc{};
   // m-major A: boxes of 128 bytes of m (64 16-bit elements, or the 32 floats of the TF32 register path).
+  // The planner checked that TMA describes every operand; the driver refusing one is an error.
   const bool maps = (AK ? make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, kWgBM)
                         : make_map<T>(ma, p.a, p.m, p.k, p.lda, 128 / sizeof(T), Cfg::kBK)) &&
                     (BNM ? make_map<T>(mb, p.b, p.n, p.k, p.ldb, 64, Cfg::kBK)
-                         : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM));
-  if (!maps) return cudaErrorNotSupported;
-  // The output by TMA where it can be (beta == 0: nothing to read; a row-major c with 16-byte rows);
-  // otherwise the direct epilogue.
-  CUtensorMap mc{};
-  const bool tma_store = Cfg::kTmaStore && !c_trans && p.beta == 0.f && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 &&
-                         (p.ldc * 2) % 16 == 0 && make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64);
+                         : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM)) &&
+                    (!plan.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
+  if (!maps) return cudaErrorInvalidValue;
+  const bool tma_store = Cfg::kTmaStore && plan.tma_store;
   constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
   // device is whichever the op's guard selected.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
   if (err != cudaSuccess) return err;
-  const int64_t units = ((p.m + kWgBM * kCM - 1) / (kWgBM * kCM)) * ((p.n + BN - 1) / BN);
-  // The fewest persistent blocks (or clusters) that finish in as many waves as `most` would: 1024
-  // units on 66 clusters take 16 waves, the last one half full; on 64 they take 16 full ones. The
-  // time at a fixed clock is the same, and under the power cap the idle SMs' share goes to the
-  // others' clock: 0-1 % less time at 8192^3 (NOTES.md, "balanced grid").
-  // units > 0: launch_gemm returns before any kernel for an empty c.
-  auto balanced = [units](int64_t most) {
-    const int64_t waves = (units + most - 1) / most;
-    return (units + waves - 1) / waves;
-  };
+  if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
   if constexpr (kCM == 1) {
-    const unsigned grid = static_cast<unsigned>(balanced(sms));
-    kernel<<<grid, kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store, c_trans);
+    kernel<<<static_cast<unsigned>(plan.grid), kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
+                                                                                  plan.c_trans);
     return cudaGetLastError();
   } else {
-    const int64_t clusters = balanced(max_clusters<kernel, kCM>(sms, Cfg::kSmem, stream));
-    const ClusterLaunch launch(static_cast<unsigned>(clusters * kCM), kCM, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, c_trans);
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, Cfg::kSmem, stream);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans);
   }
 }
 
-// TF32 needs B k-major. A row-major b (n-major B) with a k-major A is the transposed problem
-// C^T = B^T A^T, whose A (b viewed [n, k]) is m-major and whose B (a viewed [k, m]) is k-major; c is
-// then stored transposed. An m-major A with an n-major B has no such form (the caller copies one).
-bool tf32_problem(GemmProblem& p, bool& a_kmajor, bool& b_nmajor, bool& c_trans) {
-  c_trans = false;
-  if (!b_nmajor) return true;
-  if (!a_kmajor) return false;
-  std::swap(p.m, p.n);
-  std::swap(p.a, p.b);
-  std::swap(p.lda, p.ldb);
-  a_kmajor = false, b_nmajor = false, c_trans = true;
-  return true;
+// The instance of the plan's tile and cluster, for 16-bit types in all four layouts and TF32 with B
+// k-major (the planner's transposed problem makes every other TF32 layout that).
+template <typename T, bool AK, bool BNM>
+cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  if (plan.bm != kWgBM) return cudaErrorInvalidValue;
+  if (plan.bn == 256 && plan.cluster_m == 2) return launch_wg<T, 256, AK, BNM, 2>(plan, p, stream);
+  if (plan.bn == 256 && plan.cluster_m == 1) return launch_wg<T, 256, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 128 && plan.cluster_m == 1) return launch_wg<T, 128, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 64 && plan.cluster_m == 1) return launch_wg<T, 64, AK, BNM, 1>(plan, p, stream);
+  return cudaErrorInvalidValue;
 }
 
-template <typename T, int BN, int kCM>
-cudaError_t launch_wg_layout(const GemmProblem& p, bool a_kmajor, bool b_nmajor, bool c_trans, int sms,
-                             cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {  // after tf32_problem: B k-major
-    if (b_nmajor) return cudaErrorNotSupported;
-    if (a_kmajor) return launch_wg<T, BN, true, false, kCM>(p, c_trans, sms, stream);
-    return launch_wg<T, BN, false, false, kCM>(p, c_trans, sms, stream);
-  } else {
-    if (a_kmajor && b_nmajor) return launch_wg<T, BN, true, true, kCM>(p, false, sms, stream);
-    if (a_kmajor) return launch_wg<T, BN, true, false, kCM>(p, false, sms, stream);
-    if (b_nmajor) return launch_wg<T, BN, false, true, kCM>(p, false, sms, stream);
-    return launch_wg<T, BN, false, false, kCM>(p, false, sms, stream);
-  }
-}
-
-template <typename T> cudaError_t launch_wg_dtype(GemmProblem p, bool a_kmajor, bool b_nmajor, int sms,
-                                                  cudaStream_t stream) {
-  if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) return cudaErrorNotSupported;
-  bool c_trans = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (!tf32_problem(p, a_kmajor, b_nmajor, c_trans)) return cudaErrorNotSupported;
-  }
-  // 128 x 256 tiles where they fill every SM at least once, computed by pairs of CTAs that share
-  // each B tile by multicast (a third less traffic from L2; +1-2 % at 8192^3, NOTES.md). Below that,
-  // 128 x 128 or 128 x 64, whichever finishes first by a simple model: waves of tiles, each wave
-  // costing BN + 32 (the A operand and the per-tile fill, in units of B columns). At 1024^3, 64
-  // tiles of 128 x 128 leave half the SMs idle; 128 tiles of 128 x 64 do half the work each.
-  const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM;
-  if (tiles_m * ((p.n + 255) / 256) >= sms) {
-    if (tiles_m >= 2) return launch_wg_layout<T, 256, 2>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
-    return launch_wg_layout<T, 256, 1>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
-  }
-  auto cost = [&](int64_t bn) { return (tiles_m * ((p.n + bn - 1) / bn) + sms - 1) / sms * (bn + 32); };
-  if (cost(64) < cost(128)) return launch_wg_layout<T, 64, 1>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
-  return launch_wg_layout<T, 128, 1>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
+template <typename T> cudaError_t launch_wg_typed(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+    constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+    if constexpr (std::is_same_v<T, float> && BNM) {
+      return cudaErrorInvalidValue;
+    } else {
+      return launch_wg_tile<T, AK, BNM>(plan, p, stream);
+    }
+  });
 }
 
 }  // namespace
 
-// Sweeps (bench/sweep) call the tile sizes directly.
-template <typename T, int BN, int kCM>
-cudaError_t launch_gemm_wgmma_tile(GemmProblem p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  int sms = 0;
-  if (!device_takes_wgmma(sms)) return cudaErrorNotSupported;
-  bool c_trans = false;
-  if constexpr (std::is_same_v<T, float>) {
-    if (!tf32_problem(p, a_kmajor, b_nmajor, c_trans)) return cudaErrorNotSupported;
+// Whether this library's sm_90a code runs on `dev` (compute capability exactly 9.0, the kernel image
+// loads, the driver has the encoder), and how many pairs fit at once there. CUOPS_DISABLE_WGMMA
+// (read once) runs the portable kernels on Hopper: for a test, or a user chasing a numerics question.
+bool wgmma_runs_on(int dev, int& pair_clusters) {
+  static const bool disabled = std::getenv("CUOPS_DISABLE_WGMMA") != nullptr;
+  pair_clusters = 0;
+  if (disabled) return false;
+  int major = 0, minor = 0, sms = 0;
+  constexpr auto pair = gemm_wgmma<__nv_bfloat16, 256, true, true, 2>;
+  cudaFuncAttributes attr{};
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && major == 9 &&
+                  minor == 0 && encoder() != nullptr && cudaFuncGetAttributes(&attr, pair) == cudaSuccess;
+  (void)cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
+  if (!ok) return false;
+  // Every pair instance runs one CTA per SM (384 threads at 232 registers), so how many pairs fit is
+  // the GPC layout's answer, the same for all of them: asked once, of the bf16 one.
+  using Cfg = WgCfg<__nv_bfloat16, 256>;
+  if (cudaFuncSetAttribute(pair, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem) == cudaSuccess) {
+    const ClusterLaunch launch(static_cast<unsigned>(2 * (sms / 2)), 2, Cfg::kSmem, nullptr);
+    if (cudaOccupancyMaxActiveClusters(&pair_clusters, pair, &launch.cfg) != cudaSuccess) pair_clusters = 0;
   }
-  return launch_wg_layout<T, BN, kCM>(p, a_kmajor, b_nmajor, c_trans, sms, stream);
+  (void)cudaGetLastError();
+  if (pair_clusters <= 0) pair_clusters = sms / 2;
+  return true;
 }
 
-cudaError_t launch_gemm_wgmma(DType dtype, const GemmProblem& p, bool a_kmajor, bool b_nmajor, cudaStream_t stream) {
-  int sms = 0;
-  if (!device_takes_wgmma(sms)) return cudaErrorNotSupported;
-  switch (dtype) {
-    case DType::BFloat16: return launch_wg_dtype<__nv_bfloat16>(p, a_kmajor, b_nmajor, sms, stream);
-    case DType::Float16: return launch_wg_dtype<__half>(p, a_kmajor, b_nmajor, sms, stream);
-    case DType::Float32: return launch_wg_dtype<float>(p, a_kmajor, b_nmajor, sms, stream);
-    default: return cudaErrorNotSupported;
+cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  switch (plan.req.dtype) {
+    case DType::BFloat16: return launch_wg_typed<__nv_bfloat16>(plan, p, stream);
+    case DType::Float16: return launch_wg_typed<__half>(plan, p, stream);
+    case DType::Float32: return launch_wg_typed<float>(plan, p, stream);
+    default: return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace cuops::kernels::detail
-
-namespace cuops::kernels {
-bool gemm_tf32_wants_kmajor() {
-  int sms = 0;
-  return detail::device_takes_wgmma(sms);
-}
-}  // namespace cuops::kernels
-
-namespace cuops::kernels::detail {
 #endif  // CUOPS_WGMMA_BUILD
 
 }  // namespace cuops::kernels::detail

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "cuops/kernels/kernels.h"
+#include "kernels/kernels.h"
 
 namespace cuops::ops {
 

@@ -3,6 +3,8 @@
 #include "ops/common.h"
 
 #include <ATen/autocast_mode.h>
+
+#include "kernels/gemm_plan.h"
 #include <torch/csrc/autograd/variable.h>
 
 namespace cuops::ops {
@@ -23,8 +25,8 @@ void check_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
               a.sym_size(0), ", ", b.sym_size(1), "] (rows of a, columns of b), got ", shape_str(c));
 }
 
-// c is read by no one but written everywhere, and a/b are re-read many times: any shared memory,
-// even c being a itself, would change the inputs while they are being used.
+// c is written everywhere (and read first where beta != 0) while a and b are re-read many times: any
+// shared memory, even c being a itself, would change the inputs while they are being used.
 void check_gemm_memory(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
   check_output_not_self_overlapping("gemm", "c", c);
   check_output_overlap("gemm", "c", c, "a", a, /*allow_same=*/false);
@@ -59,24 +61,24 @@ at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
 
 // ---- CUDA
 
-kernels::MatrixView view(const at::Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
-
 // Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
-// Elements in 16 bytes: the fast kernels' unit for operand rows.
-int64_t row_unit(const at::Tensor& t) { return 16 / t.element_size(); }
+kernels::GemmOperand operand(const at::Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
 
-// An empty [rows, cols] view with rows a whole number of 16 bytes apart (the fast kernels' rule for
-// operand leading strides), so a copy is always one they read.
+kernels::GemmRequest request(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+  return {kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), operand(a), operand(b), c.data_ptr(),
+          c.stride(0), c.stride(1), alpha, beta, allow_tf32()};
+}
+
+// An empty [rows, cols] view with rows a whole number of 16 bytes apart (what the fast kernels read).
 at::Tensor padded_rows(int64_t rows, int64_t cols, const at::Tensor& like) {
-  const int64_t unit = row_unit(like);
+  const int64_t unit = 16 / like.element_size();
   return at::empty({rows, (cols + unit - 1) / unit * unit}, like.options()).narrow(1, 0, cols);
 }
 
-// x [r, c] float32 with unit column stride -> its [c, r] transpose, row-major with padded rows, by
-// cuops' transpose kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus:
-// ~150 us at 4096^2, NOTES.md).
+// x [r, c] float32 with unit column stride -> its [c, r] transpose in padded rows, by cuops' transpose
+// kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus: NOTES.md).
 at::Tensor transposed_copy(const at::Tensor& x) {
   at::Tensor out = padded_rows(x.size(1), x.size(0), x);
   C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
@@ -84,71 +86,44 @@ at::Tensor transposed_copy(const at::Tensor& x) {
   return out;
 }
 
-// Whether t [rows, cols] is what the fast kernels read along dimension `inner` without a copy: unit
-// stride there (or one element), the other stride a whole number of 16 bytes (or one element), and a
-// 16-byte aligned base (kernels/gemm.cu's launch_fast applies the same rule).
-bool fast_layout(const at::Tensor& t, int inner) {
-  const int outer = 1 - inner;
-  return (t.stride(inner) == 1 || t.size(inner) <= 1) && (t.size(outer) <= 1 || t.stride(outer) % row_unit(t) == 0) &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+// The copy a plan asks for (kernels/gemm_plan.cpp decides when one pays): t's values with rows a whole
+// number of 16 bytes apart, row-major, or column-major (the row-major copy of t^T, viewed transposed).
+// From torch's allocator on the op's stream, under the op's device guard.
+at::Tensor copied(const at::Tensor& t, kernels::OperandCopy how) {
+  if (how == kernels::OperandCopy::None) return t;
+  const at::Tensor src = how == kernels::OperandCopy::ColumnMajor ? t.t() : t;
+  const bool transposing = src.scalar_type() == at::kFloat && src.stride(0) == 1 && src.stride(1) >= src.size(0);
+  const at::Tensor out =
+      transposing ? transposed_copy(src.t()) : padded_rows(src.size(0), src.size(1), src).copy_(src);
+  return how == kernels::OperandCopy::ColumnMajor ? out.t() : out;
 }
 
-// Copies what the fast kernels cannot read, when the product pays for the copy: copying b costs
-// about 500 / m of the product's time at H100 rates (a: 500 / n) and the fallback is at best 4x slower
-// (the portable TF32 kernel; the general kernel ~50x), so from 256 rows on.
-// - An operand with odd strides, rows not a whole number of 16 bytes (a contiguous [4097, 4097]) or a
-//   misaligned base: into padded rows (a row-major; b row-major, or column-major for Hopper's TF32).
-// - Hopper's TF32 (wgmma, shared operands k-major; with c row-major): a transposed a with a row-major b
-//   has no copy-free form (kernels/gemm_wgmma.cu runs row-major a and b as the transposed problem, a
-//   transposed a from registers), so the smaller of the two is copied by cuops' transpose kernel.
-// float64 always runs the general kernel. The copies come from torch's allocator on the op's stream;
-// this runs under the op's device guard.
-void readable_operands(at::Tensor& a, at::Tensor& b, bool tf32, bool c_row_major) {
-  if (a.scalar_type() == at::kDouble) return;
-  const bool a_k = fast_layout(a, 1), a_m = fast_layout(a, 0);
-  const bool b_k = fast_layout(b, 0), b_n = fast_layout(b, 1);
-  const bool wgmma_tf32 =
-      tf32 && c_row_major && a.scalar_type() == at::kFloat && kernels::gemm_tf32_wants_kmajor();
-  bool copy_a = !a_k && !a_m, copy_b = !b_k && !b_n;
-  if (wgmma_tf32 && !a_k && a_m && !b_k && b_n) (a.size(0) <= b.size(1) ? copy_a : copy_b) = true;
-  if ((copy_a && b.size(1) < 256) || (copy_b && a.size(0) < 256)) return;
-  const bool f32 = a.scalar_type() == at::kFloat;
-  if (copy_a) {
-    a = f32 && a.stride(0) == 1 && a.stride(1) >= a.size(0) ? transposed_copy(a.t())
-                                                            : padded_rows(a.size(0), a.size(1), a).copy_(a);
+// c <- alpha * a @ b + beta * c on the kernel the planner picks, after the copies it asks for.
+void run_gemm(const at::Tensor& c, at::Tensor a, at::Tensor b, double alpha, double beta) {
+  const kernels::GemmDevice device = kernels::current_gemm_device();
+  kernels::GemmPlan plan = kernels::plan_gemm(request(c, a, b, alpha, beta), device);
+  if (plan.copy_a != kernels::OperandCopy::None || plan.copy_b != kernels::OperandCopy::None) {
+    a = copied(a, plan.copy_a);
+    b = copied(b, plan.copy_b);
+    plan = kernels::plan_gemm(request(c, a, b, alpha, beta), device);
+    TORCH_INTERNAL_ASSERT(plan.copy_a == kernels::OperandCopy::None && plan.copy_b == kernels::OperandCopy::None,
+                          "cuops::gemm: the planner asked to copy an operand twice");
   }
-  if (copy_b && wgmma_tf32) {
-    b = f32 && b.stride(1) == 1 && b.stride(0) >= b.size(1) ? transposed_copy(b).t()
-                                                            : padded_rows(b.size(1), b.size(0), b).copy_(b.t()).t();
-  } else if (copy_b) {
-    b = padded_rows(b.size(0), b.size(1), b).copy_(b);
-  }
+  C10_CUDA_CHECK(kernels::launch_gemm(plan, current_stream(c)));
 }
 
-void gemm_cuda(const at::Tensor& c, const at::Tensor& a_in, const at::Tensor& b_in, double alpha, double beta) {
-  check_gemm(c, a_in, b_in);
-  check_gemm_memory(c, a_in, b_in);
+void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+  check_gemm(c, a, b);
+  check_gemm_memory(c, a, b);
   const c10::cuda::CUDAGuard guard(c.device());
-  const bool tf32 = allow_tf32();
-  at::Tensor a = a_in, b = b_in;
-  // c neither row- nor column-major runs the general kernel whatever the operands: nothing to copy for.
-  if (c.stride(1) == 1 || c.stride(0) == 1 || c.size(0) <= 1 || c.size(1) <= 1) {
-    readable_operands(a, b, tf32, c.stride(1) == 1 || c.size(1) <= 1);  // launch_fast's row-major test
-  }
-  C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), alpha, view(a),
-                                      view(b), beta, c.data_ptr(), c.stride(0), c.stride(1), tf32, current_stream(c)));
+  run_gemm(c, a, b, alpha, beta);
 }
 
-at::Tensor mm_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
-  check_mm(a_in, b_in);
-  const c10::cuda::CUDAGuard guard(a_in.device());
-  const bool tf32 = allow_tf32();
-  at::Tensor a = a_in, b = b_in;
-  readable_operands(a, b, tf32, /*c_row_major=*/true);
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
+  check_mm(a, b);
+  const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-  C10_CUDA_CHECK(kernels::launch_gemm(kernel_dtype(a.scalar_type()), a.size(0), b.size(1), a.size(1), 1.0, view(a),
-                                      view(b), 0.0, out.data_ptr(), out.stride(0), out.stride(1), tf32,
-                                      current_stream(a)));
+  run_gemm(out, a, b, 1.0, 0.0);
   return out;
 }
 

@@ -1,4 +1,5 @@
 // Torch-free launchers for the cuops CUDA kernels: raw device pointers, int64 sizes, a stream.
+// Private to the library (ops/ calls them); the GEMM's are in gemm_plan.h.
 // Every launcher enqueues on `stream`, never synchronises, allocates nothing, and returns the launch
 // status (cudaGetLastError) for the caller to check.
 #pragma once
@@ -32,29 +33,9 @@ int64_t two_norm_scratch_bytes(int64_t n, int multiprocessors);
 cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n, void* scratch,
                             int64_t scratch_bytes, int multiprocessors, cudaStream_t stream);
 
-// A strided 2-D matrix view: element (i, j) is at ptr[i * stride0 + j * stride1] (in elements).
-struct MatrixView {
-  const void* ptr;
-  int64_t stride0;
-  int64_t stride1;
-};
-
-// c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n], any strides (c must not
-// overlap itself, a or b). beta == 0 never reads c. Accumulates in float (double for Float64).
-// allow_tf32 (Float32 only): multiply on tensor cores with inputs rounded to TF32, as torch.mm
-// does when torch.get_float32_matmul_precision() is "high" or "medium"; otherwise true FP32.
-cudaError_t launch_gemm(DType dtype, int64_t m, int64_t n, int64_t k, double alpha, MatrixView a,
-                        MatrixView b, double beta, void* c, int64_t c_stride0, int64_t c_stride1,
-                        bool allow_tf32, cudaStream_t stream);
-
-// Whether the current device's TF32 kernel is Hopper's wgmma, which takes a k-major or m-major a with
-// a k-major (column-major) b, and a row-major a with a row-major b, but not a transposed a with a
-// row-major b: that layout then runs the slower portable kernel unless the caller copies one operand.
-bool gemm_tf32_wants_kmajor();
-
 // dst[j * ld_dst + i] = src[i * ld + j] for a float32 src [rows, cols] with leading stride ld: dst is
-// the [cols, rows] transpose with rows ld_dst >= rows apart. The operand copy of Hopper's TF32 GEMM for
-// the one layout it has no copy-free form for.
+// the [cols, rows] transpose with rows ld_dst >= rows apart. The GEMM's operand copies of float32
+// (gemm_plan.h's OperandCopy) where the source's contiguous axis is the copy's strided one.
 cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
                                  int64_t ld_dst, cudaStream_t stream);
 

@@ -1,0 +1,221 @@
+// The GEMM planner (gemm_plan.h). Each rule, in the order plan_gemm applies them, and why. Figures
+// are H100 measurements recorded in bench/NOTES.md.
+//
+// | problem                                        | plan                                    | why |
+// |------------------------------------------------|-----------------------------------------|-----|
+// | m or n is 0                                    | nothing                                 | no element of c to write |
+// | float64                                        | general                                 | no float64 fast kernel yet |
+// | c neither row- nor column-major                | general                                 | the fast epilogues write pairs along c's rows |
+// | c column-major                                 | the product c^T = b^T a^T               | one storage order for the fast kernels |
+// | an operand not readable in place: no unit      | copy it into 16-byte padded rows when   | copying b costs ~500 / m of the product's time (a: |
+// |   stride, rows not 16-byte multiples, or a     |   the other side has >= 256 rows; else  |   500 / n); the fallback is >= 4x slower (portable |
+// |   base not 16-byte aligned                     |   general                               |   TF32) to ~50x (general) |
+// | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
+// |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
+// | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
+// |   < 2^31; operands TMA can describe            |   transposed problem, B^T from registers)|   at 8192^3 (bf16, fp16), 0.95-0.99x TF32 |
+// | wgmma, >= one 128 x 256 tile per SM            | 128 x 256; pairs along m (>= 2 rows)    | pairs multicast B: a third less L2 traffic, +1-2 % |
+// | wgmma, fewer tiles                             | 128 x 128 or 128 x 64, fewer waves x    | 1024^3: 64 tiles of 128 x 128 leave half the SMs |
+// |                                                |   (BN + 32) (A and the fill per tile)   |   idle; 128 x 64 took 0.74x to 0.89x |
+// | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
+// |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
+// | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
+// | bf16/fp16 elsewhere                            | mma.sync 128 x 128 from 264 tiles, else | two blocks per SM: about two waves from 264 |
+// |                                                |   64 x 128                              | |
+// | TF32 elsewhere                                 | mma.sync 128 x 128 from 512 tiles, else | 64 x 128 keeps two blocks per SM in 128 registers |
+// |                                                |   64 x 128                              | |
+// | float32 "highest"                              | SIMT 128 x 128 x 8 from 256 tiles, else | 128 x 128 (two blocks, 16 warps) fastest from 2048^3, |
+// |                                                |   64 x 64 x 16                          |   64 x 64 at <= 1024^3 where big tiles idle SMs |
+// | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
+#include "gemm_plan.h"
+
+#include <algorithm>
+#include <climits>
+
+namespace cuops::kernels {
+namespace {
+
+constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two consumers of 64
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t element_size(DType t) { return t == DType::Float64 ? 8 : t == DType::Float32 ? 4 : 2; }
+
+bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+// A [rows, cols] view read as row-major (element (i, j) at i * ld + j, ld a multiple of `unit`):
+// unit column stride, or at most one column; a view of at most one row has no leading stride (0).
+bool row_major(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int64_t unit, int64_t& ld) {
+  if (s1 != 1 && cols > 1) return false;
+  ld = rows <= 1 ? 0 : s0;
+  return ld % unit == 0;
+}
+
+// What the fast kernels read in place: row-major with rows a whole number of 16 bytes apart, from a
+// 16-byte aligned base (every 16-byte chunk along the contiguous axis is then an aligned load).
+bool readable(int64_t rows, int64_t cols, int64_t s0, int64_t s1, const void* ptr, int64_t unit) {
+  int64_t ld = 0;
+  return row_major(rows, cols, s0, s1, unit, ld) && aligned(ptr, 16);
+}
+
+// Whether TMA can describe a row-major [outer, inner] operand with leading stride ld (what
+// gemm_wgmma.cu's make_map checks before asking the driver): a one-row view gets a valid stride
+// there; otherwise rows must not overlap (an expanded view's stride 0 is refused) and its 32-bit
+// coordinates must reach every element.
+bool tma_describes(int64_t inner, int64_t outer, int64_t ld) {
+  return (outer == 1 || ld >= inner) && inner <= INT32_MAX && outer <= INT32_MAX;
+}
+
+GemmPlan& general(GemmPlan& p, const char* why) {
+  p.kernel = GemmKernel::General;
+  p.bm = p.bn = 64;
+  p.grid = cdiv(p.req.m, 64) * cdiv(p.req.n, 64);
+  p.why = why;
+  return p;
+}
+
+// The copies of ops/gemm.cpp's concern: an operand the fast kernels cannot read, and TF32 wgmma's
+// one layout without a copy-free form, when the product is large enough to pay for the copy.
+void plan_copies(GemmPlan& p, bool c_row_major, const GemmDevice& dev) {
+  const GemmRequest& r = p.req;
+  const int64_t unit = 16 / element_size(r.dtype);
+  const bool a_k = readable(r.m, r.k, r.a.stride0, r.a.stride1, r.a.ptr, unit);
+  const bool a_m = readable(r.k, r.m, r.a.stride1, r.a.stride0, r.a.ptr, unit);
+  const bool b_n = readable(r.k, r.n, r.b.stride0, r.b.stride1, r.b.ptr, unit);
+  const bool b_k = readable(r.n, r.k, r.b.stride1, r.b.stride0, r.b.ptr, unit);
+  const bool wgmma_tf32 = r.dtype == DType::Float32 && r.allow_tf32 && c_row_major && dev.wgmma;
+  bool copy_a = !a_k && !a_m, copy_b = !b_k && !b_n;
+  if (wgmma_tf32 && !a_k && a_m && !b_k && b_n) (r.m <= r.n ? copy_a : copy_b) = true;
+  if ((copy_a && r.n < 256) || (copy_b && r.m < 256)) return;
+  if (copy_a) p.copy_a = OperandCopy::RowMajor;
+  if (copy_b) p.copy_b = wgmma_tf32 ? OperandCopy::ColumnMajor : OperandCopy::RowMajor;
+}
+
+// The fewest blocks (or clusters) of a persistent grid that finish `units` in as many waves as
+// `most` would: 1024 units on 66 clusters take 16 waves, the last half full; on 64, 16 full ones.
+int64_t balanced(int64_t units, int64_t most) {
+  const int64_t waves = cdiv(units, most);
+  return cdiv(units, waves);
+}
+
+bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
+  const GemmRequest& r = p.req;
+  if (p.m > INT32_MAX || p.n > INT32_MAX || r.k > INT32_MAX) return false;
+  const bool tf32 = r.dtype == DType::Float32;
+  if (tf32 && p.b_nmajor) {
+    // TF32 wgmma reads B k-major only: an n-major B with a k-major A is the transposed problem
+    // C^T = B^T A^T, whose A (B^T, m-major) comes from registers and whose B (A^T) is k-major.
+    if (!p.a_kmajor) return false;
+    std::swap(p.m, p.n);
+    std::swap(p.lda, p.ldb);
+    p.a_kmajor = p.b_nmajor = false;
+    p.c_trans = true;
+  }
+  const bool maps = (p.a_kmajor ? tma_describes(r.k, p.m, p.lda) : tma_describes(p.m, r.k, p.lda)) &&
+                    (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
+  if (!maps) return false;
+  p.kernel = GemmKernel::Wgmma;
+  p.bm = kWgmmaBM;
+  const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
+  if (tiles_m * cdiv(p.n, 256) >= dev.sms) {
+    p.bn = 256;
+    p.cluster_m = tiles_m >= 2 ? 2 : 1;
+    p.why = "wgmma: a 128 x 256 tile for every SM";
+  } else {
+    auto cost = [&](int64_t bn) { return cdiv(tiles_m * cdiv(p.n, bn), dev.sms) * (bn + 32); };
+    p.bn = cost(64) < cost(128) ? 64 : 128;
+    p.why = "wgmma: fewer tiles than SMs at 128 x 256";
+  }
+  const int64_t units = cdiv(p.m, kWgmmaBM * p.cluster_m) * cdiv(p.n, p.bn);
+  const int64_t most = p.cluster_m == 1 ? dev.sms : (dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2);
+  p.grid = balanced(units, std::max<int64_t>(most, 1)) * p.cluster_m;
+  p.tma_store = !tf32 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 &&
+                tma_describes(p.n, p.m, p.ldc);
+  return true;
+}
+
+void tiles(GemmPlan& p, int bm, int bn, int bk) {
+  p.bm = bm, p.bn = bn, p.bk = bk;
+  p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
+}
+
+}  // namespace
+
+const char* kernel_name(GemmKernel k) {
+  switch (k) {
+    case GemmKernel::None: return "none";
+    case GemmKernel::General: return "general";
+    case GemmKernel::Simt: return "simt";
+    case GemmKernel::MmaTf32: return "mma_tf32";
+    case GemmKernel::MmaHalf: return "mma_half";
+    case GemmKernel::Wgmma: return "wgmma";
+  }
+  return "?";
+}
+
+GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& dev) {
+  GemmPlan p;
+  p.req = r;
+  if (r.m == 0 || r.n == 0) {
+    p.kernel = GemmKernel::None;
+    p.why = "c is empty";
+    return p;
+  }
+  if (r.dtype == DType::Float64) return general(p, "float64: no fast kernel");
+  const int64_t es = element_size(r.dtype), unit = 16 / es;
+  int64_t ldc = 0;
+  const bool c_row = row_major(r.m, r.n, r.c_stride0, r.c_stride1, 1, ldc);
+  if (!c_row && !row_major(r.n, r.m, r.c_stride1, r.c_stride0, 1, ldc)) {
+    return general(p, "c neither row- nor column-major");
+  }
+  if (!aligned(r.c, es)) return general(p, "c not aligned to its element size");
+  plan_copies(p, c_row, dev);
+  if (p.copy_a != OperandCopy::None || p.copy_b != OperandCopy::None) {
+    p.why = "copy an operand first, then plan again";
+    return p;
+  }
+  // The canonical problem: C row-major; a column-major c computes c^T = b^T a^T.
+  p.swap_ab = !c_row;
+  p.m = c_row ? r.m : r.n;
+  p.n = c_row ? r.n : r.m;
+  p.ldc = ldc;
+  const GemmOperand A = c_row ? r.a : GemmOperand{r.b.ptr, r.b.stride1, r.b.stride0};
+  const GemmOperand B = c_row ? r.b : GemmOperand{r.a.ptr, r.a.stride1, r.a.stride0};
+  p.a_kmajor = row_major(p.m, r.k, A.stride0, A.stride1, unit, p.lda);
+  if (!p.a_kmajor && !row_major(r.k, p.m, A.stride1, A.stride0, unit, p.lda)) {
+    return general(p, "a not readable in place, too small a product to copy it");
+  }
+  p.b_nmajor = row_major(r.k, p.n, B.stride0, B.stride1, unit, p.ldb);
+  if (!p.b_nmajor && !row_major(p.n, r.k, B.stride1, B.stride0, unit, p.ldb)) {
+    return general(p, "b not readable in place, too small a product to copy it");
+  }
+  if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16)) return general(p, "an operand's base not 16-byte aligned");
+
+  const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
+  if ((r.dtype != DType::Float32 || tf32) && dev.wgmma) {
+    GemmPlan w = p;
+    if (plan_wgmma(w, dev)) return w;
+  }
+  if (r.dtype != DType::Float32) {
+    p.kernel = GemmKernel::MmaHalf;
+    p.why = "bf16/fp16 on mma.sync";
+    if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 264) tiles(p, 128, 128, 32);
+    else tiles(p, 64, 128, 32);
+    return p;
+  }
+  if (tf32) {
+    p.kernel = GemmKernel::MmaTf32;
+    p.why = "TF32 on mma.sync";
+    if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 512) tiles(p, 128, 128, 32);
+    else tiles(p, 64, 128, 32);
+    return p;
+  }
+  if (!p.a_kmajor && p.lda == 0 && r.k > 1) return general(p, "SIMT: m-major a of leading stride 0");
+  p.kernel = GemmKernel::Simt;
+  p.why = "float32 'highest' on FP32 cores";
+  if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 256) tiles(p, 128, 128, 8);
+  else tiles(p, 64, 64, 16);
+  return p;
+}
+
+}  // namespace cuops::kernels

@@ -1,0 +1,91 @@
+// The GEMM planner: which kernel runs a product, with which tile and grid, and which operand copies
+// pay. A plain function of the problem and the device (host code, no CUDA calls), so the rules are
+// written once, unit-tested on the CPU (tests/cpp/test_gemm_plan.cpp), and obeyed by everyone:
+// ops/gemm.cpp makes the copies a plan asks for, launch_gemm runs the kernel it names, and the
+// sweeps in bench/sweep override a plan's tile or grid to time other choices. Why each rule is what
+// it is: the table at the top of kernels/gemm_plan.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace cuops::kernels {
+
+// A strided 2-D matrix: element (i, j) at ptr[i * stride0 + j * stride1] (strides in elements).
+struct GemmOperand {
+  const void* ptr;
+  int64_t stride0, stride1;
+};
+
+// c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n] (c must not overlap a, b or itself;
+// the ops check that). beta == 0 never reads c. allow_tf32 (float32 only): torch's "high"/"medium"
+// float32 matmul precision.
+struct GemmRequest {
+  DType dtype;
+  int64_t m, n, k;
+  GemmOperand a, b;
+  void* c;
+  int64_t c_stride0, c_stride1;
+  double alpha, beta;
+  bool allow_tf32;
+};
+
+// What the planner needs to know of the GPU: its SM count; whether this library's sm_90a wgmma
+// kernel runs there (compute capability 9.0, the image loads, the driver has the tensor-map
+// encoder, CUOPS_DISABLE_WGMMA unset); and how many clusters of two of it fit at once (a pair needs
+// two free SMs of one GPC, so this can be below sms / 2).
+struct GemmDevice {
+  int sms = 0;
+  bool wgmma = false;
+  int pair_clusters = 0;
+};
+
+enum class GemmKernel : int {
+  None,     // m or n is 0: nothing to write
+  General,  // kernels/gemm.cu: any strides, any dtype, no tensor cores
+  Simt,     // kernels/gemm_simt.cu: float32, true FP32
+  MmaTf32,  // kernels/gemm_tf32.cu: float32 as TF32, mma.sync
+  MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
+  Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
+};
+const char* kernel_name(GemmKernel k);
+
+// A copy the caller makes before launching: the operand's values into a fresh tensor whose rows are
+// a whole number of 16 bytes apart, row-major or column-major (then read k-major as b).
+enum class OperandCopy : int { None, RowMajor, ColumnMajor };
+
+struct GemmPlan {
+  GemmRequest req;
+  GemmKernel kernel = GemmKernel::General;
+  OperandCopy copy_a = OperandCopy::None, copy_b = OperandCopy::None;
+  // The problem the fast kernels compute (gemm.cuh's GemmProblem): C row-major, so a column-major c
+  // is the transposed product c^T = b^T a^T (swap_ab); A k-major or m-major, B n-major or k-major.
+  bool swap_ab = false;
+  bool a_kmajor = false, b_nmajor = false;
+  int64_t m = 0, n = 0, lda = 0, ldb = 0, ldc = 0;
+  // TF32 wgmma with a row-major B: the kernel computes C^T = B^T A^T and stores it transposed.
+  bool c_trans = false;
+  // Block tile (rows x columns of C per CTA), k-slice (the SIMT kernel's), CTAs per cluster along m,
+  // and the grid in blocks (a persistent kernel's is below its tile count).
+  int bm = 0, bn = 0, bk = 0, cluster_m = 1;
+  int64_t grid = 0;
+  // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
+  bool tma_store = false;
+  // The table row that decided the kernel, for tests and the sweeps' logs.
+  const char* why = "";
+};
+
+// The plan for `req` on `dev`. Where it asks for copies, the caller makes them and plans again with
+// the copies as operands; that second plan asks for none.
+GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
+
+// The current device's GemmDevice (settled once per device).
+GemmDevice current_gemm_device();
+
+// Runs a plan with no copies left (the caller's stream; nothing allocated, no synchronisation).
+// cudaErrorInvalidValue for a plan no kernel instance takes (a tile a sweep asked for that is not
+// compiled, a plan that still asks for copies).
+cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream);
+
+}  // namespace cuops::kernels

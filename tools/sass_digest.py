@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Per-kernel SASS digest of a CUDA binary: instruction count and a hash of the instruction text, per
+kernel and arch, so a refactor can be shown to leave the machine code of every kernel unchanged
+(and a change to touch only the kernels it meant to), on a machine without a GPU.
+
+    python3 tools/sass_digest.py build/libcuops.so > before.txt    # (or a .o, or saved -sass text)
+    ... change, rebuild ...
+    python3 tools/sass_digest.py build/libcuops.so --diff before.txt
+
+Names are mangled with the anonymous-namespace tag of their file removed (it depends on the file's
+path and contents, not on the code). Needs cuobjdump (and nvdisasm) on PATH or in NVIDIA's wheels.
+"""
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+")
+
+
+def cuobjdump():
+    found = shutil.which("cuobjdump") or ("/usr/local/cuda/bin/cuobjdump" if os.path.exists("/usr/local/cuda/bin/cuobjdump") else None)
+    if found:
+        return found
+    try:
+        import nvidia  # the nvidia-cuda-cuobjdump wheel (tools/env.sh pins it)
+        for p in nvidia.__path__:
+            cand = os.path.join(p, "cu13", "bin", "cuobjdump")
+            if os.path.exists(cand):
+                return cand
+    except ImportError:
+        pass
+    sys.exit("sass_digest.py: no cuobjdump (CUDA toolkit or the nvidia-cuda-cuobjdump wheel)")
+
+
+def digest(path):
+    """{(arch, kernel): (instructions, sha1 of the instruction text)}"""
+    if path.endswith(".sass"):  # cuobjdump -sass output saved earlier
+        text = open(path).read()
+    else:
+        tool = cuobjdump()
+        env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
+        text = subprocess.run([tool, "-sass", path], capture_output=True, text=True, env=env, check=True).stdout
+    out, arch, name, body = {}, "?", None, []
+
+    def close():
+        if name is not None:
+            out[(arch, ANON.sub("<anon>", name))] = (len(body), hashlib.sha1("\n".join(body).encode()).hexdigest()[:12])
+
+    for line in text.splitlines():
+        m = re.match(r"\s*arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+            continue
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            close()
+            name, body = m.group(1), []
+            continue
+        # "        /*0040*/                   LDC R1, c[0x0][0x28] ;         /* 0x00000a00ff017b82 */"
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;?\s*/\*", line)
+        if m and name is not None:
+            # Branch targets are addresses: kept (a moved target is a changed kernel).
+            body.append(m.group(1))
+    close()
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("binary")
+    parser.add_argument("--diff", help="a digest written earlier by this script: print what changed")
+    args = parser.parse_args()
+    now = digest(args.binary)
+    if not args.diff:
+        for (arch, name), (n, h) in sorted(now.items()):
+            print(f"{arch} {n:6d} {h} {name}")
+        return 0
+    before = {}
+    for line in open(args.diff):
+        arch, n, h, name = line.split(maxsplit=3)
+        before[(arch, name.strip())] = (int(n), h)
+    changed = 0
+    for key in sorted(set(before) | set(now)):
+        b, a = before.get(key), now.get(key)
+        if b != a:
+            changed += 1
+            print(f"{'changed' if a and b else 'added' if a else 'removed'}: {key[0]} {key[1][:110]} "
+                  f"{b[0] if b else '-'} -> {a[0] if a else '-'} instructions")
+    print(f"{len(now)} kernels, {changed} differ from {args.diff}")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
