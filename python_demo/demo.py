@@ -1,14 +1,14 @@
 """The classic 'call my CUDA kernel from PyTorch' demo, through cuops: load the library, call the ops,
 check each against torch, and on a GPU time each against torch with CUDA events after a warm-up."""
-import os
 import pathlib
 import sys
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-torch.ops.load_library(os.environ.get("CUOPS_LIBRARY", str(ROOT / "build" / "libcuops.so")))
-cuops = torch.ops.cuops
+# The package is the one place that finds the library ($CUOPS_LIBRARY, $CUOPS_BUILD_DIR, build/).
+sys.path.insert(0, str(ROOT / "python"))
+import cuops  # noqa: E402
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 print(f"cuops Python demo on {device}" + ("" if device == "cuda" else " (no GPU found: CPU kernels, no timing)"))

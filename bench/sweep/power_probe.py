@@ -2,13 +2,20 @@
 cuops.mm, bf16 8192^3, with and without an L2 flush between calls. Question (bench/NOTES.md): is the
 harness's 2-4 % gap to the sweep a lower clock under the 700 W cap? Not part of the tests.
     python3 bench/sweep/power_probe.py build/libcuops.so"""
+import os
+import pathlib
 import subprocess
 import sys
 import time
 
 import torch
 
-torch.ops.load_library(sys.argv[1] if len(sys.argv) > 1 else "build/libcuops.so")
+if len(sys.argv) > 1:
+    os.environ["CUOPS_LIBRARY"] = sys.argv[1]
+# The package is the one place that finds the library ($CUOPS_LIBRARY, $CUOPS_BUILD_DIR, build/).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+import cuops  # noqa: E402,F401
+
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

@@ -1,59 +1,237 @@
 """cuops: hand-written CUDA kernels registered as PyTorch operators (torch.ops.cuops.*).
 
     import torch, cuops
-    y = cuops.mm(a, b)            # the same as torch.ops.cuops.mm(a, b)
+    y = cuops.mm(a, b)            # a typed function over torch.ops.cuops.mm(a, b)
+    help(cuops.mm)                # dtypes, shapes, layouts, autograd, errors
     cuops.build_info()            # dict: cuops, torch and CUDA versions, archs, compiler, build type
 
-Importing loads libcuops.so into torch.ops.cuops. libcuops is C++ built against one torch release; a
-different torch would fail with an "undefined symbol" error from the dynamic loader, so the versions
-are compared first and a mismatch raises ImportError naming both.
+Every function here calls torch.ops.cuops.<op>, so torch.compile, torch.export and TorchScript see the
+registered operator; `cuops.ops` is torch.ops.cuops itself.
+
+Importing loads libcuops.so into torch.ops.cuops; `cuops.library_path` names the file.
+- Installed (pip install .): the library inside this package. libcuops is C++ built against one torch
+  release, so that version is compared with the running torch first, and a mismatch raises ImportError
+  naming both (instead of the dynamic loader's "undefined symbol").
+- Source checkout (<repo>/python on sys.path, e.g. PYTHONPATH=python): the build tree's library,
+  $CUOPS_LIBRARY if set, else $CUOPS_BUILD_DIR/libcuops.so if set, else <repo>/build/libcuops.so.
+
+Shared by all tensor ops (SPEC §1): dtypes float32, float64, float16 and bfloat16 (half types accumulate
+in float32), every tensor argument of one dtype and on one device; any strides in (transposed, sliced,
+expanded), contiguous outputs; 0-size tensors work; bad input raises RuntimeError whose message starts
+with "cuops::<op>:" and names the argument, what was expected and what came.
 """
 import json
-import os
+from typing import Any
 
 import torch
 
-from ._build_config import CUDA_ARCHITECTURES, TORCH_VERSION, __version__
+from ._library import load as _load
 
-__all__ = ["__version__", "build_info", "library_path", "ops", "TORCH_VERSION", "CUDA_ARCHITECTURES"]
-
-
-def _base(version: str) -> str:
-    return version.split("+")[0]
-
-
-def _check_torch() -> None:
-    running = torch.__version__
-    if _base(running) != _base(TORCH_VERSION):
-        raise ImportError(
-            f"cuops {__version__} was built against torch {TORCH_VERSION}, but torch {running} is installed; "
-            f"libcuops.so cannot load into another torch release (its C++ ABI differs). Install "
-            f"torch=={TORCH_VERSION}, or rebuild cuops against torch {running} (pip install . in the cuops source "
-            f"tree)."
-        )
-    if torch.version.cuda is None:
-        raise ImportError(
-            f"cuops {__version__} needs a CUDA build of torch {TORCH_VERSION} (it links libc10_cuda), but the "
-            f"installed torch {running} is CPU-only. Install the CUDA build of torch=={TORCH_VERSION}."
-        )
-
-
-_check_torch()
-library_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libcuops.so")
-torch.ops.load_library(library_path)
+library_path, __version__, TORCH_VERSION, CUDA_ARCHITECTURES = _load()
 ops = torch.ops.cuops
 
+__all__ = [
+    "add2",
+    "vector_add",
+    "scale",
+    "square",
+    "two_norm",
+    "gemm",
+    "mm",
+    "build_info",
+    "ops",
+    "library_path",
+    "__version__",
+    "TORCH_VERSION",
+    "CUDA_ARCHITECTURES",
+]
 
-def build_info() -> dict:
-    """What this libcuops was built from and for (paste it into bug reports)."""
+
+def add2(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Writes a + b into c, elementwise: c <- a + b (SPEC §1 add2).
+
+    Args:
+        c: the output, written in place; the shape, dtype and device of a. It may be a or b itself;
+            any other overlap with a or b, or an output that overlaps itself (an expanded view), is an
+            error.
+        a: any shape, any strides.
+        b: the shape of a (no broadcasting).
+
+    Dtypes: float32, float64, float16, bfloat16 (half types add in float32 and round once).
+
+    Autograd: not differentiable. With grad mode on, c, a or b requiring grad is an error; use
+    vector_add, or run under torch.no_grad().
+
+    Raises:
+        RuntimeError: "cuops::add2: ..." for another dtype, mixed dtypes or devices, unequal shapes, the
+            overlaps above, or an input requiring grad.
+
+    Calls torch.ops.cuops.add2.
+    """
+    torch.ops.cuops.add2(c, a, b)
+
+
+def vector_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b, elementwise, as a new tensor (SPEC §1 vector_add).
+
+    Args:
+        a: any shape, any strides.
+        b: the shape, dtype and device of a (no broadcasting).
+
+    Returns:
+        A new contiguous tensor of a's shape and dtype.
+
+    Dtypes: float32, float64, float16, bfloat16 (half types add in float32 and round once).
+
+    Autograd: differentiable; the gradient of each input is the output's gradient g.
+
+    Raises:
+        RuntimeError: "cuops::vector_add: ..." for another dtype, mixed dtypes or devices, or unequal
+            shapes.
+
+    Calls torch.ops.cuops.vector_add.
+    """
+    return torch.ops.cuops.vector_add(a, b)
+
+
+def scale(x: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
+    """alpha * x, elementwise, as a new tensor (SPEC §1 scale). The default alpha doubles x.
+
+    Args:
+        x: any shape, any strides.
+        alpha: the factor (a Python float, not a tensor).
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype.
+
+    Dtypes: float32, float64, float16, bfloat16 (half types multiply in float32 and round once).
+
+    Autograd: differentiable in x; the gradient is alpha * g.
+
+    Raises:
+        RuntimeError: "cuops::scale: ..." for another dtype.
+
+    Calls torch.ops.cuops.scale.
+    """
+    return torch.ops.cuops.scale(x, alpha)
+
+
+def square(x: torch.Tensor) -> torch.Tensor:
+    """x * x, elementwise, as a new tensor of any shape (SPEC §1 square).
+
+    Args:
+        x: any shape, any strides.
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype.
+
+    Dtypes: float32, float64, float16, bfloat16 (half types multiply in float32 and round once).
+
+    Autograd: differentiable; the gradient is 2 * x * g.
+
+    Raises:
+        RuntimeError: "cuops::square: ..." for another dtype.
+
+    Calls torch.ops.cuops.square.
+    """
+    return torch.ops.cuops.square(x)
+
+
+def two_norm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The Euclidean norm of a - b over all elements, ||a - b||_2, as a 0-dim tensor (SPEC §1 two_norm).
+
+    Args:
+        a: any shape, any strides.
+        b: the shape, dtype and device of a (no broadcasting).
+
+    Returns:
+        A 0-dim tensor of a's dtype; 0 for empty inputs. Deterministic: the reduction order is fixed, so
+        the same inputs give the same bits on every run.
+
+    Dtypes: float32, float64, float16, bfloat16 (half types accumulate in float32). Under CUDA autocast
+    it runs in float32, like torch's norms.
+
+    Autograd: differentiable; grad_a = g * (a - b) / ||a - b|| and grad_b = -grad_a, both 0 where the
+    norm is 0.
+
+    Raises:
+        RuntimeError: "cuops::two_norm: ..." for another dtype, mixed dtypes or devices, or unequal
+            shapes.
+
+    Calls torch.ops.cuops.two_norm.
+    """
+    return torch.ops.cuops.two_norm(a, b)
+
+
+def gemm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0) -> None:
+    """Writes alpha * (a @ b) + beta * c into c: the in-place, BLAS-style GEMM (SPEC §1 gemm).
+
+    Args:
+        c: the [M, N] output, written in place. With beta = 0 its old contents are ignored, NaN
+            included. It must not overlap a or b (not even be one of them), nor itself (an expanded
+            view).
+        a: the [M, K] left operand.
+        b: the [K, N] right operand.
+        alpha: scales the product.
+        beta: scales c's old contents.
+
+    Dtypes: float32, float64, float16, bfloat16, all three tensors one dtype. Half types run on tensor
+    cores on CUDA and accumulate in float32. float32 precision follows
+    torch.get_float32_matmul_precision(), like torch.mm: "highest" is true FP32, "high" and "medium"
+    may use TF32 tensor cores.
+
+    Layout: any strides; transposed operands (a.t(), b.t()) are read in place.
+
+    Autograd: not differentiable. With grad mode on, c, a or b requiring grad is an error; use mm, or
+    run under torch.no_grad().
+
+    Raises:
+        RuntimeError: "cuops::gemm: ..." for operands that are not 2-D, inner dimensions that differ, a c
+            not of shape [M, N], another dtype, mixed dtypes or devices, the overlaps above, or an
+            input requiring grad.
+
+    Calls torch.ops.cuops.gemm.
+    """
+    torch.ops.cuops.gemm(c, a, b, alpha, beta)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The matrix product a @ b as a new tensor: the functional, differentiable GEMM (SPEC §1 mm).
+
+    Args:
+        a: the [M, K] left operand.
+        b: the [K, N] right operand, a's dtype and device.
+
+    Returns:
+        A new contiguous [M, N] tensor of a's dtype (K = 0 gives zeros).
+
+    Dtypes: float32, float64, float16, bfloat16. Half types run on tensor cores on CUDA and accumulate
+    in float32. float32 precision follows torch.get_float32_matmul_precision(), like torch.mm:
+    "highest" is true FP32, "high" and "medium" may use TF32 tensor cores. Under CUDA autocast it runs
+    in the autocast dtype, like torch.mm.
+
+    Layout: any strides; transposed operands (a.t(), b.t()) are read in place.
+
+    Autograd: differentiable; grad_a = g @ b.T and grad_b = a.T @ g, computed with cuops.mm, so the
+    backward is differentiable too.
+
+    Raises:
+        RuntimeError: "cuops::mm: ..." for operands that are not 2-D, inner dimensions that differ,
+            another dtype, or mixed dtypes or devices.
+
+    Calls torch.ops.cuops.mm.
+    """
+    return torch.ops.cuops.mm(a, b)
+
+
+def build_info() -> dict[str, Any]:
+    """What this libcuops was built from and for; paste it into bug reports (SPEC §1 build_info).
+
+    Returns:
+        A dict: cuops_version, torch_version and cuda_version it was built against,
+        cuda_compiler_version, cuda_archs (a list: the machine code compiled in), cxx_compiler and
+        build_type.
+
+    Calls torch.ops.cuops.build_info, which returns the same as a JSON string.
+    """
     return json.loads(torch.ops.cuops.build_info())
-
-
-def __getattr__(name):
-    """cuops.<op> is torch.ops.cuops.<op> (add2, vector_add, scale, square, two_norm, gemm, mm)."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    try:
-        return getattr(torch.ops.cuops, name)
-    except (AttributeError, RuntimeError) as e:
-        raise AttributeError(f"module 'cuops' has no attribute {name!r}") from e

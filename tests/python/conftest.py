@@ -1,13 +1,16 @@
 """Shared fixtures: loads libcuops into torch.ops.cuops, devices, dtypes, tolerances, input makers."""
-import os
 import pathlib
+import sys
 
 import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LIBRARY = pathlib.Path(os.environ.get("CUOPS_LIBRARY", ROOT / "build" / "libcuops.so"))
-torch.ops.load_library(str(LIBRARY))
+# The package is the one place that finds the library ($CUOPS_LIBRARY, $CUOPS_BUILD_DIR, build/).
+sys.path.insert(0, str(ROOT / "python"))
+import cuops  # noqa: E402
+
+LIBRARY = pathlib.Path(cuops.library_path)
 ops = torch.ops.cuops
 
 HAS_CUDA = torch.cuda.is_available()

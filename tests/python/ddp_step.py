@@ -10,12 +10,17 @@ Run by tests/python/test_reliability.py::test_ddp_two_processes_match_single_pro
 """
 import argparse
 import os
+import pathlib
+import sys
 
 import torch
 import torch.distributed as dist
 
-torch.ops.load_library(os.environ["CUOPS_LIBRARY"])
-ops = torch.ops.cuops
+# The package is the one place that finds the library ($CUOPS_LIBRARY, $CUOPS_BUILD_DIR, build/).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+import cuops  # noqa: E402
+
+ops = cuops.ops
 
 BATCH, STEPS, LR = 64, 3, 0.1
 

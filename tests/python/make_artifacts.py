@@ -3,14 +3,15 @@
   model_<dev>.pt2   an AOTInductor package of the same module (torch.export + aoti_compile_and_package),
   io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load.
 Usage: python make_artifacts.py OUT_DIR   (cpu always; cuda too when a GPU is visible)."""
-import os
 import pathlib
 import sys
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-torch.ops.load_library(os.environ.get("CUOPS_LIBRARY", str(ROOT / "build" / "libcuops.so")))
+# The package is the one place that finds the library ($CUOPS_LIBRARY, $CUOPS_BUILD_DIR, build/).
+sys.path.insert(0, str(ROOT / "python"))
+import cuops  # noqa: E402,F401
 
 
 class Model(torch.nn.Module):
