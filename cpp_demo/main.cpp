@@ -27,7 +27,7 @@ double rel_err(const at::Tensor& got, const at::Tensor& want) {
 
 }  // namespace
 
-// With an artifact directory (tests/python/make_artifacts.py), also runs the module scripted in
+// With an artifact directory (tests/scripts/make_artifacts.py), also runs the module scripted in
 // Python (TorchScript) and the AOTInductor package exported in Python, against Python's outputs.
 int main(int argc, char** argv) {
   const bool cuda = torch::cuda::is_available();
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     check("AOTInductor .pt2", "16x8 model", aoti[0], in("g"), 1e-5);
     check("AOTInductor .pt2 norm", "16x8 model", aoti[1], in("norm"), 1e-5);
   } else if (!dir.empty()) {
-    std::printf("(no Python artifacts in %s: run tests/python/make_artifacts.py)\n", dir.c_str());
+    std::printf("(no Python artifacts in %s: run tests/scripts/make_artifacts.py)\n", dir.c_str());
   }
 
   bool all_ok = true;

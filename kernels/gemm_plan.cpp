@@ -98,6 +98,14 @@ int64_t balanced(int64_t units, int64_t most) {
   return cdiv(units, waves);
 }
 
+// A wgmma tile of 128 x bn in clusters of cm along m, on a persistent grid.
+void wgmma_tile(GemmPlan& p, int bn, int cm, const GemmDevice& dev) {
+  p.bm = kWgmmaBM, p.bn = bn, p.bk = 0, p.cluster_m = cm;
+  const int64_t units = cdiv(p.m, kWgmmaBM * cm) * cdiv(p.n, bn);
+  const int64_t most = cm == 1 ? dev.sms : (dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2);
+  p.grid = balanced(units, std::max<int64_t>(most, 1)) * cm;
+}
+
 bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   const GemmRequest& r = p.req;
   if (p.m > INT32_MAX || p.n > INT32_MAX || r.k > INT32_MAX) return false;
@@ -115,27 +123,22 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
                     (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
   if (!maps) return false;
   p.kernel = GemmKernel::Wgmma;
-  p.bm = kWgmmaBM;
   const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
   if (tiles_m * cdiv(p.n, 256) >= dev.sms) {
-    p.bn = 256;
-    p.cluster_m = tiles_m >= 2 ? 2 : 1;
+    wgmma_tile(p, 256, tiles_m >= 2 ? 2 : 1, dev);
     p.why = "wgmma: a 128 x 256 tile for every SM";
   } else {
     auto cost = [&](int64_t bn) { return cdiv(tiles_m * cdiv(p.n, bn), dev.sms) * (bn + 32); };
-    p.bn = cost(64) < cost(128) ? 64 : 128;
+    wgmma_tile(p, cost(64) < cost(128) ? 64 : 128, 1, dev);
     p.why = "wgmma: fewer tiles than SMs at 128 x 256";
   }
-  const int64_t units = cdiv(p.m, kWgmmaBM * p.cluster_m) * cdiv(p.n, p.bn);
-  const int64_t most = p.cluster_m == 1 ? dev.sms : (dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2);
-  p.grid = balanced(units, std::max<int64_t>(most, 1)) * p.cluster_m;
   p.tma_store = !tf32 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 &&
                 tma_describes(p.n, p.m, p.ldc);
   return true;
 }
 
 void tiles(GemmPlan& p, int bm, int bn, int bk) {
-  p.bm = bm, p.bn = bn, p.bk = bk;
+  p.bm = bm, p.bn = bn, p.bk = bk, p.cluster_m = 1;
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
 }
 
@@ -153,7 +156,9 @@ const char* kernel_name(GemmKernel k) {
   return "?";
 }
 
-GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& dev) {
+GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
+  GemmDevice dev = device;
+  dev.sms = std::max(dev.sms, 1);
   GemmPlan p;
   p.req = r;
   if (r.m == 0 || r.n == 0) {
@@ -216,6 +221,18 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& dev) {
   if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 256) tiles(p, 128, 128, 8);
   else tiles(p, 64, 64, 16);
   return p;
+}
+
+GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev) {
+  if (plan.kernel == GemmKernel::Wgmma) {
+    wgmma_tile(plan, bn, cluster_m, dev);
+    plan.bm = bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check
+  } else {
+    tiles(plan, bm, bn, bk);
+    plan.cluster_m = cluster_m;
+  }
+  plan.why = "tile set by with_tile";
+  return plan;
 }
 
 }  // namespace cuops::kernels

@@ -80,6 +80,11 @@ struct GemmPlan {
 // the copies as operands; that second plan asks for none.
 GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
 
+// For experiments (bench/sweep): `plan` with another tile (block rows and columns, the SIMT kernel's
+// k-slice, CTAs per cluster along m) and the grid the planner would give that tile. launch_gemm then
+// runs it if the library compiles that instance, else answers cudaErrorInvalidValue.
+GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev);
+
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();
 

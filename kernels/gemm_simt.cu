@@ -50,8 +50,8 @@ template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&
     }
 }
 
-// Tiles up to 128 x 128 are held to 128 registers so two blocks share an SM (16 warps to hide
-// latency with); 256 x 128 needs ~250 and runs one.
+// MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):
+// the 128 x 128 and 64 x 64 tiles the library compiles (256 x 128 needed ~250 registers, one block).
 template <int BM, int BN, int BK, int MINB, bool AK, bool BNM>
 __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(GemmProblem p) {
   constexpr int TM = BM / 16, TN = BN / 16;

@@ -7,7 +7,6 @@
 //   (a few 16 KiB requests per SM in flight instead of thousands of 16-byte loads), hands chunks out
 //   by an integer ticket, sums them exactly in fixed point, and finishes in the last block
 //   (NOTES.md, two_norm v5 and v6). No float atomics in either.
-#include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
@@ -273,24 +272,18 @@ __global__ void __launch_bounds__(kBulkThreads) sum_sq_diff_bulk(const T* a, con
 template <typename T, typename A> bool bulk_pass_runs_here() {
   static const bool disabled = std::getenv("CUOPS_DISABLE_BULK_NORM") != nullptr;
   if (disabled) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int state = cache[dev].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attr{};
-    const bool ok = cudaFuncGetAttributes(&attr, sum_sq_diff_bulk<T, A>) == cudaSuccess && attr.binaryVersion >= 90 &&
-                    cudaFuncSetAttribute(sum_sq_diff_bulk<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kBulkSmem) == cudaSuccess;
-    (void)cudaGetLastError();
-    state = ok ? 1 : -1;
-    cache[dev].store(state, std::memory_order_relaxed);
-  }
-  return state == 1;
+  static PerDevice<bool> cache;
+  return cache.get(
+      [](int) {
+        cudaFuncAttributes attr{};
+        const bool ok = cudaFuncGetAttributes(&attr, sum_sq_diff_bulk<T, A>) == cudaSuccess &&
+                        attr.binaryVersion >= 90 &&
+                        cudaFuncSetAttribute(sum_sq_diff_bulk<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kBulkSmem) == cudaSuccess;
+        (void)cudaGetLastError();
+        return ok;
+      },
+      false);
 }
 
 template <typename T, typename A>

@@ -7,7 +7,7 @@
 #include <string>
 
 // CMake defines these (CMakeLists.txt). torch.utils.cpp_extension.load builds the same sources
-// without them (tests/python/jit_load.py): say so instead of failing to compile.
+// without them (tests/scripts/jit_load.py): say so instead of failing to compile.
 #ifndef CUOPS_VERSION
 #define CUOPS_VERSION "unknown (cpp_extension.load build)"
 #endif

@@ -1,4 +1,4 @@
-// Helpers shared by the ops/ files: CUDA launch context and layout handling around torch-free kernels.
+// Helpers shared by the ops/ files: the current stream of a tensor's device, and the headers they all use.
 #pragma once
 
 #include <ATen/ATen.h>

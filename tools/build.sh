@@ -9,7 +9,8 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 args=(-DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" -DPython3_EXECUTABLE="$PY")
 [ -n "${CUOPS_CUDA_ARCHITECTURES:-}" ] && args+=(-DCUOPS_CUDA_ARCHITECTURES="$CUOPS_CUDA_ARCHITECTURES")
 if [ ! -f "$CUOPS_BUILD_DIR/CMakeCache.txt" ]; then
-  cmake -S . -B "$CUOPS_BUILD_DIR" "${generator[@]}" "${args[@]}" >"$CUOPS_BUILD_DIR.configure.log" 2>&1 ||
-    { cat "$CUOPS_BUILD_DIR.configure.log"; exit 1; }
+  mkdir -p "$CUOPS_BUILD_DIR"
+  cmake -S . -B "$CUOPS_BUILD_DIR" "${generator[@]}" "${args[@]}" >"$CUOPS_BUILD_DIR/configure.log" 2>&1 ||
+    { cat "$CUOPS_BUILD_DIR/configure.log"; exit 1; }
 fi
 cmake --build "$CUOPS_BUILD_DIR" --parallel "${CUOPS_JOBS:-$(nproc)}"

@@ -3,7 +3,7 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 bash "$CUOPS_ROOT/tools/build.sh"
-"$PY" "$CUOPS_ROOT/tests/python/make_artifacts.py" "$CUOPS_BUILD_DIR/artifacts"
+"$PY" "$CUOPS_ROOT/tests/scripts/make_artifacts.py" "$CUOPS_BUILD_DIR/artifacts"
 echo "== C++ demo"
 "$CUOPS_BUILD_DIR/cpp_demo/cuops_demo" "$CUOPS_BUILD_DIR/artifacts"
 echo "== Python demo"

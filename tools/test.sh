@@ -1,25 +1,61 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test: the binary check, the GoogleTest suite through ctest, pytest
+# Builds everything and runs every test: the binary check, the GoogleTest suites through ctest, pytest
 # (packaging included: the CMake package, pip install ., the JIT build), then the C++ suite again under
 # ASan/UBSan.
-# GPU tests run when a CUDA GPU is visible and are skipped with the reason shown otherwise.
+#   bash tools/test.sh            # everything
+#   bash tools/test.sh --quick    # ~1 minute when iterating on a kernel: build, the planner's tests,
+#                                 # and the tests marked quick (every GEMM kernel path in every layout,
+#                                 # both two_norm passes, the elementwise ops)
+# Extra arguments go to pytest.
+# GPU tests run when a CUDA GPU is visible and are skipped with the reason shown otherwise. On a GPU
+# machine the stages that prove nothing there are left out, each saying so: the ASan/UBSan build
+# (host code on the CPU: CI runs it) and the JIT build (tests/python/test_packaging.py: CI builds it and
+# runs its ops); the build is for that GPU's arch unless CUOPS_CUDA_ARCHITECTURES says otherwise, and
+# pytest spreads over CUOPS_TEST_WORKERS processes (default 4) when pytest-xdist is there.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
+gpu_arch=$("$PY" -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())) if torch.cuda.is_available() else '')" 2>/dev/null)
+pytest_args=()
+if [ -n "$gpu_arch" ]; then
+  if [ -z "${CUOPS_CUDA_ARCHITECTURES:-}" ] && [ ! -f "$CUOPS_BUILD_DIR/CMakeCache.txt" ]; then
+    export CUOPS_CUDA_ARCHITECTURES=$gpu_arch
+    echo "== GPU of compute capability $gpu_arch: building for arch $gpu_arch only (CUOPS_CUDA_ARCHITECTURES overrides; CI builds the default list)"
+  fi
+  if "$PY" -c "import xdist" 2>/dev/null; then
+    pytest_args=(-n "${CUOPS_TEST_WORKERS:-4}" --dist loadfile)
+  fi
+fi
+SECONDS=0
 bash "$CUOPS_ROOT/tools/build.sh" || exit 1
+echo "== build: ${SECONDS} s"
 cd "$CUOPS_ROOT"
 status=0
+if [ $quick -eq 1 ]; then
+  "$CUOPS_BUILD_DIR/tests/cpp/cuops_plan_tests" --gtest_brief=1 || status=1
+  "$PY" -m pytest tests/python -q -rs -p no:cacheprovider -m quick "${pytest_args[@]}" "$@" || status=1
+  echo "== quick tier: ${SECONDS} s"
+  exit $status
+fi
 echo "== machine code for every configured CUDA arch (cuobjdump)"
 bash tools/check_binary.sh || status=1
 echo "== Python -> C++ artifacts (TorchScript, AOTInductor)"
-"$PY" tests/python/make_artifacts.py "$CUOPS_BUILD_DIR/artifacts" || status=1
-echo "== ctest"
-ctest --test-dir "$CUOPS_BUILD_DIR" --output-on-failure || status=1
-echo "== pytest"
-"$PY" -m pytest tests/python -q -rs -p no:cacheprovider "$@" || status=1
-echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU)"
+"$PY" tests/scripts/make_artifacts.py "$CUOPS_BUILD_DIR/artifacts" || status=1
+echo "== ctest (${SECONDS} s so far)"
+ctest --test-dir "$CUOPS_BUILD_DIR" --output-on-failure -j "${CUOPS_JOBS:-$(nproc)}" || status=1
+echo "== pytest (${SECONDS} s so far)"
+"$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${pytest_args[@]}" "$@" || status=1
+echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU; ${SECONDS} s so far)"
 if [ -n "${CUOPS_SKIP_SANITIZED:-}" ]; then
-  echo "SKIPPED: CUOPS_SKIP_SANITIZED is set (the GPU check skips this CPU-only stage; CI runs it)"
+  echo "SKIPPED: CUOPS_SKIP_SANITIZED is set"
+elif [ -n "$gpu_arch" ] && [ -z "${CUOPS_RUN_SANITIZED:-}" ]; then
+  echo "SKIPPED: a GPU machine (host code under ASan runs on the CPU, as CI runs it; CUOPS_RUN_SANITIZED=1 runs it here)"
 else
   bash tools/test_sanitized.sh || status=1
 fi
+echo "== tools/test.sh: ${SECONDS} s, status $status"
 exit $status

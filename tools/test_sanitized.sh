@@ -9,12 +9,13 @@ dir=${CUOPS_BUILD_DIR}-asan
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if [ ! -f "$dir/CMakeCache.txt" ]; then
+  mkdir -p "$dir"
   # One CUDA arch: this build only runs host code; the main build compiles every arch.
   cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUOPS_SANITIZE=address,undefined \
     -DCUOPS_CUDA_ARCHITECTURES="${CUOPS_SANITIZE_ARCH:-90}" -DCUOPS_BUILD_DEMO=OFF -DCUOPS_BUILD_BENCH=OFF \
     -DCUOPS_TEST_ARTIFACT_DIR="$CUOPS_BUILD_DIR/artifacts" \
     -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-    >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+    >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
 fi
 cmake --build "$dir" --parallel "${CUOPS_JOBS:-$(nproc)}" || exit 1
 # A sanitized run of an uninstrumented build would pass vacuously: check the instrumentation is there.

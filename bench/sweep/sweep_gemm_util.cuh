@@ -1,14 +1,17 @@
-// Shared by the GEMM sweep programs: cuBLAS error check, a deterministic uniform fill, and the
-// max-abs error against a reference relative to the reference's largest magnitude.
+// Shared by the GEMM sweep programs: cuBLAS error check, the library's GEMM request for a sweep's
+// operands, a deterministic uniform fill, and the max-abs error against a reference relative to the
+// reference's largest magnitude.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm_plan.h"
 #include "sweep_util.cuh"
 
 #define CB(x)                                                            \
@@ -19,6 +22,15 @@
       exit(1);                                                           \
     }                                                                    \
   } while (0)
+
+// c [m, n] row-major <- alpha a @ b + beta c, a k-major (rows of k) or m-major (stored [k, m]), b
+// n-major (rows of n) or k-major (stored [n, k]): what the library's planner takes for these operands.
+inline cuops::kernels::GemmRequest sweep_request(cuops::kernels::DType t, int64_t m, int64_t n, int64_t k,
+                                                 const void* a, bool ak, const void* b, bool bn, void* c, float alpha,
+                                                 float beta, bool tf32) {
+  const int64_t lda = std::max<int64_t>(1, ak ? k : m), ldb = std::max<int64_t>(1, bn ? n : k);
+  return {t, m, n, k, {a, ak ? lda : 1, ak ? 1 : lda}, {b, bn ? ldb : 1, bn ? 1 : ldb}, c, n, 1, alpha, beta, tf32};
+}
 
 inline __host__ __device__ float sweep_to_float(float x) { return x; }
 inline __host__ __device__ float sweep_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

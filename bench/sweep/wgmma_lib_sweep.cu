@@ -1,8 +1,9 @@
-// The library's Hopper GEMM (kernels/gemm_wgmma.cu, compiled into this program) against cuBLAS:
-// correctness of every layout on odd shapes with alpha/beta, then speed of both tile widths. Not part
-// of the library or the tests.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DCUOPS_WGMMA_BUILD=1 -Iinclude -Ikernels \
-//        bench/sweep/wgmma_lib_sweep.cu -lcublas -ldl -o wl && ./wl [quick | tf32 | big | power [M N K rounds secs]]
+// The library's Hopper GEMM (kernels/gemm_wgmma.cu, the library's own objects linked in) against
+// cuBLAS: correctness of every layout on odd shapes with alpha/beta, then speed of the tile widths.
+// Plans come from the library's planner; variants override the tile with with_tile (and the grid, in
+// power mode, with WG_CLUSTERS=n). Built by CMake as <build>/bench/sweep/wgmma_lib_sweep (needs a
+// build with arch 90); not part of the tests.
+//   wgmma_lib_sweep [quick | tf32 | big | power [M N K rounds secs]]
 #include <cublas_v2.h>
 
 #include <dlfcn.h>
@@ -12,11 +13,9 @@
 #include <cstring>
 #include <functional>
 
-#include "../../kernels/gemm_wgmma.cu"
 #include "sweep_gemm_util.cuh"
 
 using namespace cuops::kernels;
-using namespace cuops::kernels::detail;
 
 namespace {
 
@@ -57,7 +56,9 @@ template <typename T> struct Case {
   }
   int64_t lda() const { return std::max<int64_t>(1, ak ? K : M); }
   int64_t ldb() const { return std::max<int64_t>(1, bn ? N : K); }
-  GemmProblem problem(float alpha, float beta) const { return GemmProblem{M, N, K, A, lda(), B, ldb(), C, N, alpha, beta}; }
+  GemmRequest request(float alpha, float beta) const {
+    return sweep_request(dtype_of<T>(), M, N, K, A, ak, B, bn, C, alpha, beta, std::is_same_v<T, float>);
+  }
   void cublas(cublasHandle_t h, float alpha, float beta) const {
     CB(cublasGemmEx(h, bn ? CUBLAS_OP_N : CUBLAS_OP_T, ak ? CUBLAS_OP_N : CUBLAS_OP_T, int(N), int(M), int(K), &alpha, B,
                     cuda_type<T>(), int(ldb()), A, cuda_type<T>(), int(lda()), &beta, R, cuda_type<T>(), int(N),
@@ -70,6 +71,19 @@ const char* layout_name(bool ak, bool bn) {
 }
 
 int failures = 0;
+
+// The library's plan for c's request, or with the tile of 128 x 256 pairs; nullptr-like (kernel None)
+// with the reason printed when the planner would not run wgmma here (or wants an operand copied first).
+GemmPlan wgmma_plan(const GemmRequest& r, bool pairs, const char* what) {
+  const GemmDevice dev = current_gemm_device();
+  GemmPlan plan = plan_gemm(r, dev);
+  if (plan.kernel != GemmKernel::Wgmma) {
+    printf("%s: not taken (planner: %s, %s)\n", what, kernel_name(plan.kernel), plan.why);
+    plan.kernel = GemmKernel::None;
+    return plan;
+  }
+  return pairs ? with_tile(plan, 128, 256, 0, 2, dev) : plan;
+}
 
 // Odd shapes with alpha/beta: c starts as the same random values in ours and cuBLAS's output.
 template <typename T>
@@ -86,13 +100,12 @@ void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool
   fill_uniform<<<1024, 256>>>(c.R, M * N, 3);
   const float alpha = 1.5f;
   c.cublas(h, alpha, beta);
-  const cudaError_t e = pairs ? launch_gemm_wgmma_tile<T, 256, 2>(c.problem(alpha, beta), ak, bn, 0)
-                              : launch_gemm_wgmma(dtype_of<T>(), c.problem(alpha, beta), ak, bn, 0);
-  if (e == cudaErrorNotSupported) {
-    printf("check %-4s %5ld x %5ld x %5ld %s: not taken\n", name_of<T>(), (long)M, (long)N, (long)K, layout_name(ak, bn));
-    return;
-  }
-  CK(e);
+  char what[96];
+  snprintf(what, sizeof(what), "check %-4s %5ld x %5ld x %5ld %s", name_of<T>(), (long)M, (long)N, (long)K,
+           layout_name(ak, bn));
+  const GemmPlan plan = wgmma_plan(c.request(alpha, beta), pairs, what);
+  if (plan.kernel == GemmKernel::None) return;
+  CK(launch_gemm(plan, nullptr));
   CK(cudaDeviceSynchronize());
   const double err = rel_err(c.C, c.R, M * N);
   const double tol = std::is_same_v<T, float> ? 5e-3 : 2e-2;
@@ -108,11 +121,12 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   const int reps = S >= 8192 ? 20 : 50;
   const float tb = median_ms([&] { c.cublas(h, 1.f, 0.f); }, reps);
   printf("\n== %d^3 %s %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", S, name_of<T>(), layout_name(ak, bn), tb, flops / tb / 1e9);
-  auto report = [&](const char* name, const std::function<cudaError_t()>& f) {
+  const GemmDevice dev = current_gemm_device();
+  auto report = [&](const char* name, const GemmPlan& plan) {
+    if (plan.kernel == GemmKernel::None) return;
+    const std::function<cudaError_t()> f = [&] { return launch_gemm(plan, nullptr); };
     CK(cudaMemset(c.C, 0xff, S * int64_t(S) * sizeof(T)));
-    const cudaError_t e = f();
-    if (e == cudaErrorNotSupported) return;
-    CK(e);
+    CK(f());
     CK(cudaDeviceSynchronize());
     const double err = rel_err(c.C, c.R, S * int64_t(S));
     const float t = median_ms([&] { f(); }, reps);
@@ -120,13 +134,13 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
            err < 2e-2 ? "" : "  WRONG");
     failures += !(err < 2e-2);
   };
-  const GemmProblem p = c.problem(1.f, 0.f);
-  report("wgmma (library pick)", [&] { return launch_gemm_wgmma(dtype_of<T>(), p, ak, bn, 0); });
-  if (!variants) return;
-  if (S < 4096) report("wgmma 128x64", [&] { return launch_gemm_wgmma_tile<T, 64, 1>(p, ak, bn, 0); });
-  if (S < 4096) report("wgmma 128x128", [&] { return launch_gemm_wgmma_tile<T, 128, 1>(p, ak, bn, 0); });
-  report("wgmma 128x256", [&] { return launch_gemm_wgmma_tile<T, 256, 1>(p, ak, bn, 0); });
-  report("wgmma 128x256, pairs", [&] { return launch_gemm_wgmma_tile<T, 256, 2>(p, ak, bn, 0); });
+  const GemmPlan plan = wgmma_plan(c.request(1.f, 0.f), false, "speed");
+  report("wgmma (library pick)", plan);
+  if (!variants || plan.kernel == GemmKernel::None) return;
+  if (S < 4096) report("wgmma 128x64", with_tile(plan, 128, 64, 0, 1, dev));
+  if (S < 4096) report("wgmma 128x128", with_tile(plan, 128, 128, 0, 1, dev));
+  report("wgmma 128x256", with_tile(plan, 128, 256, 0, 1, dev));
+  report("wgmma 128x256, pairs", with_tile(plan, 128, 256, 0, 2, dev));
 }
 
 // The board's energy counter (mJ) and SM clock through NVML, opened at run time (the toolkit here
@@ -221,9 +235,12 @@ void power(cublasHandle_t h, int64_t M, int64_t N, int64_t K, int rounds, double
   void* flush = nullptr;
   CK(cudaMalloc(&flush, 256u << 20));
   const double flops = 2.0 * M * N * K;
-  const GemmProblem p = c.problem(1.f, 0.f);
+  GemmPlan plan = wgmma_plan(c.request(1.f, 0.f), true, "power");
+  if (plan.kernel == GemmKernel::None) return;
+  if (const char* n = getenv("WG_CLUSTERS"); n && *n) plan.grid = 2 * atoi(n);  // pairs: two CTAs a cluster
+  printf("persistent grid: %ld CTAs\n", (long)plan.grid);
   const std::function<void()> cublas = [&] { c.cublas(h, 1.f, 0.f); };
-  const std::function<void()> ours = [&] { CK((launch_gemm_wgmma_tile<__nv_bfloat16, 256, 2>(p, true, true, 0))); };
+  const std::function<void()> ours = [&] { CK(launch_gemm(plan, nullptr)); };
   cublas();  // the reference, in c.R
   CK(cudaMemset(c.C, 0xff, M * N * 2));
   ours();

@@ -1,6 +1,6 @@
 // Python -> C++: a module scripted in Python and an AOTInductor package exported in Python, both
 // using cuops ops, are loaded here (libcuops linked) and must reproduce the Python outputs.
-// tools/test.sh writes the artifacts (tests/python/make_artifacts.py) before running ctest.
+// tools/test.sh writes the artifacts (tests/scripts/make_artifacts.py) before running ctest.
 #include <cuops/cuops.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
@@ -19,7 +19,7 @@ class PythonArtifacts : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
     const std::string io = kDir + "/io_" + GetParam() + ".pt";
-    ASSERT_TRUE(std::filesystem::exists(io)) << io << " missing: run python tests/python/make_artifacts.py " << kDir;
+    ASSERT_TRUE(std::filesystem::exists(io)) << io << " missing: run python tests/scripts/make_artifacts.py " << kDir;
     io_ = torch::jit::load(io);
   }
   at::Tensor io(const char* name) { return io_.attr(name).toTensor(); }

@@ -88,7 +88,8 @@ def error_cases():
                                   esc(f"cuops::{op}: expected {name} to be 2-D, got {got}")))
     for op in ("add2", "vector_add", "two_norm"):
         names = SIGNATURES[op][0]
-        for bad_shape in ((4, 3, 1), (12,), (3, 4), (4, 4), (0, 3)):
+        # (3,) and (1, 3) would broadcast to [4, 3] in torch: cuops does not broadcast.
+        for bad_shape in ((4, 3, 1), (12,), (3,), (1, 3), (3, 4), (4, 4), (0, 3)):
             def build(device, op=op, bad_shape=bad_shape):
                 t = valid_tensors(op, device)
                 t[-1] = torch.randn(bad_shape, device=device)
@@ -318,6 +319,20 @@ def test_bad_input_is_rejected(case, device):
 @pytest.mark.parametrize("case", RESULT_CASES, ids=lambda c: c.id)
 def test_special_values_and_empty_give_torch_results(case, device):
     case.check(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_ops_take_inputs_that_require_grad_under_no_grad(device):
+    """The requires-grad rule of add2 / gemm is about recording a graph: under no_grad they run."""
+    a = torch.randn(4, device=device, requires_grad=True)
+    m = torch.randn(3, 3, device=device, requires_grad=True)
+    with torch.no_grad():
+        c = torch.empty(4, device=device)
+        ops.add2(c, a, a)
+        assert torch.equal(c, a.detach() * 2)
+        g = torch.empty(3, 3, device=device)
+        ops.gemm(g, m, torch.eye(3, device=device))
+        torch.testing.assert_close(g, m.detach())
 
 
 @pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"])

@@ -115,11 +115,25 @@ def test_import_with_another_torch_names_both_versions(wheel_site):
     assert "undefined symbol" not in proc.stderr
 
 
+def test_torch_pin_has_one_release():
+    """pyproject.toml names the torch release twice (TOML cannot share a value between the build
+    requirements and the dependencies); tools/env.sh reads the dependency. All must agree."""
+    text = (ROOT / "pyproject.toml").read_text()
+    pins = re.findall(r'"torch==([^"]+)"', text)
+    assert len(pins) == 2 and len(set(pins)) == 1, pins
+    env = subprocess.run(["bash", "-c", f"source {ROOT}/tools/env.sh >/dev/null; echo $TORCH_PIN"],
+                         capture_output=True, text=True, env=dict(os.environ, CUOPS_PYTHON=sys.executable))
+    assert env.stdout.strip() == pins[0], env.stdout + env.stderr
+    assert torch.__version__.split("+")[0] == pins[0]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="JIT build: CI builds it and runs its ops on the CPU; its CUDA kernels are "
+                                     "the CMake build's sources, tested here (saves a third full build)")
 def test_jit_cpp_extension_load_registers_the_same_ops():
     env = dict(os.environ)
     if HAS_CUDA:
         major, minor = torch.cuda.get_device_capability()
         env.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
-    out = run([sys.executable, "-X", "faulthandler", ROOT / "tests" / "python" / "jit_load.py", WORK / "jit"], env=env)
+    out = run([sys.executable, "-X", "faulthandler", ROOT / "tests" / "scripts" / "jit_load.py", WORK / "jit"], env=env)
     assert "ops ok on cpu" in out, out

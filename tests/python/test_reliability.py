@@ -272,9 +272,9 @@ def test_every_op_on_cuda1_while_current_device_is_cuda0(dtype):
 
 @TWO_GPUS
 def test_ddp_two_processes_match_single_process(tmp_path):
-    script = HERE / "ddp_step.py"
+    script = HERE.parent / "scripts" / "ddp_step.py"
     env = dict(os.environ, CUOPS_LIBRARY=str(LIBRARY), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               NVSHMEM_DISABLE_NVLS="1", PYTHONPATH=str(HERE))
+               NVSHMEM_DISABLE_NVLS="1")
     single = tmp_path / "single.pt"
     ddp = tmp_path / "ddp.pt"
     subprocess.run([sys.executable, str(script), "--out", str(single)], env=env, check=True, timeout=300)

@@ -1,7 +1,7 @@
 """The JIT path: torch.utils.cpp_extension.load builds cuops' own sources (no CMake) into a library
 that registers the same ops; then every op runs on the CPU (and CUDA when present) against torch.
 
-    python tests/python/jit_load.py BUILD_DIR
+    python tests/scripts/jit_load.py BUILD_DIR
 
 Run in its own process by tests/python/test_packaging.py (a process can hold one cuops library: a
 second TORCH_LIBRARY(cuops) would be refused). TORCH_CUDA_ARCH_LIST picks the archs (default 9.0).

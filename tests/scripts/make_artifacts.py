@@ -2,7 +2,8 @@
   model.pt          a TorchScript module using cuops ops (scripted and saved here),
   model_<dev>.pt2   an AOTInductor package of the same module (torch.export + aoti_compile_and_package),
   io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load.
-Usage: python make_artifacts.py OUT_DIR   (cpu always; cuda too when a GPU is visible)."""
+Usage: python make_artifacts.py [OUT_DIR]   (default: artifacts/ beside the library; cpu always, cuda too
+when a GPU is visible)."""
 import pathlib
 import sys
 
@@ -48,4 +49,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "build" / "artifacts"))
+    main(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(cuops.library_path).parent / "artifacts")
