@@ -77,6 +77,209 @@ __device__ __forceinline__ int rs_row(int warp, int lane, int second) {
   return base + 2 * ((lane / 4) % 4) + second;
 }
 
+
+// A position in the ring of kStages stages: the stage, and the parity of its current use. The
+// producer and both consumer paths count k-tiles through it the same way.
+template <int kStages> struct WgRing {
+  uint32_t stage = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+};
+
+// The producer thread: every k-tile of the unit whose tile starts at (row0, col0), each into the next
+// free stage (waited on with the parity of the use before: for a fresh barrier that preceding phase
+// counts as complete, so the first kStages waits return at once).
+template <typename T, int BN, bool AK, bool BNM, int kCM>
+__device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b, int row0, int col0,
+                                          int ktiles, uint32_t base_s, uint32_t full_s, uint32_t empty_s,
+                                          uint32_t rank, WgRing<WgCfg<T, BN>::kStages>& ring) {
+  using Cfg = WgCfg<T, BN>;
+  constexpr bool kRS = std::is_same_v<T, float> && !AK;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    wg::mbar_wait(empty_s + 8 * ring.stage, ring.phase ^ 1);
+    const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * ring.stage;
+    wg::mbar_expect_tx(bar, Cfg::kStageBytes);
+    const int k0 = kt * Cfg::kBK;
+    if constexpr (AK) {
+      wg::tma_load(sa, &map_a, k0, row0, bar);
+    } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
+    } else {  // boxes of 64 m x 64 k, one per consumer
+      wg::tma_load(sa, &map_a, row0, k0, bar);
+      wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, bar);
+    }
+    // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
+    auto load_b = [&](uint32_t dst, int c0, int c1) {
+      if constexpr (kCM == 1) {
+        wg::tma_load(dst, &map_b, c0, c1, bar);
+      } else {
+        wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
+      }
+    };
+    if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
+      constexpr int kBoxes = BN / 64 / kCM;
+#pragma unroll
+      for (int i = 0; i < kBoxes; ++i) {
+        const int box = static_cast<int>(rank) * kBoxes + i;
+        load_b(sb + box * 8192, col0 + 64 * box, k0);
+      }
+    } else {  // rows of 128 bytes, BN / kCM of them per CTA
+      const int first = static_cast<int>(rank) * (BN / kCM);
+      load_b(sb + first * 128, k0, col0 + first);
+    }
+    ring.advance();
+  }
+}
+
+// d += this consumer's 64 rows of A times B over all k-tiles, both operands from shared memory by
+// descriptors: da_lo / db_lo are the low words of the stage-0, k-step-0 descriptors, advanced by
+// constants (make_desc: no carry out of the address field), the high words constant. Each stage goes
+// back (release) once the group after it is issued: one group stays in flight, so the tensor cores
+// never wait on this thread.
+template <typename T, int BN, bool AK, bool BNM, typename Release>
+__device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint64_t da_hi,
+                                                uint32_t da_lo, uint64_t db_hi, uint32_t db_lo,
+                                                WgRing<WgCfg<T, BN>::kStages>& ring, Release release) {
+  using Cfg = WgCfg<T, BN>;
+  uint32_t prev = 0;  // the stage of the group before
+  for (int kt = 0; kt < ktiles; ++kt) {
+    wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
+    const uint32_t so = ring.stage * (Cfg::kStageBytes / 16);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      // One instruction k-step is 32 bytes of k: 32 bytes along a k-major row (the swizzle is
+      // applied by the hardware on the address), 16 rows of 128 bytes in an m/n-major box.
+      // m/n-major: 64-element core-matrix columns 8 KiB apart (the boxes), 8-row groups 1 KiB.
+      constexpr uint32_t kStepA = AK ? 32 / 16 : 2048 / 16, kStepB = BNM ? 2048 / 16 : 32 / 16;
+      wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da_hi | (da_lo + so + kk * kStepA), db_hi | (db_lo + so + kk * kStepB));
+    }
+    wg::commit();
+    wg::wait<1>();
+    if (kt > 0) release(prev);
+    prev = ring.stage;
+    ring.advance();
+  }
+  wg::wait<0>();
+  if (ktiles > 0) release(prev);
+}
+
+// The same for TF32 with an m-major A, read from registers: each k-tile's fragments come from the
+// m-major tile by 16 loads of 4 bytes per thread, from the rows rs_row names (the epilogue stores
+// them there), into one of two register sets: a group's registers stay untouched until it has been
+// waited for, so the next k-tile loads into the other. box0: this warp's 32-row box in stage 0.
+template <int BN, typename Release>
+__device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint32_t box0,
+                                                   const uint32_t (&off)[2][2], uint64_t db_hi, uint32_t db_lo,
+                                                   WgRing<WgCfg<float, BN>::kStages>& ring, Release release) {
+  using Cfg = WgCfg<float, BN>;
+  uint32_t prev = 0;  // the stage of the group before
+  // step(fr, other, first): the next k-tile into fr; other holds the previous k-tile's fragments, free
+  // again once that group has been waited for.
+  auto step = [&](uint32_t(&fr)[4][4], uint32_t(&other)[4][4], bool first) {
+    wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
+    const uint32_t box = box0 + ring.stage * Cfg::kStageBytes, so = ring.stage * (Cfg::kStageBytes / 16);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      fr[kk][0] = wg::lds32(box + kk * 1024 + off[0][0]);
+      fr[kk][1] = wg::lds32(box + kk * 1024 + off[0][1]);
+      fr[kk][2] = wg::lds32(box + kk * 1024 + off[1][0]);
+      fr[kk][3] = wg::lds32(box + kk * 1024 + off[1][1]);
+    }
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::mma_tf32_rs<BN>(d, fr[kk], db_hi | (db_lo + so + kk * (32 / 16)));
+    wg::commit();
+    wg::wait<1>();
+    wg::keep(other);
+    if (!first) release(prev);
+    prev = ring.stage;
+    ring.advance();
+  };
+  uint32_t fr0[4][4] = {}, fr1[4][4] = {};
+  // Pairs, then an odd last k-tile into fr0: on no path is a set loaded while its group may still
+  // run (a conditional second step in the loop would make one, and ptxas would then serialise
+  // every wgmma).
+  int kt = 0;
+  for (; kt + 1 < ktiles; kt += 2) {
+    step(fr0, fr1, kt == 0);
+    step(fr1, fr0, false);
+  }
+  if (kt < ktiles) step(fr0, fr1, kt == 0);
+  wg::wait<0>();
+  wg::keep(fr0);
+  wg::keep(fr1);
+  if (ktiles > 0) release(prev);
+}
+
+// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded, through its half of the
+// shared buffer by TMA stores that run on while it starts the next tile: BN / 64 boxes of 64 x 64
+// (8 KiB), 128-byte swizzled as the store's tensor map reads them (16-byte chunk q of row x at chunk
+// q ^ (x % 8), so a warp's 8 rows x 16 bytes land on 32 different banks), in kCSplit parts one after
+// the other, each written once the last stores have read the buffer.
+template <typename T, int BN>
+__device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2], uint32_t mine,
+                                               float alpha, int64_t tm, int64_t tn, int cw, int tid, int warp,
+                                               int lane) {
+  using Cfg = WgCfg<T, BN>;
+  constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
+  const int x = warp * 16 + lane / 4;
+  const uint32_t row_x = mine + x * 128 + (lane % 4) * 4, row_x8 = row_x + 8 * 128;
+#pragma unroll
+  for (int part = 0; part < Cfg::kCSplit; ++part) {
+    if (tid == 0) wg::bulk_wait_read();
+    wg::named_sync(1 + cw, 128);
+#pragma unroll
+    for (int jj = 0; jj < 8 * kPartBoxes; ++jj) {
+      const int j = part * 8 * kPartBoxes + jj;
+      const uint32_t chunk = (jj / 8) * 8192 + ((j % 8) ^ (x % 8)) * 16;
+      wg::sts32(row_x + chunk, pack_pair(alpha * d[4 * j], alpha * d[4 * j + 1], T{}));
+      wg::sts32(row_x8 + chunk, pack_pair(alpha * d[4 * j + 2], alpha * d[4 * j + 3], T{}));
+    }
+    wg::fence_proxy_async();
+    wg::named_sync(1 + cw, 128);
+    if (tid == 0) {
+      const int row = static_cast<int>(tm * kWgBM + cw * 64);
+#pragma unroll
+      for (int b = 0; b < kPartBoxes; ++b) {
+        const int col = static_cast<int>(tn * BN) + 64 * (part * kPartBoxes + b);
+        wg::tma_store(&map_c, mine + b * 8192, col, row);
+      }
+      wg::bulk_commit();
+    }
+  }
+}
+
+// The same rows stored directly (alpha, beta, rounding: gemm.cuh's pair stores). Accumulator
+// fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are (row lane / 4,
+// columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower; under kRS the warp's
+// rows are the permuted ones the fragments were loaded from. c_trans (float only): the problem is
+// C^T = B^T A^T, so each lane's two adjacent rows go out as pairs of c's columns.
+template <typename T, int BN, bool kRS>
+__device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const float (&d)[BN / 2], int64_t tm,
+                                                  int64_t tn, int cw, int warp, int lane, bool c_trans) {
+  const int64_t r = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
+  const int64_t r8 = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
+  if constexpr (std::is_same_v<T, float>) {
+    if (c_trans) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
+        store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
+    store_pair_t<T>(p, r, c, d[4 * j], d[4 * j + 1]);
+    store_pair_t<T>(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
 // (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
 // result (i, j) goes to c[j * ldc + i].
@@ -120,49 +323,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      // Ring position over all of this block's tiles: stage s, in its phase-th use (mod 2). The
-      // empty barriers are waited on with the parity of the use before: for a fresh barrier that
-      // preceding phase counts as complete, so the first kStages waits return at once.
-      uint32_t s = 0, phase = 0;
+      WgRing<kStages> ring;
       for (int64_t unit = first_unit; unit < units; unit += unit_step) {
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
-        const int row0 = static_cast<int>((um * kCM + rank) * kWgBM), col0 = static_cast<int>(tn * BN);
-        for (int kt = 0; kt < ktiles; ++kt) {
-          wg::mbar_wait(empty_s + 8 * s, phase ^ 1);
-          const uint32_t sa = base_s + s * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * s;
-          wg::mbar_expect_tx(bar, Cfg::kStageBytes);
-          const int k0 = kt * kBK;
-          if constexpr (AK) {
-            wg::tma_load(sa, &map_a, k0, row0, bar);
-          } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
-#pragma unroll
-            for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
-          } else {  // boxes of 64 m x 64 k, one per consumer
-            wg::tma_load(sa, &map_a, row0, k0, bar);
-            wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, bar);
-          }
-          // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
-          auto load_b = [&](uint32_t dst, int c0, int c1) {
-            if constexpr (kCM == 1) {
-              wg::tma_load(dst, &map_b, c0, c1, bar);
-            } else {
-              wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
-            }
-          };
-          if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
-            constexpr int kBoxes = BN / 64 / kCM;
-#pragma unroll
-            for (int i = 0; i < kBoxes; ++i) {
-              const int box = static_cast<int>(rank) * kBoxes + i;
-              load_b(sb + box * 8192, col0 + 64 * box, k0);
-            }
-          } else {  // rows of 128 bytes, BN / kCM of them per CTA
-            const int first = static_cast<int>(rank) * (BN / kCM);
-            load_b(sb + first * 128, k0, col0 + first);
-          }
-          if (++s == kStages) s = 0, phase ^= 1;
-        }
+        load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
+                                       static_cast<int>(tn * BN), ktiles, base_s, full_s, empty_s, rank, ring);
       }
     }
   } else {
@@ -171,8 +337,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // knows it is warp-uniform and keeps the descriptors built from it in uniform registers.
     const int cw = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0) - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    uint32_t it = 0;  // the register-A path's ring position (k-tiles consumed so far)
-    uint32_t stage = 0, phase = 0;  // the other paths': the ring stage and the parity of its current use
+    WgRing<kStages> ring;
     // Hands stage st back: to this CTA's producer and, in a pair, to the peer's, whose multicast
     // also writes this CTA's copy of the stage.
     uint32_t empty_r[kCM];  // empty_s in each CTA of the cluster
@@ -187,15 +352,25 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         for (int r = 0; r < kCM; ++r) wg::mbar_arrive_cluster(empty_r[r] + 8 * st);
       }
     };
-    // Descriptors of this consumer's A and of B in stage 0 at k-step 0; a stage and a k-step are
-    // constant additions to their low words (make_desc: no carry out of the address field), and
-    // the high words are constants.
+    // Descriptors of this consumer's A and of B in stage 0 at k-step 0.
     const uint64_t da0 =
         AK ? wg::make_desc(base_s + cw * 8192, 16, 1024) : wg::make_desc(base_s + cw * 8192, 8192, 1024);
     const uint64_t db0 = BNM ? wg::make_desc(base_s + Cfg::kABytes, 8192, 1024)
                              : wg::make_desc(base_s + Cfg::kABytes, 16, 1024);
     const uint32_t da_lo = static_cast<uint32_t>(da0), db_lo = static_cast<uint32_t>(db0);
     const uint64_t da_hi = da0 & ~uint64_t{0xFFFFFFFF}, db_hi = db0 & ~uint64_t{0xFFFFFFFF};
+    // The register-A path's byte offsets of a lane's fragment words in its warp's box at k-step 0:
+    // [column half e][fragment row].
+    uint32_t off[2][2] = {};
+    if constexpr (kRS) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int x = rs_row(warp, lane, r) % 32, k = lane % 4 + 4 * e;
+          off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
+        }
+    }
     for (int64_t unit = first_unit; unit < units; unit += unit_step) {
       int64_t um, tn;
       tile_coords<8>(unit, units_m, tiles_n, um, tn);
@@ -204,141 +379,19 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
       if constexpr (kRS) {
-        // Fragments of a k-tile from the m-major tile: 16 loads of 4 bytes per thread, from the rows
-        // rs_row names (the epilogue stores them there). Two register sets: a group's registers stay
-        // untouched until it has been waited for, so the next k-tile loads into the other.
-        const int t = lane % 4;
-        uint32_t off[2][2];  // [column half e][fragment row]: the byte offset in the warp's box at kk = 0
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int x = rs_row(warp, lane, r) % 32, k = t + 4 * e;
-            off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
-          }
-        // step(fr, other, kt): k-tile kt into fr; other holds the previous k-tile's fragments, free
-        // again once that group has been waited for.
-        auto step = [&](uint32_t(&fr)[4][4], uint32_t(&other)[4][4], int kt) {
-          const int s = static_cast<int>(it % kStages);
-          wg::mbar_wait(&full[s], (it / kStages) & 1);
-          const uint32_t box = smem_addr(base + s * Cfg::kStageBytes + cw * 8192 + (warp / 2) * 4096);
-          const unsigned char* sb = base + s * Cfg::kStageBytes + Cfg::kABytes;
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            fr[kk][0] = wg::lds32(box + kk * 1024 + off[0][0]);
-            fr[kk][1] = wg::lds32(box + kk * 1024 + off[0][1]);
-            fr[kk][2] = wg::lds32(box + kk * 1024 + off[1][0]);
-            fr[kk][3] = wg::lds32(box + kk * 1024 + off[1][1]);
-          }
-          wg::fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) wg::mma_tf32_rs<BN>(d, fr[kk], wg::make_desc(sb + kk * 32, 16, 1024));
-          wg::commit();
-          wg::wait<1>();
-          wg::keep(other);
-          if (kt > 0) release((it - 1) % kStages);
-          ++it;
-        };
-        uint32_t fr0[4][4] = {}, fr1[4][4] = {};
-        // Pairs, then an odd last k-tile into fr0: on no path is a set loaded while its group may still
-        // run (a conditional second step in the loop would make one, and ptxas would then serialise
-        // every wgmma).
-        int kt = 0;
-        for (; kt + 1 < ktiles; kt += 2) {
-          step(fr0, fr1, kt);
-          step(fr1, fr0, kt + 1);
-        }
-        if (kt < ktiles) step(fr0, fr1, kt);
-        wg::wait<0>();
-        wg::keep(fr0);
-        wg::keep(fr1);
-        if (ktiles > 0) release((it - 1) % kStages);
+        mma_unit_registers<BN>(d, ktiles, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
+                               release);
       } else {
-        uint32_t prev = 0;  // the stage of the group before
-        for (int kt = 0; kt < ktiles; ++kt) {
-          wg::mbar_wait(full_s + 8 * stage, phase);
-          const uint32_t so = stage * (Cfg::kStageBytes / 16);
-          wg::fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            // One instruction k-step is 32 bytes of k: 32 bytes along a k-major row (the swizzle is
-            // applied by the hardware on the address), 16 rows of 128 bytes in an m/n-major box.
-            // m/n-major: 64-element core-matrix columns 8 KiB apart (the boxes), 8-row groups 1 KiB.
-            constexpr uint32_t kStepA = AK ? 32 / 16 : 2048 / 16, kStepB = BNM ? 2048 / 16 : 32 / 16;
-            wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da_hi | (da_lo + so + kk * kStepA),
-                                                    db_hi | (db_lo + so + kk * kStepB));
-          }
-          wg::commit();
-          // The group before this one is done: its stage goes back to the producer. One group stays
-          // in flight so the tensor cores never wait on this thread.
-          wg::wait<1>();
-          if (kt > 0) release(prev);
-          prev = stage;
-          if (++stage == kStages) stage = 0, phase ^= 1;
-        }
-        wg::wait<0>();
-        if (ktiles > 0) release(prev);
+        mma_unit_shared<T, BN, AK, BNM>(d, ktiles, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
       }
-
-      // Accumulator fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are
-      // (row lane / 4, columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower.
-      // Under kRS the warp's rows are the permuted ones the fragments were loaded from.
-      const int64_t r = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
-      const int64_t r8 = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
-          // This consumer's 64 x BN rows as BN / 64 boxes of 64 x 64 (8 KiB), 128-byte swizzled as
-          // the store's tensor map reads them: 16-byte chunk q of row x sits at chunk q ^ (x % 8),
-          // so a warp's 8 rows x 16 bytes land on 32 different banks. kCSplit parts one after the
-          // other through this consumer's buffer, each written once the last stores have read it.
-          constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
-          unsigned char* mine = c_tile + cw * (Cfg::kCBytes / 2);
-          const int x = warp * 16 + lane / 4;
-#pragma unroll
-          for (int part = 0; part < Cfg::kCSplit; ++part) {
-            if (tid == 0) wg::bulk_wait_read();
-            wg::named_sync(1 + cw, 128);
-#pragma unroll
-            for (int jj = 0; jj < 8 * kPartBoxes; ++jj) {
-              const int j = part * 8 * kPartBoxes + jj;
-              unsigned char* box = mine + (jj / 8) * 8192;
-              const int chunk = (j % 8) ^ (x % 8);
-              *reinterpret_cast<uint32_t*>(box + x * 128 + chunk * 16 + (lane % 4) * 4) =
-                  pack_pair(p.alpha * d[4 * j], p.alpha * d[4 * j + 1], T{});
-              *reinterpret_cast<uint32_t*>(box + (x + 8) * 128 + chunk * 16 + (lane % 4) * 4) =
-                  pack_pair(p.alpha * d[4 * j + 2], p.alpha * d[4 * j + 3], T{});
-            }
-            wg::fence_proxy_async();
-            wg::named_sync(1 + cw, 128);
-            if (tid == 0) {
-              const int row = static_cast<int>(tm * kWgBM + cw * 64);
-#pragma unroll
-              for (int b = 0; b < kPartBoxes; ++b) {
-                const int col = static_cast<int>(tn * BN) + 64 * (part * kPartBoxes + b);
-                wg::tma_store(&map_c, mine + b * 8192, col, row);
-              }
-              wg::bulk_commit();
-            }
-          }
+          store_unit_tma<T, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / 2), p.alpha, tm, tn, cw, tid, warp,
+                                lane);
           continue;
         }
       }
-      if constexpr (std::is_same_v<T, float>) {
-        if (c_trans) {
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
-            store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
-          }
-          continue;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
-        store_pair_t<T>(p, r, c, d[4 * j], d[4 * j + 1]);
-        store_pair_t<T>(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
-      }
+      store_unit_direct<T, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
     }
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) primitives of kernels/gemm_wgmma.cu: mbarriers, the bulk tensor copy (TMA),
 // shared-memory matrix descriptors, wgmma and setmaxnreg. Only that file includes this, and only
-// when it is compiled for compute_90a (CMake's cuops_kernels_sm90a).
+// when it is compiled for compute_90a (CMake's cuops_kernels_sm90a; the sweeps link its object).
 #pragma once
 
 #include <cuda.h>
@@ -39,10 +39,11 @@ __device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorM
 
 // 2-D TMA store of the box at (c0 innermost, c1) from shared memory; parts outside the tensor are
 // not written. Tracked in this thread's bulk async-group (commit / wait below).
-__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int c0, int c1) {
+// src: a shared-memory address.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(smem_addr(src))
+               "r"(c0), "r"(c1), "r"(src)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -97,6 +98,10 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
+}
+// The matching 4-byte store (generic pointers there compile to generic stores with 64-bit addresses).
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 // Registers a wgmma reads from must stay live (not reused) until its group has been waited for; this
 // empty statement after the wait is their last use, so the compiler neither reuses them earlier nor

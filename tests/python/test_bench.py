@@ -1,0 +1,50 @@
+"""bench/run.py's CPU smoke run and bench/check.py on the committed H100 results (no GPU needed)."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import LIBRARY, ROOT
+
+BENCH = ROOT / "bench"
+
+
+def run(args, cwd, **env):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_cpu_smoke_run(tmp_path):
+    # Started in tmp_path, as from any cwd: run.py finds its package and the repo itself; a relative
+    # library path would not survive the move.
+    library = str(LIBRARY.absolute())
+    proc = run([BENCH / "run.py", "--device", "cpu", "--quick", "--out", tmp_path], tmp_path, CUOPS_LIBRARY=library)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "cpu_smoke.json").read_text())
+    assert "section_errors" not in results, results["section_errors"]
+    for family in ("copy", "elementwise", "norm", "gemm"):
+        rows = [r for r in results["rows"] if r["family"] == family]
+        assert rows and all(r["status"] == "ok" for r in rows), (family, [r for r in rows if r["status"] != "ok"])
+    assert results["overhead"]["python"]["status"] == "ok", results["overhead"]
+    assert results["library"] == library
+    assert set(results["elapsed_s"]) == {"elementwise", "norm", "gemm", "overhead", "total"}
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("op ") and "baseline" in ln for ln in lines), proc.stdout
+    for op in ("add2", "vector_add", "scale", "square", "two_norm", "gemm", "overhead/py"):
+        assert any(ln.startswith(op + " ") for ln in lines), (op, proc.stdout)
+
+
+def test_check_reads_committed_results():
+    proc = run([BENCH / "check.py", BENCH / "results" / "h100.json", "--gemm", "--overhead"], ROOT)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert any(ln.startswith("counted targets:") for ln in proc.stdout.splitlines()), proc.stdout
+
+
+def test_python_experiments_compile():
+    """The Python experiments in bench/sweep are compiled here as the .cu ones are by the build, so a
+    change that breaks one is seen in CI (they run only by hand, on a GPU)."""
+    import py_compile
+    scripts = sorted((ROOT / "bench" / "sweep").glob("*.py"))
+    assert scripts
+    for script in scripts:
+        py_compile.compile(str(script), doraise=True, cfile=os.devnull)
