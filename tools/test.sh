@@ -11,7 +11,7 @@
 # machine the stages that prove nothing there are left out, each saying so: the ASan/UBSan build
 # (host code on the CPU: CI runs it) and the JIT build (tests/python/test_packaging.py: CI builds it and
 # runs its ops); the build is for that GPU's arch unless CUOPS_CUDA_ARCHITECTURES says otherwise, and
-# pytest spreads over CUOPS_TEST_WORKERS processes (default 4) when pytest-xdist is there.
+# pytest spreads over CUOPS_TEST_WORKERS processes (default 8) when pytest-xdist is there.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 quick=0
@@ -27,7 +27,9 @@ if [ -n "$gpu_arch" ]; then
     echo "== GPU of compute capability $gpu_arch: building for arch $gpu_arch only (CUOPS_CUDA_ARCHITECTURES overrides; CI builds the default list)"
   fi
   if "$PY" -c "import xdist" 2>/dev/null; then
-    pytest_args=(-n "${CUOPS_TEST_WORKERS:-4}" --dist loadfile)
+    # One test at a time to each worker; test_packaging.py's tests share build folders, so they go
+    # to one worker together (its xdist_group).
+    pytest_args=(-n "${CUOPS_TEST_WORKERS:-8}" --dist loadgroup)
   fi
 fi
 SECONDS=0
@@ -41,14 +43,16 @@ if [ $quick -eq 1 ]; then
   echo "== quick tier: ${SECONDS} s"
   exit $status
 fi
-echo "== machine code for every configured CUDA arch (cuobjdump)"
-bash tools/check_binary.sh || status=1
-echo "== Python -> C++ artifacts (TorchScript, AOTInductor)"
-"$PY" tests/scripts/make_artifacts.py "$CUOPS_BUILD_DIR/artifacts" || status=1
+# The Python-made artifacts the C++ tests load (TorchScript, AOTInductor: ~1.5 minutes of compiling)
+# are written while pytest runs; ctest runs after both. The binary's machine code per arch is checked
+# by tests/python/test_packaging.py (tools/check_binary.sh).
+echo "== pytest, and the Python -> C++ artifacts (TorchScript, AOTInductor) beside it (${SECONDS} s so far)"
+"$PY" tests/scripts/make_artifacts.py "$CUOPS_BUILD_DIR/artifacts" >"$CUOPS_BUILD_DIR/artifacts.log" 2>&1 &
+artifacts=$!
+"$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${pytest_args[@]}" "$@" || status=1
+wait $artifacts || { cat "$CUOPS_BUILD_DIR/artifacts.log"; status=1; }
 echo "== ctest (${SECONDS} s so far)"
 ctest --test-dir "$CUOPS_BUILD_DIR" --output-on-failure -j "${CUOPS_JOBS:-$(nproc)}" || status=1
-echo "== pytest (${SECONDS} s so far)"
-"$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${pytest_args[@]}" "$@" || status=1
 echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU; ${SECONDS} s so far)"
 if [ -n "${CUOPS_SKIP_SANITIZED:-}" ]; then
   echo "SKIPPED: CUOPS_SKIP_SANITIZED is set"

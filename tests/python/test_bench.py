@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
-from conftest import LIBRARY, ROOT
+import pytest
+
+from conftest import HAS_CUDA, LIBRARY, ROOT
 
 BENCH = ROOT / "bench"
 
@@ -14,6 +16,8 @@ def run(args, cwd, **env):
                           env={**os.environ, **env})
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the harness's CPU smoke run: CI runs it; on a GPU machine bench/run.py is "
+                                     "the real run (~2 minutes of CPU here under the other tests)")
 def test_cpu_smoke_run(tmp_path):
     # Started in tmp_path, as from any cwd: run.py finds its package and the repo itself; a relative
     # library path would not survive the move.

@@ -363,7 +363,9 @@ def test_gemm_portable_kernels_without_wgmma():
     import subprocess
     import sys
     env = dict(os.environ, CUOPS_DISABLE_WGMMA="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+    import importlib.util
+    workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []  # ~90 s of tests in one process
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, __file__, "-k",
                            "gemm_half_layouts or gemm_kernel_choice or float32_layouts_precisions"],
                           capture_output=True, text=True, env=env, timeout=900)
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]

@@ -15,6 +15,9 @@ import torch
 
 from conftest import HAS_CUDA, LIBRARY
 
+# Under pytest-xdist the tests that build into WORK go to one worker together.
+SHARES_WORK = pytest.mark.xdist_group("packaging")
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = LIBRARY.parent
 WORK = BUILD / "packaging"  # kept between runs, so rebuilds are incremental
@@ -49,6 +52,7 @@ def test_binary_holds_machine_code_for_every_configured_arch(tmp_path):
     assert proc.returncode != 0 and "FAIL sm_75: no machine code" in proc.stdout, proc.stdout
 
 
+@SHARES_WORK
 def test_cmake_package_serves_an_external_consumer():
     """cmake --install, then cpp_demo configured on its own: find_package(Torch), find_package(cuops)."""
     prefix, demo = WORK / "prefix", WORK / "external_demo"
@@ -82,6 +86,7 @@ def python_in(site, code):
                           cwd=str(WORK), timeout=600)
 
 
+@SHARES_WORK
 def test_pip_install_then_import_runs_ops(wheel_site):
     proc = python_in(wheel_site, f"""
         import torch, cuops
@@ -101,6 +106,7 @@ def test_pip_install_then_import_runs_ops(wheel_site):
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
 
 
+@SHARES_WORK
 def test_import_with_another_torch_names_both_versions(wheel_site):
     # The check runs before the library loads, so a running torch that reports another version is
     # enough to exercise it (installing a second torch release here would take gigabytes).

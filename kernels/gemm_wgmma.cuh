@@ -1,0 +1,516 @@
+// Hopper GEMM (sm_90a): operands brought in by the bulk tensor copy engine (TMA) into 128-byte
+// swizzled shared memory over a multi-stage mbarrier ring, multiplied by wgmma with float32
+// accumulators. Warp-specialised: warpgroup 0 is the producer (one thread issues the copies; the
+// group gives its registers to the others with setmaxnreg), warpgroups 1 and 2 each compute 64 rows
+// of the 128 x BN block tile. Persistent: one block per SM walks the tiles in grouped order, so the
+// producer already fills the ring for the next tile while the consumers run the epilogue.
+// bfloat16 / float16 take all four layouts (wgmma transposes m-major A and n-major B itself). float32
+// runs as TF32 (torch's "high" precision), whose wgmma reads shared operands k-major only: a k-major A
+// comes from shared memory, an m-major one from registers (each consumer loads its fragments from the
+// swizzled m-major tile), and B must be k-major. The usual row-major a and b (B n-major) run as the
+// transposed problem C^T = B^T A^T, B^T from registers, with the epilogue storing the transpose: no
+// operand is copied. The epilogue applies alpha/beta and rounds once to the output type. The tile,
+// cluster, grid and epilogue come from the plan (gemm_plan.cpp says why).
+// This header holds the kernel and its launch templates; each of gemm_wgmma_{bf16,f16,tf32}.cu
+// instantiates one dtype's (three compiler runs in parallel: the one file took 49 s on the H100
+// machine, the longest step of the build), gemm_wgmma.cu dispatches. Included only where CMake
+// compiles for compute_90a (CUOPS_WGMMA_BUILD).
+#pragma once
+
+#include <cudaTypedefs.h>
+
+#include <cstdlib>
+
+#include "gemm.cuh"
+#include "wgmma.cuh"
+
+namespace cuops::kernels::detail {
+
+namespace {
+
+constexpr int kWgThreads = 384, kWgBM = 128;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+
+// Geometry of one ring stage: A 128 x BK and B BN x BK, BK = one 128-byte swizzle row of k. Each
+// operand is a set of boxes of 64 rows (or its whole k-major extent) that TMA writes with the
+// 128-byte swizzle wgmma's descriptors name; every box starts 1024-byte aligned.
+// 16-bit outputs leave through shared memory (kCBytes: the 128 x BN tile, as boxes of 64 x 64) by
+// TMA stores that run on while the consumers start the next tile: the stores of the direct epilogue
+// cost 10-13 % of the time at 4096^3-8192^3 (NOTES.md). float32 (TF32) results would need 128 KiB
+// there, so they are stored directly.
+template <typename T, int BN> struct WgCfg {
+  static constexpr int kBK = 128 / static_cast<int>(sizeof(T));
+  static constexpr int kABytes = kWgBM * 128, kBBytes = BN * 128;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr bool kTmaStore = sizeof(T) == 2;
+  // The output tile leaves in kCSplit parts through a buffer of 1 / kCSplit of it: at 128 x 256 half
+  // (32 KiB), so the ring keeps 4 stages instead of 3 (NOTES.md, wgmma v6).
+  static constexpr int kCSplit = BN == 256 ? 2 : 1;
+  static constexpr int kCBytes = kTmaStore ? kWgBM * BN * 2 / kCSplit : 0;
+  // 4 stages of 48 KiB, 6 of 32 KiB or 8 of 24 KiB beside the output buffer; 4 of 48 KiB without it.
+  static constexpr int kStages = (225 * 1024 - kCBytes) / kStageBytes;
+  static constexpr int kSmem = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
+  static_assert(kSmem <= 227 * 1024, "one block per SM's shared memory");
+};
+
+// kCM: CTAs per cluster along m (1 or 2). In a pair, both CTAs compute tiles of the same columns
+// (rows 128 apart), so each loads half of the shared B tile and multicasts it to both: a third less
+// traffic from L2 for 128 x 256 tiles. Each stage is then released to the producers of both CTAs.
+// TF32 with A from registers (kRS, below): the row of the consumer's 64 that fragment row lane / 4 of
+// warp `warp` (second: lane / 4 + 8) is loaded from and its results stored to. Warp w reads box w / 2
+// of the consumer's two 32-row boxes, at rows 8 (w % 2) + {0..7, 16..23} rather than 16 (w % 2) + 0..15:
+// then a load's 32 lanes (8 rows x 4 k) cover 8 distinct 16-byte chunks under the 128-byte swizzle
+// (chunk q of k-row x sits at q ^ (x % 8)), where 16 consecutive rows span only 4. The two rows of a
+// lane are adjacent, so its transposed stores write 8-byte pairs (half the store transactions), at the
+// price of 2 lanes to a bank on the loads: 0.957x -> 1.048x cuBLAS at 4096^3 (NOTES.md, TF32 v3).
+__device__ __forceinline__ int rs_row(int warp, int lane, int second) {
+  const int base = (warp / 2) * 32 + 8 * (warp % 2) + 16 * (lane / 16);
+  return base + 2 * ((lane / 4) % 4) + second;
+}
+
+
+// A position in the ring of kStages stages: the stage, and the parity of its current use. The
+// producer and both consumer paths count k-tiles through it the same way.
+template <int kStages> struct WgRing {
+  uint32_t stage = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+};
+
+// The producer thread: every k-tile of the unit whose tile starts at (row0, col0), each into the next
+// free stage (waited on with the parity of the use before: for a fresh barrier that preceding phase
+// counts as complete, so the first kStages waits return at once).
+template <typename T, int BN, bool AK, bool BNM, int kCM>
+__device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b, int row0, int col0,
+                                          int ktiles, uint32_t base_s, uint32_t full_s, uint32_t empty_s,
+                                          uint32_t rank, WgRing<WgCfg<T, BN>::kStages>& ring) {
+  using Cfg = WgCfg<T, BN>;
+  constexpr bool kRS = std::is_same_v<T, float> && !AK;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    wg::mbar_wait(empty_s + 8 * ring.stage, ring.phase ^ 1);
+    const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * ring.stage;
+    wg::mbar_expect_tx(bar, Cfg::kStageBytes);
+    const int k0 = kt * Cfg::kBK;
+    if constexpr (AK) {
+      wg::tma_load(sa, &map_a, k0, row0, bar);
+    } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
+    } else {  // boxes of 64 m x 64 k, one per consumer
+      wg::tma_load(sa, &map_a, row0, k0, bar);
+      wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, bar);
+    }
+    // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
+    auto load_b = [&](uint32_t dst, int c0, int c1) {
+      if constexpr (kCM == 1) {
+        wg::tma_load(dst, &map_b, c0, c1, bar);
+      } else {
+        wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
+      }
+    };
+    if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
+      constexpr int kBoxes = BN / 64 / kCM;
+#pragma unroll
+      for (int i = 0; i < kBoxes; ++i) {
+        const int box = static_cast<int>(rank) * kBoxes + i;
+        load_b(sb + box * 8192, col0 + 64 * box, k0);
+      }
+    } else {  // rows of 128 bytes, BN / kCM of them per CTA
+      const int first = static_cast<int>(rank) * (BN / kCM);
+      load_b(sb + first * 128, k0, col0 + first);
+    }
+    ring.advance();
+  }
+}
+
+// d += this consumer's 64 rows of A times B over all k-tiles, both operands from shared memory by
+// descriptors: da_lo / db_lo are the low words of the stage-0, k-step-0 descriptors, advanced by
+// constants (make_desc: no carry out of the address field), the high words constant. Each stage goes
+// back (release) once the group after it is issued: one group stays in flight, so the tensor cores
+// never wait on this thread.
+template <typename T, int BN, bool AK, bool BNM, typename Release>
+__device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint64_t da_hi,
+                                                uint32_t da_lo, uint64_t db_hi, uint32_t db_lo,
+                                                WgRing<WgCfg<T, BN>::kStages>& ring, Release release) {
+  using Cfg = WgCfg<T, BN>;
+  uint32_t prev = 0;  // the stage of the group before
+  for (int kt = 0; kt < ktiles; ++kt) {
+    wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
+    const uint32_t so = ring.stage * (Cfg::kStageBytes / 16);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      // One instruction k-step is 32 bytes of k: 32 bytes along a k-major row (the swizzle is
+      // applied by the hardware on the address), 16 rows of 128 bytes in an m/n-major box.
+      // m/n-major: 64-element core-matrix columns 8 KiB apart (the boxes), 8-row groups 1 KiB.
+      constexpr uint32_t kStepA = AK ? 32 / 16 : 2048 / 16, kStepB = BNM ? 2048 / 16 : 32 / 16;
+      wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da_hi | (da_lo + so + kk * kStepA), db_hi | (db_lo + so + kk * kStepB));
+    }
+    wg::commit();
+    wg::wait<1>();
+    if (kt > 0) release(prev);
+    prev = ring.stage;
+    ring.advance();
+  }
+  wg::wait<0>();
+  if (ktiles > 0) release(prev);
+}
+
+// The same for TF32 with an m-major A, read from registers: each k-tile's fragments come from the
+// m-major tile by 16 loads of 4 bytes per thread, from the rows rs_row names (the epilogue stores
+// them there), into one of two register sets: a group's registers stay untouched until it has been
+// waited for, so the next k-tile loads into the other. box0: this warp's 32-row box in stage 0.
+template <int BN, typename Release>
+__device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint32_t box0,
+                                                   const uint32_t (&off)[2][2], uint64_t db_hi, uint32_t db_lo,
+                                                   WgRing<WgCfg<float, BN>::kStages>& ring, Release release) {
+  using Cfg = WgCfg<float, BN>;
+  uint32_t prev = 0;  // the stage of the group before
+  // step(fr, other, first): the next k-tile into fr; other holds the previous k-tile's fragments, free
+  // again once that group has been waited for.
+  auto step = [&](uint32_t(&fr)[4][4], uint32_t(&other)[4][4], bool first) {
+    wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
+    const uint32_t box = box0 + ring.stage * Cfg::kStageBytes, so = ring.stage * (Cfg::kStageBytes / 16);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      fr[kk][0] = wg::lds32(box + kk * 1024 + off[0][0]);
+      fr[kk][1] = wg::lds32(box + kk * 1024 + off[0][1]);
+      fr[kk][2] = wg::lds32(box + kk * 1024 + off[1][0]);
+      fr[kk][3] = wg::lds32(box + kk * 1024 + off[1][1]);
+    }
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::mma_tf32_rs<BN>(d, fr[kk], db_hi | (db_lo + so + kk * (32 / 16)));
+    wg::commit();
+    wg::wait<1>();
+    wg::keep(other);
+    if (!first) release(prev);
+    prev = ring.stage;
+    ring.advance();
+  };
+  uint32_t fr0[4][4] = {}, fr1[4][4] = {};
+  // Pairs, then an odd last k-tile into fr0: on no path is a set loaded while its group may still
+  // run (a conditional second step in the loop would make one, and ptxas would then serialise
+  // every wgmma).
+  int kt = 0;
+  for (; kt + 1 < ktiles; kt += 2) {
+    step(fr0, fr1, kt == 0);
+    step(fr1, fr0, false);
+  }
+  if (kt < ktiles) step(fr0, fr1, kt == 0);
+  wg::wait<0>();
+  wg::keep(fr0);
+  wg::keep(fr1);
+  if (ktiles > 0) release(prev);
+}
+
+// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded, through its half of the
+// shared buffer by TMA stores that run on while it starts the next tile: BN / 64 boxes of 64 x 64
+// (8 KiB), 128-byte swizzled as the store's tensor map reads them (16-byte chunk q of row x at chunk
+// q ^ (x % 8), so a warp's 8 rows x 16 bytes land on 32 different banks), in kCSplit parts one after
+// the other, each written once the last stores have read the buffer.
+template <typename T, int BN>
+__device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2], uint32_t mine,
+                                               float alpha, int64_t tm, int64_t tn, int cw, int tid, int warp,
+                                               int lane) {
+  using Cfg = WgCfg<T, BN>;
+  constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
+  const int x = warp * 16 + lane / 4;
+  const uint32_t row_x = mine + x * 128 + (lane % 4) * 4, row_x8 = row_x + 8 * 128;
+#pragma unroll
+  for (int part = 0; part < Cfg::kCSplit; ++part) {
+    if (tid == 0) wg::bulk_wait_read();
+    wg::named_sync(1 + cw, 128);
+#pragma unroll
+    for (int jj = 0; jj < 8 * kPartBoxes; ++jj) {
+      const int j = part * 8 * kPartBoxes + jj;
+      const uint32_t chunk = (jj / 8) * 8192 + ((j % 8) ^ (x % 8)) * 16;
+      wg::sts32(row_x + chunk, pack_pair(alpha * d[4 * j], alpha * d[4 * j + 1], T{}));
+      wg::sts32(row_x8 + chunk, pack_pair(alpha * d[4 * j + 2], alpha * d[4 * j + 3], T{}));
+    }
+    wg::fence_proxy_async();
+    wg::named_sync(1 + cw, 128);
+    if (tid == 0) {
+      const int row = static_cast<int>(tm * kWgBM + cw * 64);
+#pragma unroll
+      for (int b = 0; b < kPartBoxes; ++b) {
+        const int col = static_cast<int>(tn * BN) + 64 * (part * kPartBoxes + b);
+        wg::tma_store(&map_c, mine + b * 8192, col, row);
+      }
+      wg::bulk_commit();
+    }
+  }
+}
+
+// The same rows stored directly (alpha, beta, rounding: gemm.cuh's pair stores). Accumulator
+// fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are (row lane / 4,
+// columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower; under kRS the warp's
+// rows are the permuted ones the fragments were loaded from. c_trans (float only): the problem is
+// C^T = B^T A^T, so each lane's two adjacent rows go out as pairs of c's columns.
+template <typename T, int BN, bool kRS>
+__device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const float (&d)[BN / 2], int64_t tm,
+                                                  int64_t tn, int cw, int warp, int lane, bool c_trans) {
+  const int64_t r = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
+  const int64_t r8 = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
+  if constexpr (std::is_same_v<T, float>) {
+    if (c_trans) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
+        store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
+    store_pair_t<T>(p, r, c, d[4 * j], d[4 * j + 1]);
+    store_pair_t<T>(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
+// TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
+// (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
+// result (i, j) goes to c[j * ldc + i].
+template <typename T, int BN, bool AK, bool BNM, int kCM>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans) {
+  using Cfg = WgCfg<T, BN>;
+  constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
+  constexpr bool kRS = std::is_same_v<T, float> && !AK;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* c_tile = base + kStages * Cfg::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
+  uint64_t* empty = full + kStages;
+  // The same as shared-memory addresses: the loops below use these (with constant offsets per
+  // stage) rather than convert generic pointers on every k-tile.
+  const uint32_t base_s = smem_addr(base), full_s = smem_addr(full), empty_s = smem_addr(empty);
+  // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
+  // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
+  const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM, tiles_n = (p.n + BN - 1) / BN;
+  const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
+  const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
+  const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();
+  const int ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wg::mbar_init(&full[s], 1);             // the producer's expect_tx arrival, plus the bytes
+      wg::mbar_init(&empty[s], 2 * kCM);      // each consumer warpgroup of each CTA
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // The peer's barriers must be initialised before anything is multicast or arrives there.
+  if constexpr (kCM > 1) {
+    wg::cluster_sync();
+  } else {
+    __syncthreads();
+  }
+
+  if (threadIdx.x < 128) {
+    wg::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      WgRing<kStages> ring;
+      for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+        int64_t um, tn;
+        tile_coords<8>(unit, units_m, tiles_n, um, tn);
+        load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
+                                       static_cast<int>(tn * BN), ktiles, base_s, full_s, empty_s, rank, ring);
+      }
+    }
+  } else {
+    wg::setmaxnreg_inc<kConsumerRegs>();
+    // This consumer's 64 rows of the block tile. Read through a shuffle from lane 0 so the compiler
+    // knows it is warp-uniform and keeps the descriptors built from it in uniform registers.
+    const int cw = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0) - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    WgRing<kStages> ring;
+    // Hands stage st back: to this CTA's producer and, in a pair, to the peer's, whose multicast
+    // also writes this CTA's copy of the stage.
+    uint32_t empty_r[kCM];  // empty_s in each CTA of the cluster
+#pragma unroll
+    for (int r = 0; r < kCM; ++r) empty_r[r] = kCM == 1 ? empty_s : wg::map_cluster(empty_s, r);
+    auto release = [&](uint32_t st) {
+      if (tid != 0) return;
+      if constexpr (kCM == 1) {
+        wg::mbar_arrive(empty_s + 8 * st);
+      } else {
+#pragma unroll
+        for (int r = 0; r < kCM; ++r) wg::mbar_arrive_cluster(empty_r[r] + 8 * st);
+      }
+    };
+    // Descriptors of this consumer's A and of B in stage 0 at k-step 0.
+    const uint64_t da0 =
+        AK ? wg::make_desc(base_s + cw * 8192, 16, 1024) : wg::make_desc(base_s + cw * 8192, 8192, 1024);
+    const uint64_t db0 = BNM ? wg::make_desc(base_s + Cfg::kABytes, 8192, 1024)
+                             : wg::make_desc(base_s + Cfg::kABytes, 16, 1024);
+    const uint32_t da_lo = static_cast<uint32_t>(da0), db_lo = static_cast<uint32_t>(db0);
+    const uint64_t da_hi = da0 & ~uint64_t{0xFFFFFFFF}, db_hi = db0 & ~uint64_t{0xFFFFFFFF};
+    // The register-A path's byte offsets of a lane's fragment words in its warp's box at k-step 0:
+    // [column half e][fragment row].
+    uint32_t off[2][2] = {};
+    if constexpr (kRS) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int x = rs_row(warp, lane, r) % 32, k = lane % 4 + 4 * e;
+          off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
+        }
+    }
+    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+      int64_t um, tn;
+      tile_coords<8>(unit, units_m, tiles_n, um, tn);
+      const int64_t tm = um * kCM + rank;
+      float d[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+      if constexpr (kRS) {
+        mma_unit_registers<BN>(d, ktiles, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
+                               release);
+      } else {
+        mma_unit_shared<T, BN, AK, BNM>(d, ktiles, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
+      }
+      if constexpr (Cfg::kTmaStore) {
+        if (tma_store) {
+          store_unit_tma<T, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / 2), p.alpha, tm, tn, cw, tid, warp,
+                                lane);
+          continue;
+        }
+      }
+      store_unit_direct<T, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
+    }
+    if constexpr (Cfg::kTmaStore) {
+      if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
+    }
+  }
+  // No CTA of a pair leaves while the peer may still arrive on its barriers.
+  if constexpr (kCM > 1) wg::cluster_sync();
+}
+
+// ---- host side
+
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda); null if absent.
+EncodeTiled encoder() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+template <typename T> constexpr CUtensorMapDataType tma_dtype() {
+  if constexpr (std::is_same_v<T, float>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// Tensor map of a row-major [outer, inner] operand with leading stride ld (elements), read in boxes
+// of [box_outer, box_inner] with the 128-byte swizzle. false where TMA cannot describe it (a stride
+// of 0 on an expanded view, sizes past its 32-bit coordinates).
+template <typename T>
+bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer, int64_t ld, uint32_t box_inner,
+              uint32_t box_outer) {
+  constexpr int64_t kElem = sizeof(T);
+  if (outer == 1) ld = (inner * kElem + 15) / 16 * 16 / kElem;  // never used; TMA wants a valid stride
+  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * kElem)};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encoder()(&map, tma_dtype<T>(), 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A launch of `grid` blocks of kWgThreads in clusters of `cm` along x, for the occupancy query and
+// the launch itself. Not copyable: cfg points at the member attribute.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  ClusterLaunch(unsigned grid, int cm, int smem, cudaStream_t stream) {
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kWgThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = stream;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cm), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+template <typename T, int BN, bool AK, bool BNM, int kCM>
+cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  using Cfg = WgCfg<T, BN>;
+  CUtensorMap ma, mb, mc{};
+  // m-major A: boxes of 128 bytes of m (64 16-bit elements, or the 32 floats of the TF32 register path).
+  // The planner checked that TMA describes every operand; the driver refusing one is an error.
+  const bool maps = (AK ? make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, kWgBM)
+                        : make_map<T>(ma, p.a, p.m, p.k, p.lda, 128 / sizeof(T), Cfg::kBK)) &&
+                    (BNM ? make_map<T>(mb, p.b, p.n, p.k, p.ldb, 64, Cfg::kBK)
+                         : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM)) &&
+                    (!plan.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
+  if (!maps) return cudaErrorInvalidValue;
+  const bool tma_store = Cfg::kTmaStore && plan.tma_store;
+  constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM>;
+  // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
+  // device is whichever the op's guard selected.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
+  if (err != cudaSuccess) return err;
+  if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
+  if constexpr (kCM == 1) {
+    kernel<<<static_cast<unsigned>(plan.grid), kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
+                                                                                  plan.c_trans);
+    return cudaGetLastError();
+  } else {
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, Cfg::kSmem, stream);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans);
+  }
+}
+
+// The instance of the plan's tile and cluster, for 16-bit types in all four layouts and TF32 with B
+// k-major (the planner's transposed problem makes every other TF32 layout that).
+template <typename T, bool AK, bool BNM>
+cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  if (plan.bm != kWgBM) return cudaErrorInvalidValue;
+  if (plan.bn == 256 && plan.cluster_m == 2) return launch_wg<T, 256, AK, BNM, 2>(plan, p, stream);
+  if (plan.bn == 256 && plan.cluster_m == 1) return launch_wg<T, 256, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 128 && plan.cluster_m == 1) return launch_wg<T, 128, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 64 && plan.cluster_m == 1) return launch_wg<T, 64, AK, BNM, 1>(plan, p, stream);
+  return cudaErrorInvalidValue;
+}
+
+template <typename T> cudaError_t launch_wg_typed(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+    constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+    if constexpr (std::is_same_v<T, float> && BNM) {
+      return cudaErrorInvalidValue;
+    } else {
+      return launch_wg_tile<T, AK, BNM>(plan, p, stream);
+    }
+  });
+}
+
+}  // namespace
+
+// The three dtypes' launchers (gemm_wgmma_{bf16,f16,tf32}.cu), called by gemm_wgmma.cu's dispatch.
+cudaError_t launch_wgmma_bf16(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_wgmma_f16(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_wgmma_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+
+}  // namespace cuops::kernels::detail
