@@ -71,48 +71,67 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// The mma.sync kernels' cp.async ring over `ktiles` k-slices of STAGES stages: load(stage, kt) stages
+// slice kt, compute(kt) multiplies slice kt (in stage kt % STAGES). The slice everyone finished with at the
+// last trip (the barrier) is refilled while this one is multiplied; an empty group is still committed
+// so the wait count stays exact.
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void cp_async_ring(int64_t ktiles, Load&& load, Compute&& compute) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load(s, s);
+    cp_async_commit();
+  }
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < ktiles) load(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
+    cp_async_commit();
+    compute(kt);
+  }
+  cp_async_wait<0>();
+}
+
 // Elements of a 16-byte chunk that lie before an edge `left` elements away (0 .. kPer).
 template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
   return static_cast<int>(max(int64_t{0}, min(int64_t{kPer}, left)));
 }
 
-// Stages ROWS x COLS elements (COLS along the source's contiguous axis) into shared memory rows `ld`
-// elements apart, by 16-byte chunks (copy_chunk): element (r, c) of the slice is
-// src[(outer0 + r) * g_ld + inner0 + c], zero past outer_n rows or inner_n columns. Thread tid takes
-// chunks tid, tid + THREADS, ...
-template <int ROWS, int COLS, int THREADS, typename T>
-__device__ __forceinline__ void stage_rows(T* smem, int ld, const T* src, int64_t g_ld, int64_t outer0,
-                                           int64_t outer_n, int64_t inner0, int64_t inner_n, int tid) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T)), kRowChunks = COLS / kPer;
-  constexpr int kLoads = ROWS * kRowChunks / THREADS;
-  static_assert(kLoads >= 1 && ROWS * kRowChunks % THREADS == 0, "whole chunks per thread");
-#pragma unroll
-  for (int i = 0; i < kLoads; ++i) {
-    const int idx = tid + i * THREADS;
-    const int r = idx / kRowChunks, c = (idx % kRowChunks) * kPer;
-    const int64_t go = outer0 + r, gi = inner0 + c;
-    copy_chunk<sizeof(T)>(smem + r * ld + c, src + go * g_ld + gi, go < outer_n ? chunk_valid<kPer>(inner_n - gi) : 0);
-  }
-}
-
-// One k-slice of both operands of the mma.sync kernels, each stored as it lies in global memory:
-// A's BM x BK rows (k-major) or BK x BM (m-major) at `as`, B's BK x BN (n-major) or BN x BK at `bs`.
-template <int BM, int BN, int BK, int THREADS, bool AK, bool BNM, typename T>
-__device__ __forceinline__ void stage_operands(const GemmProblem& p, T* as, int a_ld, T* bs, int b_ld, int64_t row0,
-                                               int64_t col0, int64_t k0, int tid) {
-  const T* A = static_cast<const T*>(p.a);
-  const T* B = static_cast<const T*>(p.b);
-  if constexpr (AK) {
-    stage_rows<BM, BK, THREADS>(as, a_ld, A, p.lda, row0, p.m, k0, p.k, tid);
-  } else {
-    stage_rows<BK, BM, THREADS>(as, a_ld, A, p.lda, k0, p.k, row0, p.m, tid);
-  }
-  if constexpr (BNM) {
-    stage_rows<BK, BN, THREADS>(bs, b_ld, B, p.ldb, k0, p.k, col0, p.n, tid);
-  } else {
-    stage_rows<BN, BK, THREADS>(bs, b_ld, B, p.ldb, col0, p.n, k0, p.k, tid);
-  }
-}
+// One k-slice of both operands of the mma.sync kernels into shared memory, each stored as it lies in
+// global memory, by 16-byte chunks (copy_chunk: zeros past an edge): A's BM x BK rows (AK: k-major)
+// or BK x BM (m-major) at AS, rows ALD elements apart; B's BK x BN (BNM: n-major) or BN x BK at BS,
+// rows BLD apart. P: the GemmProblem; A, B its typed operand pointers; ROW0, COL0, K0: the slice's
+// corner; thread TID of THREADS takes chunks TID, TID + THREADS, ...
+// A macro, expanded inside each kernel's own load lambda: as a __forceinline__ function (tried per
+// slice, per chunk, with the row pitch a constant or not) the same statements compiled to other
+// address arithmetic, up to 11 % more instructions in a bf16 loop and 2.5 % slower on the H100 (with
+// CUOPS_DISABLE_WGMMA; bench/NOTES.md, "operand staging").
+#define CUOPS_STAGE_CHUNK(T, DST, LD, SRC, G_LD, ROW_CHUNKS, IDX, OUTER0, OUTER_N, INNER0, INNER_N)                \
+  do {                                                                                                            \
+    constexpr int kPer_ = 16 / static_cast<int>(sizeof(T));                                                       \
+    const int r_ = (IDX) / (ROW_CHUNKS), c_ = ((IDX) % (ROW_CHUNKS)) * kPer_;                                     \
+    const int64_t go_ = (OUTER0) + r_, gi_ = (INNER0) + c_;                                                       \
+    copy_chunk<sizeof(T)>((DST) + r_ * (LD) + c_, (SRC) + go_ * (G_LD) + gi_,                                     \
+                          go_ < (OUTER_N) ? chunk_valid<kPer_>((INNER_N) - gi_) : 0);                             \
+  } while (0)
+#define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0, COL0, K0, TID)        \
+  do {                                                                                                            \
+    constexpr int kPerS_ = 16 / static_cast<int>(sizeof(T));                                                      \
+    _Pragma("unroll") for (int i_ = 0; i_ < (BM) * (BK) / kPerS_ / (THREADS); ++i_) {                            \
+      if constexpr (AK) {                                                                                         \
+        CUOPS_STAGE_CHUNK(T, AS, ALD, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS), ROW0, (P).m, K0, (P).k);   \
+      } else {                                                                                                    \
+        CUOPS_STAGE_CHUNK(T, AS, ALD, A, (P).lda, (BM) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, ROW0, (P).m);   \
+      }                                                                                                           \
+    }                                                                                                             \
+    _Pragma("unroll") for (int i_ = 0; i_ < (BN) * (BK) / kPerS_ / (THREADS); ++i_) {                            \
+      if constexpr (BNM) {                                                                                        \
+        CUOPS_STAGE_CHUNK(T, BS, BLD, B, (P).ldb, (BN) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, COL0, (P).n);   \
+      } else {                                                                                                    \
+        CUOPS_STAGE_CHUNK(T, BS, BLD, B, (P).ldb, (BK) / kPerS_, (TID) + i_ * (THREADS), COL0, (P).n, K0, (P).k);   \
+      }                                                                                                           \
+    }                                                                                                             \
+  } while (0)
 
 // dst[0], dst[1] <- alpha * (v0, v1) + beta * old: one 8-byte access where dst is 8-byte aligned,
 // else two 4-byte ones (an odd ldc leaves every other row's pairs unaligned). beta == 0 never reads c:

@@ -58,6 +58,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
   static_assert(NI % 2 == 0, "B fragments load two n8 tiles per ldmatrix.x4");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
+  const T* A = static_cast<const T*>(p.a);
+  const T* B = static_cast<const T*>(p.b);
   int64_t tm, tn;
   tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
   const int64_t row0 = tm * BM, col0 = tn * BN;
@@ -66,24 +68,16 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
   const int64_t ktiles = (p.k + kHBK - 1) / kHBK;
 
   auto load_stage = [&](int stage, int64_t kt) {
+    const int64_t k0 = kt * kHBK;
     T* as = smem + stage * S::kStageElems;
-    stage_operands<BM, BN, kHBK, kHalfThreads, AK, BNM>(p, as, S::kALd, as + S::kAElems, S::kBLd, row0, col0,
-                                                       kt * kHBK, tid);
+    T* bs = as + S::kAElems;
+    CUOPS_STAGE_OPERANDS(T, BM, BN, kHBK, kHalfThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid);
   };
 
   float acc[MI][NI][4] = {};
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ktiles) load_stage(s, s);
-    cp_async_commit();
-  }
   // ldmatrix row addresses: lane i feeds row i % 8 of matrix i / 8.
   const int lrow = lane % 8, lmat = lane / 8;
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (kt + STAGES - 1 < ktiles) load_stage(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
-    cp_async_commit();
+  cp_async_ring<STAGES>(ktiles, load_stage, [&](int64_t kt) {
     const T* as = smem + (kt % STAGES) * S::kStageElems;
     const T* bs = as + S::kAElems;
 #pragma unroll
@@ -121,8 +115,7 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) mma16816<T>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
-  }
-  cp_async_wait<0>();
+  });
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll

@@ -35,6 +35,8 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
   using S = Tf32Smem<BM, BN, AK, BNM>;
   constexpr int MI = BM / 32, NI = BN / 32;  // m16 and n8 tiles per warp
   extern __shared__ __align__(16) float smem[];
+  const float* A = static_cast<const float*>(p.a);
+  const float* B = static_cast<const float*>(p.b);
   int64_t tm, tn;
   tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
   const int64_t row0 = tm * BM, col0 = tn * BN;
@@ -43,24 +45,14 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
   const int64_t ktiles = (p.k + kBK - 1) / kBK;
 
   auto load_stage = [&](int stage, int64_t kt) {
+    const int64_t k0 = kt * kBK;
     float* as = smem + stage * S::kStageFloats;
-    stage_operands<BM, BN, kBK, kTf32Threads, AK, BNM>(p, as, S::kALd, as + S::kAFloats, S::kBLd, row0, col0,
-                                                      kt * kBK, tid);
+    float* bs = as + S::kAFloats;
+    CUOPS_STAGE_OPERANDS(float, BM, BN, kBK, kTf32Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid);
   };
 
   float acc[MI][NI][4] = {};
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ktiles) load_stage(s, s);
-    cp_async_commit();
-  }
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    // Refill the stage everyone finished with last iteration (the barrier above) while this one is
-    // multiplied. An empty group is still committed so the wait count above stays exact.
-    if (kt + STAGES - 1 < ktiles) load_stage(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
-    cp_async_commit();
+  cp_async_ring<STAGES>(ktiles, load_stage, [&](int64_t kt) {
     const float* as = smem + (kt % STAGES) * S::kStageFloats;
     const float* bs = as + S::kAFloats;
 #pragma unroll
@@ -92,8 +84,7 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
               : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]), "r"(bf[ni][1]));
         }
     }
-  }
-  cp_async_wait<0>();
+  });
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
