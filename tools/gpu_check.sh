@@ -2,15 +2,15 @@
 # The GPU machine's check: build, every test (CUDA included), both demos, compute-sanitizer, and the
 # benchmarks. Logs land in $OUT (the device tool brings them back) or in build/gpu_check/.
 # All stages take longer than one device call allows (10 min), so pick them with STAGES, e.g.
-#   STAGES="test demo" bash tools/gpu_check.sh -n 8 --dist loadfile   # extra args go to pytest
-# (loadfile: test_packaging.py builds into shared folders, so its tests must share one worker)
-#   STAGES="sanitize bench" bash tools/gpu_check.sh
-# The ASan/UBSan stage of tools/test.sh is CPU-only and runs in CI; it is skipped here.
+#   STAGES="test demo" bash tools/gpu_check.sh       # extra args go to pytest (test.sh spreads it itself)
+#   CUOPS_GIT_COMMIT=$(git rev-parse --short HEAD) STAGES="sanitize bench" bash tools/gpu_check.sh
+# (the device's copy of .git can lag the tree it was sent with: name the commit for the results file)
+# The ASan/UBSan stage of tools/test.sh is CPU-only and runs in CI; test.sh skips it on a GPU machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu_check}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 CUOPS_SKIP_SANITIZED=1
+export PYTHONUNBUFFERED=1
 stages=" ${STAGES:-test demo sanitize bench} "
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 rc=0
