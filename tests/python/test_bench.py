@@ -52,3 +52,24 @@ def test_python_experiments_compile(tmp_path):
     assert scripts
     for script in scripts:
         py_compile.compile(str(script), doraise=True, cfile=str(tmp_path / f"{script.stem}.pyc"))
+
+
+def test_shape_catalog_holds_the_model_products():
+    """The shape suite's catalogue (bench/cuops_bench/shapes.py): the products an nn.Linear runs, with
+    the operand layouts it runs them in, and the decode rows the issue measured among them."""
+    import torch
+    sys.path.insert(0, str(BENCH))
+    from cuops_bench.shapes import products
+    rows = products()
+    found = {(p.kind, p.m, p.n, p.k) for p in rows}
+    for row in [("forward", 1, 4096, 14336), ("forward", 1, 28672, 4096), ("forward", 1, 6144, 4096),
+                ("forward", 1, 4096, 4096), ("forward", 16, 4096, 4096), ("input_grad", 16, 4096, 28672),
+                ("weight_grad", 3072, 768, 1024)]:
+        assert row in found, row
+    assert {p.cls for p in rows} == {"decode", "mid", "large", "training"}
+    assert all(p.tokens >= 128 for p in rows if p.kind == "weight_grad")
+    g = torch.Generator().manual_seed(0)
+    for p in [r for r in rows if r.linear.model == "gpt-2" and r.tokens in (2, 128)]:
+        a, b = p.operands(torch.float64, "cpu", g)
+        assert a.shape == (p.m, p.k) and b.shape == (p.k, p.n), p.label()
+        assert (a.stride(1) == 1) == (p.a_major == "k") and (b.stride(1) == 1) == (p.b_major == "n"), p.label()
