@@ -138,6 +138,29 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_addr(bar), parity); }
 
+// Thread-block clusters (sm_90 PTX, like the expect_tx and try_wait forms above): this CTA's rank,
+// another CTA's shared memory, the cluster-wide barrier.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of shared-memory address `addr` in CTA `rank` of the cluster. Addresses
+// of one CTA's window are contiguous there too, so an offset may be added to the result.
+__device__ __forceinline__ uint32_t map_cluster(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Arrives on the barrier at shared::cluster address `bar` (from map_cluster).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// All threads of all CTAs of the cluster.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 inline bool aligned_like(const void* p, const void* q, uintptr_t to) {
   return (reinterpret_cast<uintptr_t>(p) % to) == (reinterpret_cast<uintptr_t>(q) % to);
 }

@@ -119,9 +119,10 @@ GemmDevice current_gemm_device() {
           d.sms = 1;
         }
         d.wgmma = wgmma_runs_on(dev, d.pair_clusters);
+        d.clusters = skinny_clusters_on(dev);
         return d;
       },
-      GemmDevice{1, false, 0});
+      GemmDevice{1, false, 0, false});
 }
 
 namespace {
@@ -160,6 +161,7 @@ cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream) {
     case GemmKernel::MmaTf32: return launch_gemm_mma_tf32(plan, fast_problem(plan), stream);
     case GemmKernel::MmaHalf: return launch_gemm_mma_half(plan, fast_problem(plan), stream);
     case GemmKernel::Wgmma: return launch_gemm_wgmma(plan, fast_problem(plan), stream);
+    case GemmKernel::Skinny: return launch_gemm_skinny(plan, fast_problem(plan), stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -258,6 +258,9 @@ cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStr
 cudaError_t launch_gemm_mma_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+// Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny.cu).
+bool skinny_clusters_on(int dev);
 // Whether this library's sm_90a wgmma kernel runs on device `dev` and how many clusters of two of it
 // fit there (kernels/gemm_wgmma.cu; a build without sm_90a answers no).
 bool wgmma_runs_on(int dev, int& pair_clusters);

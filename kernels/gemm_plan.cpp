@@ -137,6 +137,63 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   return true;
 }
 
+SkinnyGeometry skinny_geometry(DType dtype, bool w_kmajor) {
+  if (dtype == DType::Float32) return w_kmajor ? kSkinnyFloatK : kSkinnyFloatN;
+  return w_kmajor ? kSkinnyHalfK : kSkinnyHalfN;
+}
+
+// Warps per SM the small-M grid aims at (four blocks of four), and the fewest chunks a warp's slice
+// of k holds: the loads a warp keeps in flight come from 2-4 chunks at a time, and a shorter slice
+// spends more of its time in the reduction than in the stream.
+constexpr int64_t kSkinnyWarpsPerSm = 16, kSkinnyMinChunks = 4, kSkinnyMaxCluster = 8;
+
+void skinny_split(GemmPlan& p, int rw, int kw, int split) {
+  const SkinnyGeometry g = skinny_geometry(p.req.dtype, p.sk_w_kmajor);
+  const int64_t outputs = p.sk_tokens_m ? p.n : p.m;
+  p.sk_rw = rw, p.sk_kw = kw, p.sk_split = split;
+  p.sk_slice = std::max<int64_t>(g.chunk, cdiv(cdiv(p.req.k, int64_t{kw} * split), g.chunk) * g.chunk);
+  p.grid = cdiv(cdiv(outputs, g.outputs), rw);
+  p.bm = p.sk_tokens_m ? p.sk_mt : g.outputs * rw;
+  p.bn = p.sk_tokens_m ? g.outputs * rw : p.sk_mt;
+}
+
+// The small-M kernel, where c's short side holds at most kSkinnyMaxTokens and that side's operand
+// has k contiguous (the copy-free forms of x @ W.t() and g @ W, and their transposes).
+bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
+  const GemmRequest& r = p.req;
+  if (p.m <= kSkinnyMaxTokens && p.m <= p.n && p.a_kmajor) {
+    p.sk_tokens_m = true;
+    p.sk_w_kmajor = !p.b_nmajor;
+  } else if (p.n <= kSkinnyMaxTokens && !p.b_nmajor) {
+    p.sk_tokens_m = false;
+    p.sk_w_kmajor = p.a_kmajor;
+  } else {
+    return false;
+  }
+  const bool half = r.dtype != DType::Float32;
+  const int64_t tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
+  p.kernel = GemmKernel::Skinny;
+  p.sk_mt = tokens <= 4 && !half ? 4 : tokens <= 8 ? 8 : 16;
+  const SkinnyGeometry g = skinny_geometry(r.dtype, p.sk_w_kmajor);
+  const int64_t groups = cdiv(outputs, g.outputs);
+  const int64_t most = std::max<int64_t>(1, r.k / (int64_t{g.chunk} * kSkinnyMinChunks));
+  const int64_t splits = std::clamp<int64_t>(cdiv(dev.sms * kSkinnyWarpsPerSm, groups), 1, most);
+  if (splits == 1) {
+    skinny_split(p, 4, 1, 1);
+    p.why = "small m: the outputs alone fill the SMs";
+  } else if (splits < 4) {
+    skinny_split(p, 2, 2, 1);
+    p.why = "small m: k split over two warps of a block";
+  } else if (splits < 8 || !dev.clusters) {
+    skinny_split(p, 1, 4, 1);
+    p.why = "small m: k split over four warps of a block";
+  } else {
+    skinny_split(p, 1, 4, static_cast<int>(std::min<int64_t>(kSkinnyMaxCluster, splits / 4)));
+    p.why = "small m: k split over the warps of a cluster";
+  }
+  return true;
+}
+
 void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.bm = bm, p.bn = bn, p.bk = bk, p.cluster_m = 1;
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
@@ -152,6 +209,7 @@ const char* kernel_name(GemmKernel k) {
     case GemmKernel::MmaTf32: return "mma_tf32";
     case GemmKernel::MmaHalf: return "mma_half";
     case GemmKernel::Wgmma: return "wgmma";
+    case GemmKernel::Skinny: return "skinny";
   }
   return "?";
 }
@@ -196,6 +254,7 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   }
   if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16)) return general(p, "an operand's base not 16-byte aligned");
 
+  if (plan_skinny(p, dev)) return p;
   const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
   if ((r.dtype != DType::Float32 || tf32) && dev.wgmma) {
     GemmPlan w = p;
@@ -221,6 +280,12 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 256) tiles(p, 128, 128, 8);
   else tiles(p, 64, 64, 16);
   return p;
+}
+
+GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
+  skinny_split(plan, rw, kw, split);
+  plan.why = "split set by with_split";
+  return plan;
 }
 
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev) {

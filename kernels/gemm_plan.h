@@ -39,6 +39,9 @@ struct GemmDevice {
   int sms = 0;
   bool wgmma = false;
   int pair_clusters = 0;
+  // Whether the small-M kernel can split k over a cluster of CTAs that reduce through distributed
+  // shared memory (compute capability 9.0 and up, and this build's code for it compiled for sm_90).
+  bool clusters = false;
 };
 
 enum class GemmKernel : int {
@@ -48,7 +51,19 @@ enum class GemmKernel : int {
   MmaTf32,  // kernels/gemm_tf32.cu: float32 as TF32, mma.sync
   MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
   Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
+  Skinny,   // kernels/gemm_skinny.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
 };
+
+// The small-M kernel (kernels/gemm_skinny.cu) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
+// kSkinnyMaxTokens tokens t. Its blocks are kSkinnyWarps warps; each warp owns `outputs` consecutive
+// outputs o over a slice of k, walked `chunk` at a time: the geometry of each of its four forms
+// (bf16/fp16 on tensor cores, float32 on FP32 cores; the weight k-contiguous or o-contiguous).
+constexpr int kSkinnyMaxTokens = 16;
+constexpr int kSkinnyWarps = 4;
+struct SkinnyGeometry {
+  int outputs, chunk;
+};
+constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128}, kSkinnyFloatN{128, 4};
 const char* kernel_name(GemmKernel k);
 
 // A copy the caller makes before launching: the operand's values into a fresh tensor whose rows are
@@ -72,6 +87,13 @@ struct GemmPlan {
   int64_t grid = 0;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
+  // The small-M kernel: whether the tokens are C's rows (x = A, the weight B) or its columns (x = B^T,
+  // the weight A^T); whether the weight is k-contiguous; the token tile (4, 8 or 16); a block's warps
+  // along the outputs (sk_rw) and along k (sk_kw); CTAs per cluster along k (sk_split, the grid's y);
+  // the k each warp reduces (sk_slice, a multiple of the geometry's chunk). grid: blocks along x.
+  bool sk_tokens_m = true, sk_w_kmajor = true;
+  int sk_mt = 0, sk_rw = 0, sk_kw = 0, sk_split = 1;
+  int64_t sk_slice = 0;
   // The table row that decided the kernel, for tests and the sweeps' logs.
   const char* why = "";
 };
@@ -84,6 +106,10 @@ GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
 // k-slice, CTAs per cluster along m) and the grid the planner would give that tile. launch_gemm then
 // runs it if the library compiles that instance, else answers cudaErrorInvalidValue.
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev);
+
+// For experiments: a small-M plan with another split (warps along the outputs and along k, CTAs per
+// cluster along k; sk_rw * sk_kw == kSkinnyWarps), its slice and grid recomputed.
+GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
 
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();

@@ -14,6 +14,11 @@ using detail::mbar_arrive;
 using detail::mbar_expect_tx;
 using detail::mbar_init;
 using detail::mbar_wait;
+// So are the cluster primitives (shared with the small-M GEMM's split-k reduction).
+using detail::cluster_rank;
+using detail::cluster_sync;
+using detail::map_cluster;
+using detail::mbar_arrive_cluster;
 
 // 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
 // Parts of the box outside the tensor arrive as zeros (and still count their bytes).
@@ -55,27 +60,6 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // Barrier `id` among `threads` threads (one warpgroup: 128), leaving the other warpgroups running.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// The shared::cluster address of shared-memory address `addr` in CTA `rank` of the cluster. Addresses
-// of one CTA's window are contiguous there too, so an offset may be added to the result.
-__device__ __forceinline__ uint32_t map_cluster(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-// Arrives on the barrier at shared::cluster address `bar` (from map_cluster).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// All threads of all CTAs of the cluster.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // Shared-memory matrix descriptor for a 128-byte-swizzled tile (layout type 1, bits 62-63). Tiles

@@ -16,8 +16,8 @@ using cuops::kernels::GemmRequest;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
 
-const GemmDevice kH100{132, true, 66};
-const GemmDevice kA100{108, false, 0};
+const GemmDevice kH100{132, true, 66, true};
+const GemmDevice kA100{108, false, 0, false};
 
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -204,8 +204,8 @@ TEST(GemmPlan, OperandsTmaCannotDescribeRunTheMmaKernel) {
   const GemmPlan p = plan_gemm(r, kH100);
   EXPECT_EQ(p.kernel, GemmKernel::MmaHalf);
   EXPECT_EQ(p.lda, 0);
-  // Sizes past TMA's 32-bit coordinates.
-  r = row_major(DType::BFloat16, 16, 16, int64_t{1} << 31);
+  // Sizes past TMA's 32-bit coordinates (m above the small-M kernel's tokens).
+  r = row_major(DType::BFloat16, 32, 16, int64_t{1} << 31);
   EXPECT_EQ(plan_gemm(r, kH100).kernel, GemmKernel::MmaHalf);
 }
 
@@ -247,9 +247,90 @@ TEST(GemmPlan, OneRowAndOneColumnViewsHaveNoLeadingStride) {
   GemmRequest r = row_major(DType::BFloat16, 1, 4096, 4096);
   r.a.stride0 = 3, r.c_stride0 = 5;
   const GemmPlan p = plan_gemm(r, kH100);
-  EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+  EXPECT_EQ(p.kernel, GemmKernel::Skinny);
   EXPECT_EQ(p.lda, 0);
   EXPECT_EQ(p.ldc, 0);
+}
+
+using cuops::kernels::kSkinnyMaxTokens;
+using cuops::kernels::with_split;
+
+// x @ W.t() as nn.Linear runs it: x [m, k] row-major, W [n, k] row-major read as b = W.t() (k-major).
+GemmRequest linear_forward(DType t, int64_t m, int64_t n, int64_t k) { return transposed_b(row_major(t, m, n, k)); }
+
+TEST(GemmPlan, FewTokensTakeTheSmallMKernelInEveryFloatType) {
+  for (DType t : {DType::BFloat16, DType::Float16, DType::Float32}) {
+    for (bool allow_tf32 : {false, true}) {
+      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{15}, int64_t{kSkinnyMaxTokens}}) {
+        GemmRequest fwd = linear_forward(t, m, 4096, 4096), grad = row_major(t, m, 4096, 4096);
+        fwd.allow_tf32 = grad.allow_tf32 = allow_tf32;
+        GemmPlan p = plan_gemm(fwd, kH100);
+        EXPECT_EQ(p.kernel, GemmKernel::Skinny) << static_cast<int>(t) << " m " << m;
+        EXPECT_TRUE(p.sk_tokens_m);
+        EXPECT_TRUE(p.sk_w_kmajor);
+        p = plan_gemm(grad, kA100);  // g @ W: the weight row-major (n-major), on any GPU
+        EXPECT_EQ(p.kernel, GemmKernel::Skinny);
+        EXPECT_FALSE(p.sk_w_kmajor);
+        const bool half = t != DType::Float32;
+        EXPECT_EQ(p.sk_mt, m <= 4 && !half ? 4 : m <= 8 ? 8 : 16);
+        EXPECT_EQ(p.sk_rw * p.sk_kw, cuops::kernels::kSkinnyWarps);
+      }
+      // One past the boundary: the tiled kernels.
+      GemmRequest r = linear_forward(t, kSkinnyMaxTokens + 1, 4096, 4096);
+      r.allow_tf32 = allow_tf32;
+      EXPECT_NE(plan_gemm(r, kH100).kernel, GemmKernel::Skinny);
+    }
+  }
+  // float64 has no small-M form yet.
+  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, 1, 4096, 4096), kH100).kernel, GemmKernel::General);
+}
+
+TEST(GemmPlan, SmallMTokensMayBeTheColumnsOfC) {
+  // W [n_out, k] @ x.t() with x [4, k]: c [n_out, 4], its 4 columns the tokens (b = x.t() k-major).
+  GemmRequest r = transposed_b(row_major(DType::BFloat16, 4096, 4, 1024));
+  GemmPlan p = plan_gemm(r, kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Skinny);
+  EXPECT_FALSE(p.sk_tokens_m);
+  EXPECT_TRUE(p.sk_w_kmajor);
+  // The same with W given as W'.t() (m-major a): the weight's outputs contiguous.
+  p = plan_gemm(transposed_a(r), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Skinny);
+  EXPECT_FALSE(p.sk_w_kmajor);
+  // Tokens whose k is not contiguous (x.t() as a: m-major) are not the small-M kernel's: wgmma.
+  p = plan_gemm(transposed_a(linear_forward(DType::BFloat16, 8, 4096, 4096)), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+}
+
+TEST(GemmPlan, SmallMSplitsKWhereTheOutputsCannotFillTheSms) {
+  // 4096 x 14336 (Llama down_proj): 256 groups of 16 outputs, 8 slices of k to reach 16 warps per SM:
+  // 4 warps of a block by a cluster of 2 on Hopper; the warps of one block elsewhere.
+  GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100);
+  EXPECT_EQ(p.sk_kw, 4);
+  EXPECT_EQ(p.sk_split, 2);
+  EXPECT_EQ(p.sk_slice, 14336 / 8);
+  EXPECT_EQ(p.grid, 256);
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kA100);
+  EXPECT_EQ(p.sk_kw, 4);
+  EXPECT_EQ(p.sk_split, 1);
+  // 28672 outputs (gate_up): two slices per group of 16.
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100);
+  EXPECT_EQ(p.sk_rw, 2);
+  EXPECT_EQ(p.sk_kw, 2);
+  EXPECT_EQ(p.sk_split, 1);
+  EXPECT_EQ(p.grid, 28672 / 16 / 2);
+  // Many outputs: no split. A short k: slices of at least four chunks, a chunk at the least.
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 131072, 4096), kH100);
+  EXPECT_EQ(p.sk_kw, 1);
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 96), kH100);
+  EXPECT_EQ(p.sk_kw, 1);
+  EXPECT_EQ(p.sk_slice, 96);
+  p = plan_gemm(linear_forward(DType::Float32, 1, 64, 0), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Skinny);
+  EXPECT_EQ(p.sk_slice, 128);
+  // The experiments' override recomputes the slice and the grid.
+  p = with_split(plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100), 1, 4, 8);
+  EXPECT_EQ(p.sk_slice, 448);
+  EXPECT_EQ(p.grid, 256);
 }
 
 }  // namespace

@@ -1,0 +1,157 @@
+// The small-M kernel (kernels/gemm_skinny.cu) on Llama-3-8B's decode products, forward (x @ W.t())
+// and input gradient (g @ W), over the k splits the planner can choose (with_split), each checked
+// against cuBLAS and timed beside it. Calls cycle over copies of the weight larger than L2 together,
+// back to back (what a decode step sees); "of copy" is weight bytes / time over the device-to-device
+// copy rate measured here. Built by CMake as <build>/bench/sweep/skinny_sweep; not part of the tests.
+//   SWEEP_M=1,16 (tokens), SWEEP_F32=0 leaves out float32.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "sweep_gemm_util.cuh"
+
+using namespace cuops::kernels;
+
+namespace {
+
+constexpr double kPoolBytes = 400e6;
+
+double copy_gbps() {
+  const size_t bytes = size_t{1} << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  const float ms = median_ms([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * bytes / ms / 1e6;
+}
+
+struct Case {
+  int64_t m, n, k;
+  bool igrad;  // g @ W (weight n-major) rather than x @ W.t() (weight k-major)
+  bool f32;
+};
+
+void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double copy, int& failures) {
+  const size_t es = c.f32 ? 4 : 2;
+  const size_t wbytes = size_t(c.n) * c.k * es;
+  const int copies = std::max<int>(2, int(kPoolBytes / wbytes + 1));
+  std::vector<void*> ws(copies), xs(copies), cs(copies), rs(copies);
+  for (int i = 0; i < copies; ++i) {
+    CK(cudaMalloc(&ws[i], wbytes));
+    CK(cudaMalloc(&xs[i], c.m * c.k * es));
+    CK(cudaMalloc(&cs[i], c.m * c.n * es));
+    CK(cudaMalloc(&rs[i], c.m * c.n * es));
+    if (c.f32) {
+      fill_uniform<<<1024, 256>>>(static_cast<float*>(ws[i]), c.n * c.k, 7 + i);
+      fill_uniform<<<256, 256>>>(static_cast<float*>(xs[i]), c.m * c.k, 99 + i);
+    } else {
+      fill_uniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(ws[i]), c.n * c.k, 7 + i);
+      fill_uniform<<<256, 256>>>(static_cast<__nv_bfloat16*>(xs[i]), c.m * c.k, 99 + i);
+    }
+  }
+  const float one = 1, zero = 0;
+  const cudaDataType_t t = c.f32 ? CUDA_R_32F : CUDA_R_16BF;
+  auto cublas = [&](int i) {
+    // Row-major C [m, n] is column-major C^T [n, m] = B^T X^T.
+    CB(cublasGemmEx(h, c.igrad ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, c.n, c.m, c.k, &one, ws[i], t,
+                    c.igrad ? c.n : c.k, xs[i], t, c.k, &zero, rs[i], t, c.n, CUBLAS_COMPUTE_32F,
+                    CUBLAS_GEMM_DEFAULT));
+  };
+  auto plan_for = [&](int i) {
+    return plan_gemm(sweep_request(c.f32 ? DType::Float32 : DType::BFloat16, c.m, c.n, c.k, xs[i], true, ws[i],
+                                   c.igrad, cs[i], 1.f, 0.f, false),
+                     dev);
+  };
+  auto cycle_ms = [&](const std::function<void(int)>& f) {
+    return median_ms([&] {
+             for (int i = 0; i < copies; ++i) f(i);
+           }, 15) / copies;
+  };
+  const double tb = cycle_ms(cublas);
+  const double gb = double(wbytes) / 1e6;
+  printf("\n== %s %s M %lld N %lld K %lld (%.0f MB, %d copies): cuBLAS %.1f us, %.2f of copy\n",
+         c.f32 ? "fp32" : "bf16", c.igrad ? "g @ W" : "x @ W.t()", (long long)c.m, (long long)c.n, (long long)c.k,
+         gb, copies, tb * 1e3, gb / tb / copy);
+  const GemmPlan base = plan_for(0);
+  struct Split {
+    int rw, kw, split;
+  };
+  std::vector<Split> splits{{0, 0, 0}, {4, 1, 1}, {2, 2, 1}, {1, 4, 1}, {1, 4, 2}, {1, 4, 4}, {1, 4, 8}};
+  for (const Split& sp : splits) {
+    if (sp.split > 1 && !dev.clusters) continue;
+    auto plan_i = [&](int i) {
+      GemmPlan p = plan_for(i);
+      return sp.rw == 0 ? p : with_split(p, sp.rw, sp.kw, sp.split);
+    };
+    const GemmPlan p0 = plan_i(0);
+    if (p0.kernel != GemmKernel::Skinny) {
+      printf("  planner chose %s (%s)\n", kernel_name(p0.kernel), p0.why);
+      break;
+    }
+    CK(cudaMemset(cs[0], 0xff, c.m * c.n * es));
+    cublas(0);
+    CK(launch_gemm(p0, nullptr));
+    CK(cudaDeviceSynchronize());
+    const double err = c.f32 ? rel_err(static_cast<float*>(cs[0]), static_cast<float*>(rs[0]), c.m * c.n)
+                             : rel_err(static_cast<__nv_bfloat16*>(cs[0]), static_cast<__nv_bfloat16*>(rs[0]), c.m * c.n);
+    const bool ok = err < (c.f32 ? 1e-5 : 1e-2);
+    failures += !ok;
+    std::vector<GemmPlan> plans;
+    for (int i = 0; i < copies; ++i) plans.push_back(plan_i(i));
+    const double tc = cycle_ms([&](int i) { launch_gemm(plans[i], nullptr); });
+    CK(cudaGetLastError());
+    char name[64];
+    snprintf(name, sizeof name, "%s rw %d kw %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ", p0.sk_rw, p0.sk_kw,
+             p0.sk_split, (long long)p0.grid);
+    printf("  %-40s %7.1f us %5.2f of copy %6.3fx cuBLAS  err %.1e%s\n", name, tc * 1e3, gb / tc / copy, tb / tc, err,
+           ok ? "" : "  FAIL");
+  }
+  (void)base;
+  for (int i = 0; i < copies; ++i) {
+    CK(cudaFree(ws[i]));
+    CK(cudaFree(xs[i]));
+    CK(cudaFree(cs[i]));
+    CK(cudaFree(rs[i]));
+  }
+}
+
+}  // namespace
+
+int main() {
+  cublasHandle_t h;
+  CB(cublasCreate(&h));
+  CB(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // fp32 stays true FP32, as "highest"
+  const GemmDevice dev = current_gemm_device();
+  const double copy = copy_gbps();
+  printf("device: %d SMs, clusters %d; copy %.0f GB/s\n", dev.sms, int(dev.clusters), copy);
+  std::vector<int64_t> ms{1, 16};
+  if (const char* e = getenv("SWEEP_M")) {
+    ms.clear();
+    for (const char* p = e; *p;) {
+      ms.push_back(strtoll(p, const_cast<char**>(&p), 10));
+      if (*p == ',') ++p;
+    }
+  }
+  const bool f32 = !(getenv("SWEEP_F32") && strcmp(getenv("SWEEP_F32"), "0") == 0);
+  // Llama-3-8B: qkv (4096 -> 6144), o (4096 -> 4096), gate_up (4096 -> 28672), down (14336 -> 4096).
+  const int64_t linears[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};
+  int failures = 0;
+  for (bool use_f32 : {false, true}) {
+    if (use_f32 && !f32) continue;
+    for (int64_t m : ms)
+      for (const auto& L : linears) {
+        run_case(h, dev, Case{m, L[1], L[0], false, use_f32}, copy, failures);  // x @ W.t(): n = out, k = in
+        run_case(h, dev, Case{m, L[0], L[1], true, use_f32}, copy, failures);   // g @ W: n = in, k = out
+      }
+  }
+  CB(cublasDestroy(h));
+  printf("\n%d failures\n", failures);
+  return failures != 0;
+}

@@ -1,0 +1,571 @@
+// The small-M GEMM: out[t][o] = alpha * sum_k x[t][k] w(o, k) + beta * out[t][o] for at most
+// kSkinnyMaxTokens tokens t (a decode step's x @ W.t() and g @ W, gemm_plan.h). Such a product is
+// bound by reading the weight once, so everything here serves the stream:
+//   - every weight byte is read once, by 16-byte loads that bypass L1 (x, small and re-read by every
+//     warp, stays there), several per thread issued before any is used: with four blocks of four
+//     warps per SM that keeps ~64 KiB per SM in flight, what the H100's bus needs at its latency;
+//   - k is split where the outputs alone cannot fill the SMs: over the warps of a block, then over the
+//     CTAs of a cluster (sm_90), and the partial sums meet in shared memory (the cluster's distributed
+//     shared memory) in a fixed order, so the bits are the same on every run and nothing is written
+//     to global memory but the result (no workspace, no counters: CUDA-graph replays just work);
+//   - bf16/fp16 multiply on the tensor cores (mma.sync m16n8k16, float32 accumulation, the swapped
+//     product out^T = W x^T so the weight is the 16-row operand and the tokens the 8-wide one). A
+//     product's sum over k may take its terms in any order as long as both operands agree, so each
+//     thread's 16-byte loads go into the fragments as they are (the k-contiguous weight), or after a
+//     byte permute (the o-contiguous one): no shared-memory staging, no ldmatrix.
+//   - float32 (both "highest" and TF32, which may compute in true FP32 and here does: the stream, not
+//     the multiplier, sets the pace) runs FP32 FMAs with the same stream structure.
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail {
+namespace {
+
+constexpr int kThreads = kSkinnyWarps * 32;
+
+// The kernel's view of the product: tokens x rows k-contiguous (x[t][k] at t * ldx + k); the weight
+// k-contiguous (w(o, k) at o * ldw + k) or o-contiguous (at k * ldw + o); out[t][o] at
+// t * ldo_t + o * ldo_n. k of slice s: [s * slice, (s + 1) * slice) within [0, k).
+struct Skinny {
+  int64_t tokens, outputs, k;
+  const void* x;
+  int64_t ldx;
+  const void* w;
+  int64_t ldw;
+  void* out;
+  int64_t ldo_t, ldo_n;
+  float alpha, beta;
+  int64_t slice;
+  int rw, kw;
+};
+
+// A weight load: 16 bytes read once, not kept in L1 (where x lives), and a 256-byte L2 prefetch
+// granule (the warp's neighbouring loads are next).
+__device__ __forceinline__ uint4 ld_weight(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_x16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_x8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// `valid` (0 .. 16 / kElem) elements of size kElem from p, the rest of the 16 (or kBytes) zero: the
+// edges of k and of the outputs, where a whole vector would read past the tensor.
+template <int kElem, int kBytes = 16> __device__ __forceinline__ void ld_partial(void* dst, const void* p, int valid) {
+  using R = std::conditional_t<kElem == 4, uint32_t, uint16_t>;
+  constexpr int kPer = kBytes / kElem;
+  R e[kPer];
+  const R* src = static_cast<const R*>(p);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) e[i] = i < valid ? src[i] : R(0);
+  __builtin_memcpy(dst, e, kBytes);
+}
+template <int kElem> __device__ __forceinline__ uint4 ld16_partial(const void* p, int valid) {
+  uint4 v;
+  ld_partial<kElem>(&v, p, valid);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Each form's warp computes part[t][o] for its kRows outputs from row0 over k in [kb, ke) and
+// leaves it in red[t * kRows + o] (this warp's share of the block's shared memory). All walk k with
+// stream_k: the loads of the next kUnroll chunks issue before the arithmetic on the current ones, so a
+// warp always has one to two groups of loads in flight (loads grouped only by source order were
+// interleaved with the multiplies by ptxas, leaving a warp one chunk in flight); then single chunks;
+// then the last, partial chunk (only at the end of k) by masked loads.
+template <int kChunk, int kUnroll, typename G, typename Load, typename Compute, typename Tail>
+__device__ __forceinline__ void stream_k(int64_t kb, int64_t ke, Load&& load, Compute&& compute, Tail&& tail) {
+  constexpr int64_t kStep = int64_t{kChunk} * kUnroll;
+  const int64_t full = kb + (ke - kb) / kChunk * kChunk;
+  int64_t k = kb;
+  if (k + kStep <= full) {
+    G cur[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load(cur[u], k + u * kChunk);
+    for (k += kStep; k + kStep <= full; k += kStep) {
+      G next[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load(next[u], k + u * kChunk);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) compute(cur[u], k - kStep + u * kChunk);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) cur[u] = next[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) compute(cur[u], k - kStep + u * kChunk);
+  }
+  for (; k < full; k += kChunk) {
+    G one;
+    load(one, k);
+    compute(one, k);
+  }
+  if (k < ke) tail(k);
+}
+
+// bf16/fp16, weight k-contiguous. Lane (g, q) loads outputs row0 + g and row0 + g + 8 at
+// k + 8q .. k + 8q + 7 and tokens g (and g + 8) at the same k: words 0-1 of each 16 bytes are the
+// A (weight) and B (x) fragments of one m16n8k16 at its k slots {2q, 2q+1, 2q+8, 2q+9}, words 2-3 of
+// a second; weight and x agree on the order, so the sum is the product's.
+template <typename T, int MT> struct HalfK {
+  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kUnroll = 2, kTiles = MT / 8;
+  struct Chunk {
+    uint4 lo, hi, x[kTiles];
+  };
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    const int g = lane >> 2, q = lane & 3;
+    const T* w = static_cast<const T*>(s.w);
+    const T* x = static_cast<const T*>(s.x);
+    const bool ok_lo = row0 + g < s.outputs, ok_hi = row0 + g + 8 < s.outputs;
+    const T* w_lo = w + (ok_lo ? row0 + g : 0) * s.ldw + 8 * q;
+    const T* w_hi = w + (ok_hi ? row0 + g + 8 : 0) * s.ldw + 8 * q;
+    const T* xr[kTiles];
+    bool ok_t[kTiles];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      ok_t[j] = g + 8 * j < s.tokens;
+      xr[j] = x + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 8 * q;
+    }
+    float acc[kTiles][4] = {};
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    auto compute = [&](const Chunk& c, int64_t) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        mma16816<T>(acc[j], c.lo.x, c.hi.x, c.lo.y, c.hi.y, c.x[j].x, c.x[j].y);
+        mma16816<T>(acc[j], c.lo.z, c.hi.z, c.lo.w, c.hi.w, c.x[j].z, c.x[j].w);
+      }
+    };
+    auto load = [&](Chunk& c, int64_t k) {
+      c.lo = ok_lo ? ld_weight(w_lo + k) : zero;
+      c.hi = ok_hi ? ld_weight(w_hi + k) : zero;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld_x16(xr[j] + k) : zero;
+    };
+    auto tail = [&](int64_t k) {
+      const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.k - k - 8 * q)));
+      Chunk c;
+      c.lo = ok_lo ? ld16_partial<2>(w_lo + k, valid) : zero;
+      c.hi = ok_hi ? ld16_partial<2>(w_hi + k, valid) : zero;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld16_partial<2>(xr[j] + k, valid) : zero;
+      compute(c, k);
+    };
+    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    // acc[j]: (output g, tokens 8j + 2q, +1), (output g + 8, the same tokens).
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const int t = 8 * j + 2 * q;
+      red[t * kRows + g] = acc[j][0];
+      red[(t + 1) * kRows + g] = acc[j][1];
+      red[t * kRows + g + 8] = acc[j][2];
+      red[(t + 1) * kRows + g + 8] = acc[j][3];
+    }
+  }
+};
+
+// bf16/fp16, weight o-contiguous (g @ W's W). Lane (g, q) loads outputs row0 + 8g .. + 7 of the
+// weight's rows k + 4q .. k + 4q + 3 (four 16-byte loads) and tokens g (and g + 8) at those k (8
+// bytes). Byte permutes pair the rows' values of one output into the (k, k+1) words the A fragment
+// holds: mma i takes outputs 8g + 2i (fragment row g) and 8g + 2i + 1 (row g + 8).
+template <typename T, int MT> struct HalfN {
+  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kUnroll = 2, kTiles = MT / 8;
+  struct Chunk {
+    uint4 w[4];
+    uint2 x[kTiles];
+  };
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    const int g = lane >> 2, q = lane & 3;
+    const T* w = static_cast<const T*>(s.w);
+    const T* x = static_cast<const T*>(s.x);
+    const int64_t col = row0 + 8 * g;
+    const int cols = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.outputs - col)));
+    const T* wc = w + (cols > 0 ? col : 0) + int64_t{4} * q * s.ldw;
+    const T* xr[kTiles];
+    bool ok_t[kTiles];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      ok_t[j] = g + 8 * j < s.tokens;
+      xr[j] = x + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 4 * q;
+    }
+    float acc[4][kTiles][4] = {};
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint2 zero2 = make_uint2(0, 0);
+    // rows: of this lane's four weight rows, how many lie before the end of k.
+    auto load_rows = [&](Chunk& c, int64_t k, int rows) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const T* p = wc + (k + r) * s.ldw;
+        if (r >= rows || cols == 0) c.w[r] = zero;
+        else if (cols == 8) c.w[r] = ld_weight(p);
+        else c.w[r] = ld16_partial<2>(p, cols);
+      }
+    };
+    auto compute = [&](const Chunk& c, int64_t) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t r0 = (&c.w[0].x)[i], r1 = (&c.w[1].x)[i], r2 = (&c.w[2].x)[i], r3 = (&c.w[3].x)[i];
+        const uint32_t a0 = prmt(r0, r1, 0x5410), a1 = prmt(r0, r1, 0x7632);
+        const uint32_t a2 = prmt(r2, r3, 0x5410), a3 = prmt(r2, r3, 0x7632);
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) mma16816<T>(acc[i][j], a0, a1, a2, a3, c.x[j].x, c.x[j].y);
+      }
+    };
+    auto load = [&](Chunk& c, int64_t k) {
+      load_rows(c, k, 4);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld_x8(xr[j] + k) : zero2;
+    };
+    auto tail = [&](int64_t k) {
+      const int rows = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * q)));
+      Chunk c;
+      load_rows(c, k, rows);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        c.x[j] = zero2;
+        if (ok_t[j]) ld_partial<2, 8>(&c.x[j], xr[j] + k, rows);
+      }
+      compute(c, k);
+    };
+    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    // acc[i][j]: (output 8g + 2i, tokens 8j + 2q, +1), (output 8g + 2i + 1, the same tokens).
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int t = 8 * j + 2 * q, o = 8 * g + 2 * i;
+        red[t * kRows + o] = acc[i][j][0];
+        red[(t + 1) * kRows + o] = acc[i][j][1];
+        red[t * kRows + o + 1] = acc[i][j][2];
+        red[(t + 1) * kRows + o + 1] = acc[i][j][3];
+      }
+  }
+};
+
+// Sums v[] (kN values per lane) over the warp's 32 lanes, halving the values each lane keeps at
+// every exchange: afterwards a lane holds max(1, kN / 32) sums, of the values at index
+// lane * kN / 32 + i (kN >= 32) or lane / (32 / kN) (kN < 32). Each sum is taken in one fixed order.
+template <int kN> __device__ __forceinline__ void warp_reduce_scatter(float (&v)[kN], int lane) {
+  int len = kN;
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+    if (len > 1) {
+      const int half = len / 2;
+      const bool upper = lane & off;
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        if (i < half) {
+          const float keep = upper ? v[i + half] : v[i], send = upper ? v[i] : v[i + half];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+      }
+      len = half;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    }
+  }
+}
+
+__device__ __forceinline__ float4 as_float4(const uint4& v) {
+  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+}
+
+// float32, weight k-contiguous. The lanes split each chunk of 128 k (4 floats each) over kRows
+// outputs; at the end the lanes' partial dot products are summed across the warp. x (4 floats per
+// token and lane) comes from L1 as each chunk is multiplied.
+template <int MT> struct FloatK {
+  static constexpr int kRows = kSkinnyFloatK.outputs, kChunk = kSkinnyFloatK.chunk, kUnroll = 2;
+  struct Chunk {
+    uint4 w[kRows];
+  };
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    const float* w = static_cast<const float*>(s.w);
+    const float* x = static_cast<const float*>(s.x);
+    const float* wr[kRows];
+    bool ok_r[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      ok_r[r] = row0 + r < s.outputs;
+      wr[r] = w + (ok_r[r] ? row0 + r : 0) * s.ldw + 4 * lane;
+    }
+    const float* xr = x + 4 * lane;
+    const int tokens = static_cast<int>(s.tokens);
+    float acc[kRows * MT] = {};
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    auto multiply = [&](const Chunk& c, int64_t k, int valid) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        if (t >= tokens) break;
+        const float* xp = xr + t * s.ldx + k;
+        const float4 xf = as_float4(valid == 4 ? ld_x16(xp) : ld16_partial<4>(xp, valid));
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float4 wf = as_float4(c.w[r]);
+          float& a = acc[r * MT + t];
+          a = fmaf(wf.x, xf.x, a);
+          a = fmaf(wf.y, xf.y, a);
+          a = fmaf(wf.z, xf.z, a);
+          a = fmaf(wf.w, xf.w, a);
+        }
+      }
+    };
+    auto load = [&](Chunk& c, int64_t k) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) c.w[r] = ok_r[r] ? ld_weight(wr[r] + k) : zero;
+    };
+    auto compute = [&](const Chunk& c, int64_t k) { multiply(c, k, 4); };
+    auto tail = [&](int64_t k) {
+      const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * lane)));
+      Chunk c;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) c.w[r] = ok_r[r] ? ld16_partial<4>(wr[r] + k, valid) : zero;
+      multiply(c, k, valid);
+    };
+    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    warp_reduce_scatter(acc, lane);
+    constexpr int kN = kRows * MT;
+    if constexpr (kN >= 32) {
+#pragma unroll
+      for (int i = 0; i < kN / 32; ++i) {
+        const int idx = lane * (kN / 32) + i;
+        red[(idx % MT) * kRows + idx / MT] = acc[i];
+      }
+    } else {
+      const int idx = lane / (32 / kN);
+      if (lane % (32 / kN) == 0) red[(idx % MT) * kRows + idx / MT] = acc[0];
+    }
+  }
+};
+
+// float32, weight o-contiguous. Lane l owns outputs row0 + 4l .. + 3 (16 bytes of each weight row)
+// and walks k four rows at a time; x's four values per token are one 16-byte load the whole warp
+// shares (one address).
+template <int MT> struct FloatN {
+  static constexpr int kRows = kSkinnyFloatN.outputs, kChunk = kSkinnyFloatN.chunk, kUnroll = 2;
+  struct Chunk {
+    uint4 w[4];
+  };
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    const float* w = static_cast<const float*>(s.w);
+    const float* x = static_cast<const float*>(s.x);
+    const int64_t col = row0 + 4 * lane;
+    const int cols = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.outputs - col)));
+    const float* wc = w + (cols > 0 ? col : 0);
+    const int tokens = static_cast<int>(s.tokens);
+    float acc[4][MT] = {};
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    auto load_rows = [&](Chunk& c, int64_t k, int rows) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float* p = wc + (k + r) * s.ldw;
+        if (r >= rows || cols == 0) c.w[r] = zero;
+        else if (cols == 4) c.w[r] = ld_weight(p);
+        else c.w[r] = ld16_partial<4>(p, cols);
+      }
+    };
+    auto multiply = [&](const Chunk& c, int64_t k, int rows) {
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        if (t >= tokens) break;
+        const float* xp = x + t * s.ldx + k;
+        const float4 xf = as_float4(rows == 4 ? ld_x16(xp) : ld16_partial<4>(xp, rows));
+        const float xs[4] = {xf.x, xf.y, xf.z, xf.w};
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float4 wf = as_float4(c.w[r]);
+          acc[0][t] = fmaf(wf.x, xs[r], acc[0][t]);
+          acc[1][t] = fmaf(wf.y, xs[r], acc[1][t]);
+          acc[2][t] = fmaf(wf.z, xs[r], acc[2][t]);
+          acc[3][t] = fmaf(wf.w, xs[r], acc[3][t]);
+        }
+      }
+    };
+    auto load = [&](Chunk& c, int64_t k) { load_rows(c, k, 4); };
+    auto compute = [&](const Chunk& c, int64_t k) { multiply(c, k, 4); };
+    auto tail = [&](int64_t k) {
+      const int rows = static_cast<int>(s.k - k);
+      Chunk c;
+      load_rows(c, k, rows);
+      multiply(c, k, rows);
+    };
+    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      *reinterpret_cast<float4*>(red + t * kRows + 4 * lane) = make_float4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+    }
+  }
+};
+
+#if __CUDA_ARCH__ >= 900
+// The float at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ float ld_cluster(const float* local, int rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+#endif
+
+template <typename T, typename F, int MT>
+__global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
+  constexpr int kRows = F::kRows;
+  __shared__ __align__(16) float red[kSkinnyWarps][MT * kRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rw = warp / s.kw, kw = warp % s.kw;
+  const int64_t row0 = (int64_t{blockIdx.x} * s.rw + rw) * kRows;
+  const int64_t slice = int64_t{blockIdx.y} * s.kw + kw;
+  const int64_t kb = min(s.k, slice * s.slice), ke = min(s.k, kb + s.slice);
+  F::run(s, row0, kb, ke, lane, red[warp]);
+  __syncthreads();
+
+  // red[r * kw][i] <- sum over the block's k-warps of red[r * kw + j][i], j in order.
+  const int per_block = s.rw * MT * kRows;
+  for (int e = threadIdx.x; e < per_block; e += kThreads) {
+    const int r = e / (MT * kRows), i = e % (MT * kRows);
+    float v = red[r * s.kw][i];
+    for (int j = 1; j < s.kw; ++j) v += red[r * s.kw + j][i];
+    red[r * s.kw][i] = v;
+  }
+  const int split = static_cast<int>(gridDim.y);
+  int rank = 0;
+#if __CUDA_ARCH__ >= 900
+  if (split > 1) {
+    cluster_sync();
+    rank = static_cast<int>(cluster_rank());
+  }
+#else
+  if (split > 1) __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
+#endif
+  __syncthreads();
+  // Output element e: token e / outputs-of-the-block, output e % that (consecutive threads along o).
+  const int outs = s.rw * kRows;
+  for (int e = threadIdx.x + rank * kThreads; e < MT * outs; e += kThreads * split) {
+    const int t = e / outs, o = e % outs;
+    const int64_t og = int64_t{blockIdx.x} * outs + o;
+    if (t >= s.tokens || og >= s.outputs) continue;
+    const int idx = t * kRows + o % kRows;
+    float* part = &red[(o / kRows) * s.kw][idx];
+    float v = *part;
+#if __CUDA_ARCH__ >= 900
+    if (split > 1) {
+      // Every output's sum over the cluster in rank order, whichever CTA finishes it.
+      v = ld_cluster(part, 0);
+      for (int c = 1; c < split; ++c) v += ld_cluster(part, c);
+    }
+#endif
+    T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
+    float r = s.alpha * v;
+    if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);  // beta == 0 never reads out
+    *dst = from_acc<T>(r);
+  }
+#if __CUDA_ARCH__ >= 900
+  if (split > 1) cluster_sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
+template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  if (!grid_fits(plan.grid) || plan.sk_split < 1 || plan.sk_split > 8) return cudaErrorInvalidConfiguration;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  cfg.gridDim = dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.sk_split));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  if (plan.sk_split > 1) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(plan.sk_split), attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, gemm_skinny<T, F, MT>, s);
+}
+
+template <typename T, template <typename, int> class FK, template <typename, int> class FN>
+cudaError_t launch_half(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  if (plan.sk_mt == 8) return plan.sk_w_kmajor ? launch<T, FK<T, 8>, 8>(plan, s, stream) : launch<T, FN<T, 8>, 8>(plan, s, stream);
+  if (plan.sk_mt == 16) return plan.sk_w_kmajor ? launch<T, FK<T, 16>, 16>(plan, s, stream) : launch<T, FN<T, 16>, 16>(plan, s, stream);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_float(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  const bool k = plan.sk_w_kmajor;
+  switch (plan.sk_mt) {
+    case 4: return k ? launch<float, FloatK<4>, 4>(plan, s, stream) : launch<float, FloatN<4>, 4>(plan, s, stream);
+    case 8: return k ? launch<float, FloatK<8>, 8>(plan, s, stream) : launch<float, FloatN<8>, 8>(plan, s, stream);
+    case 16: return k ? launch<float, FloatK<16>, 16>(plan, s, stream) : launch<float, FloatN<16>, 16>(plan, s, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  if (plan.sk_rw * plan.sk_kw != kSkinnyWarps || plan.sk_slice < 1) return cudaErrorInvalidValue;
+  Skinny s{};
+  s.k = p.k;
+  s.out = p.c;
+  s.alpha = p.alpha, s.beta = p.beta;
+  s.slice = plan.sk_slice;
+  s.rw = plan.sk_rw, s.kw = plan.sk_kw;
+  if (plan.sk_tokens_m) {  // x = A (k-major), the weight B: out[t][o] = C[t][o]
+    s.tokens = p.m, s.outputs = p.n;
+    s.x = p.a, s.ldx = p.lda, s.w = p.b, s.ldw = p.ldb;
+    s.ldo_t = p.ldc, s.ldo_n = 1;
+  } else {  // x = B^T (B k-major), the weight A^T: out[t][o] = C[o][t]
+    s.tokens = p.n, s.outputs = p.m;
+    s.x = p.b, s.ldx = p.ldb, s.w = p.a, s.ldw = p.lda;
+    s.ldo_t = 1, s.ldo_n = p.ldc;
+  }
+  switch (plan.req.dtype) {
+    case DType::BFloat16: return launch_half<__nv_bfloat16, HalfK, HalfN>(plan, s, stream);
+    case DType::Float16: return launch_half<__half, HalfK, HalfN>(plan, s, stream);
+    case DType::Float32: return launch_float(plan, s, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Clusters need the sm_90 form of the kernel: a build without it runs on a 9.0 device by JIT from
+// compute_80 PTX, where the cluster code is compiled out.
+bool skinny_clusters_on(int dev) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaFuncAttributes attr{};
+  if (major < 9 || cudaFuncGetAttributes(&attr, gemm_skinny<__nv_bfloat16, HalfK<__nv_bfloat16, 8>, 8>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.ptxVersion >= 90;
+}
+
+}  // namespace cuops::kernels::detail

@@ -1,0 +1,116 @@
+"""The small-M GEMM (kernels/gemm_skinny.cu): decode-shaped products, M <= 16 tokens against a weight
+read once, as nn.Linear runs them (forward x @ W.t(), input gradient g @ W), in every float dtype.
+Each case checks the result against float64 with poisoned outputs, on both sides of the planner's
+boundary (M = 16 takes the small-M kernel, M = 17 the tiled ones), with k and the outputs cut by every
+chunk and split, and the split reduction's determinism and CUDA-graph replay."""
+import pytest
+import torch
+
+from conftest import make, ops, rel_error, requires_cuda
+from test_ops import cuda_kernel_names, fast_kernel_tol, matmul_precision
+
+MAX_TOKENS = 16  # kernels/gemm_plan.h kSkinnyMaxTokens
+TOKENS = [1, 2, 3, 15, 16, 17, 63]
+# (outputs, k) chosen so the planner takes each of its splits on a 132-SM H100 (kernels/gemm_plan.cpp):
+# a cluster of 8 (few outputs, long k), four warps of one block, two warps, and a dot product's 3
+# outputs over a k of 20000; none of them a multiple of a chunk (32 / 16 / 128 / 4 k).
+OUTPUTS_K = [(1000, 4097), (4100, 1000), (24000, 333), (3, 20000)]
+CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "highest"),
+         (torch.float32, "high")]
+
+
+def linear_operands(kind, m, n_out, k_in, dtype):
+    """(a, b) of the product as nn.Linear(k_in -> n_out) runs it on m tokens: forward x @ W.t() (b
+    k-major), input gradient g @ W (b row-major)."""
+    if kind == "forward":
+        return make((m, k_in), dtype, "cuda"), make((n_out, k_in), dtype, "cuda").t()
+    return make((m, n_out), dtype, "cuda"), make((n_out, k_in), dtype, "cuda")
+
+
+def check_products(a, b, dtype, precision):
+    ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
+    tol = fast_kernel_tol(dtype, precision)
+    with matmul_precision(precision):
+        out = ops.mm(a, b)
+        c = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=dtype, device="cuda")
+        ops.gemm(c, a, b, -1.5, 0.0)  # beta 0 never reads the NaN c
+        c0 = make((a.shape[0], b.shape[1]), dtype, "cuda")
+        cb = c0.clone()
+        ops.gemm(cb, a, b, 0.5, -2.0)
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
+    assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", CASES, ids=str)
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("n_out,k_in", OUTPUTS_K, ids=str)
+@pytest.mark.parametrize("kind", ["forward", "input_grad"])
+def test_small_m_products(dtype, precision, m, n_out, k_in, kind):
+    a, b = linear_operands(kind, m, n_out, k_in, dtype)
+    check_products(a, b, dtype, precision)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", CASES, ids=str)
+@pytest.mark.parametrize("w_layout", ["k-contiguous", "outputs-contiguous"])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_small_m_tokens_as_columns_of_c(dtype, precision, w_layout, m):
+    """W @ x.t() (c [outputs, m]: the tokens are c's columns) and a column-major c of x @ W.t():
+    the same kernel with the output's strides exchanged."""
+    x = make((m, 1030), dtype, "cuda")
+    w = make((2050, 1030), dtype, "cuda") if w_layout == "k-contiguous" else make((1030, 2050), dtype, "cuda").t()
+    check_products(w, x.t(), dtype, precision)
+    ref = (x.double() @ w.double().t())
+    c = torch.full((2050, m), float("nan"), dtype=dtype, device="cuda").t()  # [m, 2050] column-major
+    with matmul_precision(precision):
+        ops.gemm(c, x, w.t(), 1.0, 0.0)
+    assert rel_error(c, ref, x.double().abs() @ w.double().abs().t()) <= fast_kernel_tol(dtype, precision)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", CASES, ids=str)
+@pytest.mark.parametrize("kind", ["forward", "input_grad"])
+def test_small_m_kernel_choice_at_the_boundary(dtype, precision, kind):
+    """M <= 16 runs the small-M kernel, M = 17 does not (the planner's boundary, both sides)."""
+    for m in (MAX_TOKENS, MAX_TOKENS + 1):
+        a, b = linear_operands(kind, m, 4096, 1024, dtype)
+        with matmul_precision(precision):
+            ops.mm(a, b)  # first: the profiler may name a kernel loaded during the profiled call INVALID
+            names = cuda_kernel_names(lambda: ops.mm(a, b))
+        assert any("gemm_skinny" in n for n in names) == (m <= MAX_TOKENS), (m, names)
+
+
+@pytest.mark.quick
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", CASES, ids=str)
+@pytest.mark.parametrize("n_out,k_in", [(1000, 4097), (4096, 14336)], ids=str)
+@pytest.mark.parametrize("kind", ["forward", "input_grad"])
+def test_small_m_split_reduction_is_bitwise_repeatable(dtype, precision, n_out, k_in, kind):
+    """k split over warps and over a cluster's CTAs sums in a fixed order: the same bits every run,
+    and the same from a CUDA-graph replay (no workspace, no counters to reset)."""
+    a, b = linear_operands(kind, 8, n_out, k_in, dtype)
+    with matmul_precision(precision):
+        first = ops.mm(a, b)
+        for _ in range(5):
+            assert torch.equal(ops.mm(a, b), first)
+        out = torch.empty_like(first)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            ops.gemm(out, a, b, 1.0, 0.0)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.gemm(out, a, b, 1.0, 0.0)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, first)
+        # New inputs copied into the captured buffers: the replay computes with them.
+        a.copy_(make(tuple(a.shape), dtype, "cuda"))
+        graph.replay()
+        assert torch.equal(out, ops.mm(a, b))
