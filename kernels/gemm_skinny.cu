@@ -1,9 +1,9 @@
 // The small-M GEMM: out[t][o] = alpha * sum_k x[t][k] w(o, k) + beta * out[t][o] for at most
 // kSkinnyMaxTokens tokens t (a decode step's x @ W.t() and g @ W, gemm_plan.h). Such a product is
 // bound by reading the weight once, so everything here serves the stream:
-//   - every weight byte is read once, by 16-byte loads that bypass L1 (x, small and re-read by every
-//     warp, stays there), several per thread issued before any is used: with four blocks of four
-//     warps per SM that keeps ~64 KiB per SM in flight, what the H100's bus needs at its latency;
+//   - every weight byte is read once, by 16-byte cp.async copies into a per-warp ring in shared
+//     memory that keeps several chunks in flight per warp at no cost in registers (x, small and
+//     re-read by every warp, is read through L1 as each chunk is multiplied);
 //   - k is split where the outputs alone cannot fill the SMs: over the warps of a block, then over the
 //     CTAs of a cluster (sm_90), and the partial sums meet in shared memory (the cluster's distributed
 //     shared memory) in a fixed order, so the bits are the same on every run and nothing is written
@@ -11,8 +11,9 @@
 //   - bf16/fp16 multiply on the tensor cores (mma.sync m16n8k16, float32 accumulation, the swapped
 //     product out^T = W x^T so the weight is the 16-row operand and the tokens the 8-wide one). A
 //     product's sum over k may take its terms in any order as long as both operands agree, so each
-//     thread's 16-byte loads go into the fragments as they are (the k-contiguous weight), or after a
-//     byte permute (the o-contiguous one): no shared-memory staging, no ldmatrix.
+//     lane's 16-byte vectors go into the fragments as they are (the k-contiguous weight), or after a
+//     byte permute (the o-contiguous one): each lane reads back only what it copied, so the ring needs
+//     no barrier and no ldmatrix.
 //   - float32 (both "highest" and TF32, which may compute in true FP32 and here does: the stream, not
 //     the multiplier, sets the pace) runs FP32 FMAs with the same stream structure.
 #include "gemm.cuh"
@@ -38,15 +39,7 @@ struct Skinny {
   int rw, kw;
 };
 
-// A weight load: 16 bytes read once, not kept in L1 (where x lives), and a 256-byte L2 prefetch
-// granule (the warp's neighbouring loads are next).
-__device__ __forceinline__ uint4 ld_weight(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+// x loads (read through L1, where x stays while every warp re-reads it).
 __device__ __forceinline__ uint4 ld_x16(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -100,89 +93,97 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 // Each form's warp computes part[t][o] for its kRows outputs from row0 over k in [kb, ke) and
-// leaves it in red[t * kRows + o] (this warp's share of the block's shared memory). All walk k with
-// stream_k: the loads of the next kUnroll chunks issue before the arithmetic on the current ones, so a
-// warp always has one to two groups of loads in flight (loads grouped only by source order were
-// interleaved with the multiplies by ptxas, leaving a warp one chunk in flight); then single chunks;
-// then the last, partial chunk (only at the end of k) by masked loads.
-template <int kChunk, int kUnroll, typename G, typename Load, typename Compute, typename Tail>
-__device__ __forceinline__ void stream_k(int64_t kb, int64_t ke, Load&& load, Compute&& compute, Tail&& tail) {
-  constexpr int64_t kStep = int64_t{kChunk} * kUnroll;
-  const int64_t full = kb + (ke - kb) / kChunk * kChunk;
-  int64_t k = kb;
-  if (k + kStep <= full) {
-    G cur[kUnroll];
+// leaves it in red[t * kRows + o]. The weight streams through a ring of kStages chunks in this warp's
+// share of shared memory: each lane copies its own 16-byte vectors there by cp.async and reads back
+// only those, so the ring needs no barrier, keeps kStages - 1 chunks in flight per warp, and costs no
+// registers (double-buffering the loads in registers took 150-230 of them and halved the warps per
+// SM). x, small and re-read by every warp, is loaded as each chunk is multiplied (L1 holds it).
+// The last, partial chunk (only at the end of k) is read directly, by masked loads.
+template <typename F> struct RingSize {
+  static constexpr int kBytesPerWarp = F::kStages * F::kVecs * 32 * 16;
+};
+
+template <typename F>
+__device__ __forceinline__ void stream_ring(F& f, int64_t kb, int64_t ke, uint4* ring, int lane) {
+  constexpr int kStages = F::kStages, kVecs = F::kVecs;
+  const int64_t chunks = (ke - kb) / F::kChunk;
+  auto slot = [&](int64_t c, int v) { return ring + (static_cast<int>(c % kStages) * kVecs + v) * 32 + lane; };
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load(cur[u], k + u * kChunk);
-    for (k += kStep; k + kStep <= full; k += kStep) {
-      G next[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) load(next[u], k + u * kChunk);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) compute(cur[u], k - kStep + u * kChunk);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) cur[u] = next[u];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) compute(cur[u], k - kStep + u * kChunk);
+  for (int c = 0; c < kStages - 1; ++c) {
+    if (c < chunks) f.stage(slot(c, 0), kb + int64_t{c} * F::kChunk);
+    cp_async_commit();
   }
-  for (; k < full; k += kChunk) {
-    G one;
-    load(one, k);
-    compute(one, k);
+  for (int64_t c = 0; c < chunks; ++c) {
+    cp_async_wait<kStages - 2>();
+    uint4 w[kVecs];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) w[v] = *slot(c, v);
+    f.compute(w, kb + c * F::kChunk);
+    // The slot of chunk c - 1, which this lane read last trip.
+    if (c + kStages - 1 < chunks) f.stage(slot(c + kStages - 1, 0), kb + (c + kStages - 1) * F::kChunk);
+    cp_async_commit();
   }
-  if (k < ke) tail(k);
+  cp_async_wait<0>();
+  if (kb + chunks * F::kChunk < ke) f.tail(kb + chunks * F::kChunk);
 }
 
-// bf16/fp16, weight k-contiguous. Lane (g, q) loads outputs row0 + g and row0 + g + 8 at
+// One 16-byte weight vector into this lane's ring slot: whole by cp.async, or (an edge of the
+// outputs) `valid` elements by plain loads and zeros (copy_chunk), none where valid is 0.
+template <int kElem> __device__ __forceinline__ void stage_vec(uint4* slot, const void* src, int valid) {
+  copy_chunk<kElem>(slot, src, valid);
+}
+
+// bf16/fp16, weight k-contiguous. Lane (g, q) takes outputs row0 + g and row0 + g + 8 at
 // k + 8q .. k + 8q + 7 and tokens g (and g + 8) at the same k: words 0-1 of each 16 bytes are the
 // A (weight) and B (x) fragments of one m16n8k16 at its k slots {2q, 2q+1, 2q+8, 2q+9}, words 2-3 of
 // a second; weight and x agree on the order, so the sum is the product's.
 template <typename T, int MT> struct HalfK {
-  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kUnroll = 2, kTiles = MT / 8;
-  struct Chunk {
-    uint4 lo, hi, x[kTiles];
-  };
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
-    const int g = lane >> 2, q = lane & 3;
+  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kTiles = MT / 8;
+  static constexpr int kVecs = 2, kStages = 8;
+  const Skinny& s;
+  int g, q;
+  bool ok_lo, ok_hi, ok_t[kTiles];
+  const T *w_lo, *w_hi, *xr[kTiles];
+  float acc[kTiles][4] = {};
+
+  __device__ HalfK(const Skinny& sk, int64_t row0, int lane) : s(sk), g(lane >> 2), q(lane & 3) {
     const T* w = static_cast<const T*>(s.w);
-    const T* x = static_cast<const T*>(s.x);
-    const bool ok_lo = row0 + g < s.outputs, ok_hi = row0 + g + 8 < s.outputs;
-    const T* w_lo = w + (ok_lo ? row0 + g : 0) * s.ldw + 8 * q;
-    const T* w_hi = w + (ok_hi ? row0 + g + 8 : 0) * s.ldw + 8 * q;
-    const T* xr[kTiles];
-    bool ok_t[kTiles];
+    ok_lo = row0 + g < s.outputs, ok_hi = row0 + g + 8 < s.outputs;
+    w_lo = w + (ok_lo ? row0 + g : 0) * s.ldw + 8 * q;
+    w_hi = w + (ok_hi ? row0 + g + 8 : 0) * s.ldw + 8 * q;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       ok_t[j] = g + 8 * j < s.tokens;
-      xr[j] = x + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 8 * q;
+      xr[j] = static_cast<const T*>(s.x) + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 8 * q;
     }
-    float acc[kTiles][4] = {};
+  }
+  __device__ void stage(uint4* slot, int64_t k) {
+    stage_vec<2>(slot, w_lo + k, ok_lo ? 8 : 0);
+    stage_vec<2>(slot + 32, w_hi + k, ok_hi ? 8 : 0);
+  }
+  __device__ void multiply(const uint4& lo, const uint4& hi, const uint4 (&xv)[kTiles]) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      mma16816<T>(acc[j], lo.x, hi.x, lo.y, hi.y, xv[j].x, xv[j].y);
+      mma16816<T>(acc[j], lo.z, hi.z, lo.w, hi.w, xv[j].z, xv[j].w);
+    }
+  }
+  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) {
+    uint4 xv[kTiles];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) xv[j] = ok_t[j] ? ld_x16(xr[j] + k) : make_uint4(0, 0, 0, 0);
+    multiply(w[0], w[1], xv);
+  }
+  __device__ void tail(int64_t k) {
+    const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.k - k - 8 * q)));
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    auto compute = [&](const Chunk& c, int64_t) {
+    uint4 xv[kTiles];
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        mma16816<T>(acc[j], c.lo.x, c.hi.x, c.lo.y, c.hi.y, c.x[j].x, c.x[j].y);
-        mma16816<T>(acc[j], c.lo.z, c.hi.z, c.lo.w, c.hi.w, c.x[j].z, c.x[j].w);
-      }
-    };
-    auto load = [&](Chunk& c, int64_t k) {
-      c.lo = ok_lo ? ld_weight(w_lo + k) : zero;
-      c.hi = ok_hi ? ld_weight(w_hi + k) : zero;
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld_x16(xr[j] + k) : zero;
-    };
-    auto tail = [&](int64_t k) {
-      const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.k - k - 8 * q)));
-      Chunk c;
-      c.lo = ok_lo ? ld16_partial<2>(w_lo + k, valid) : zero;
-      c.hi = ok_hi ? ld16_partial<2>(w_hi + k, valid) : zero;
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld16_partial<2>(xr[j] + k, valid) : zero;
-      compute(c, k);
-    };
-    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
-    // acc[j]: (output g, tokens 8j + 2q, +1), (output g + 8, the same tokens).
+    for (int j = 0; j < kTiles; ++j) xv[j] = ok_t[j] ? ld16_partial<2>(xr[j] + k, valid) : zero;
+    multiply(ok_lo ? ld16_partial<2>(w_lo + k, valid) : zero, ok_hi ? ld16_partial<2>(w_hi + k, valid) : zero, xv);
+  }
+  // acc[j]: (output g, tokens 8j + 2q, +1), (output g + 8, the same tokens).
+  __device__ void finish(float* red) {
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int t = 8 * j + 2 * q;
@@ -194,71 +195,65 @@ template <typename T, int MT> struct HalfK {
   }
 };
 
-// bf16/fp16, weight o-contiguous (g @ W's W). Lane (g, q) loads outputs row0 + 8g .. + 7 of the
-// weight's rows k + 4q .. k + 4q + 3 (four 16-byte loads) and tokens g (and g + 8) at those k (8
+// bf16/fp16, weight o-contiguous (g @ W's W). Lane (g, q) takes outputs row0 + 8g .. + 7 of the
+// weight's rows k + 4q .. k + 4q + 3 (four 16-byte vectors) and tokens g (and g + 8) at those k (8
 // bytes). Byte permutes pair the rows' values of one output into the (k, k+1) words the A fragment
 // holds: mma i takes outputs 8g + 2i (fragment row g) and 8g + 2i + 1 (row g + 8).
 template <typename T, int MT> struct HalfN {
-  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kUnroll = 2, kTiles = MT / 8;
-  struct Chunk {
-    uint4 w[4];
-    uint2 x[kTiles];
-  };
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
-    const int g = lane >> 2, q = lane & 3;
-    const T* w = static_cast<const T*>(s.w);
-    const T* x = static_cast<const T*>(s.x);
+  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kTiles = MT / 8;
+  static constexpr int kVecs = 4, kStages = 4;
+  const Skinny& s;
+  int g, q, cols;
+  bool ok_t[kTiles];
+  const T *wc, *xr[kTiles];
+  float acc[4][kTiles][4] = {};
+
+  __device__ HalfN(const Skinny& sk, int64_t row0, int lane) : s(sk), g(lane >> 2), q(lane & 3) {
     const int64_t col = row0 + 8 * g;
-    const int cols = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.outputs - col)));
-    const T* wc = w + (cols > 0 ? col : 0) + int64_t{4} * q * s.ldw;
-    const T* xr[kTiles];
-    bool ok_t[kTiles];
+    cols = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.outputs - col)));
+    wc = static_cast<const T*>(s.w) + (cols > 0 ? col : 0) + int64_t{4} * q * s.ldw;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       ok_t[j] = g + 8 * j < s.tokens;
-      xr[j] = x + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 4 * q;
+      xr[j] = static_cast<const T*>(s.x) + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 4 * q;
     }
-    float acc[4][kTiles][4] = {};
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint2 zero2 = make_uint2(0, 0);
-    // rows: of this lane's four weight rows, how many lie before the end of k.
-    auto load_rows = [&](Chunk& c, int64_t k, int rows) {
+  }
+  __device__ void stage(uint4* slot, int64_t k) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const T* p = wc + (k + r) * s.ldw;
-        if (r >= rows || cols == 0) c.w[r] = zero;
-        else if (cols == 8) c.w[r] = ld_weight(p);
-        else c.w[r] = ld16_partial<2>(p, cols);
-      }
-    };
-    auto compute = [&](const Chunk& c, int64_t) {
+    for (int r = 0; r < 4; ++r) stage_vec<2>(slot + 32 * r, wc + (k + r) * s.ldw, cols);
+  }
+  __device__ void multiply(const uint4 (&w)[4], const uint2 (&xv)[kTiles]) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t r0 = (&c.w[0].x)[i], r1 = (&c.w[1].x)[i], r2 = (&c.w[2].x)[i], r3 = (&c.w[3].x)[i];
-        const uint32_t a0 = prmt(r0, r1, 0x5410), a1 = prmt(r0, r1, 0x7632);
-        const uint32_t a2 = prmt(r2, r3, 0x5410), a3 = prmt(r2, r3, 0x7632);
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t r0 = (&w[0].x)[i], r1 = (&w[1].x)[i], r2 = (&w[2].x)[i], r3 = (&w[3].x)[i];
+      const uint32_t a0 = prmt(r0, r1, 0x5410), a1 = prmt(r0, r1, 0x7632);
+      const uint32_t a2 = prmt(r2, r3, 0x5410), a3 = prmt(r2, r3, 0x7632);
 #pragma unroll
-        for (int j = 0; j < kTiles; ++j) mma16816<T>(acc[i][j], a0, a1, a2, a3, c.x[j].x, c.x[j].y);
-      }
-    };
-    auto load = [&](Chunk& c, int64_t k) {
-      load_rows(c, k, 4);
+      for (int j = 0; j < kTiles; ++j) mma16816<T>(acc[i][j], a0, a1, a2, a3, xv[j].x, xv[j].y);
+    }
+  }
+  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) {
+    uint2 xv[kTiles];
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld_x8(xr[j] + k) : zero2;
-    };
-    auto tail = [&](int64_t k) {
-      const int rows = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * q)));
-      Chunk c;
-      load_rows(c, k, rows);
+    for (int j = 0; j < kTiles; ++j) xv[j] = ok_t[j] ? ld_x8(xr[j] + k) : make_uint2(0, 0);
+    multiply(w, xv);
+  }
+  __device__ void tail(int64_t k) {
+    // Of this lane's four weight rows, those before the end of k.
+    const int rows = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * q)));
+    uint4 w[4];
+    uint2 xv[kTiles];
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        c.x[j] = zero2;
-        if (ok_t[j]) ld_partial<2, 8>(&c.x[j], xr[j] + k, rows);
-      }
-      compute(c, k);
-    };
-    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
-    // acc[i][j]: (output 8g + 2i, tokens 8j + 2q, +1), (output 8g + 2i + 1, the same tokens).
+    for (int r = 0; r < 4; ++r) w[r] = r < rows ? ld16_partial<2>(wc + (k + r) * s.ldw, cols) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      xv[j] = make_uint2(0, 0);
+      if (ok_t[j]) ld_partial<2, 8>(&xv[j], xr[j] + k, rows);
+    }
+    multiply(w, xv);
+  }
+  // acc[i][j]: (output 8g + 2i, tokens 8j + 2q, +1), (output 8g + 2i + 1, the same tokens).
+  __device__ void finish(float* red) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -301,57 +296,56 @@ __device__ __forceinline__ float4 as_float4(const uint4& v) {
 }
 
 // float32, weight k-contiguous. The lanes split each chunk of 128 k (4 floats each) over kRows
-// outputs; at the end the lanes' partial dot products are summed across the warp. x (4 floats per
-// token and lane) comes from L1 as each chunk is multiplied.
+// outputs; at the end the lanes' partial dot products are summed across the warp. Tokens past the
+// last read the last one's x (their sums are never stored): loads without a branch, which the
+// compiler issues together (behind `if (t >= tokens)` each load waited on its own).
 template <int MT> struct FloatK {
-  static constexpr int kRows = kSkinnyFloatK.outputs, kChunk = kSkinnyFloatK.chunk, kUnroll = 2;
-  struct Chunk {
-    uint4 w[kRows];
-  };
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
-    const float* w = static_cast<const float*>(s.w);
-    const float* x = static_cast<const float*>(s.x);
-    const float* wr[kRows];
-    bool ok_r[kRows];
+  static constexpr int kRows = kSkinnyFloatK.outputs, kChunk = kSkinnyFloatK.chunk;
+  static constexpr int kVecs = kRows, kStages = 4;
+  const Skinny& s;
+  int lane;
+  bool ok_r[kRows];
+  const float *wr[kRows], *xr;
+  float acc[kRows * MT] = {};
+
+  __device__ FloatK(const Skinny& sk, int64_t row0, int ln) : s(sk), lane(ln) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       ok_r[r] = row0 + r < s.outputs;
-      wr[r] = w + (ok_r[r] ? row0 + r : 0) * s.ldw + 4 * lane;
+      wr[r] = static_cast<const float*>(s.w) + (ok_r[r] ? row0 + r : 0) * s.ldw + 4 * lane;
     }
-    const float* xr = x + 4 * lane;
-    const int tokens = static_cast<int>(s.tokens);
-    float acc[kRows * MT] = {};
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    auto multiply = [&](const Chunk& c, int64_t k, int valid) {
+    xr = static_cast<const float*>(s.x) + 4 * lane;
+  }
+  __device__ void stage(uint4* slot, int64_t k) {
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (t >= tokens) break;
-        const float* xp = xr + t * s.ldx + k;
-        const float4 xf = as_float4(valid == 4 ? ld_x16(xp) : ld16_partial<4>(xp, valid));
+    for (int r = 0; r < kRows; ++r) stage_vec<4>(slot + 32 * r, wr[r] + k, ok_r[r] ? 4 : 0);
+  }
+  __device__ void multiply(const uint4 (&w)[kRows], int64_t k, int valid) {
+    const int last = static_cast<int>(s.tokens) - 1;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float4 wf = as_float4(c.w[r]);
-          float& a = acc[r * MT + t];
-          a = fmaf(wf.x, xf.x, a);
-          a = fmaf(wf.y, xf.y, a);
-          a = fmaf(wf.z, xf.z, a);
-          a = fmaf(wf.w, xf.w, a);
-        }
+    for (int t = 0; t < MT; ++t) {
+      const float* xp = xr + min(t, last) * s.ldx + k;
+      const float4 xf = as_float4(valid == 4 ? ld_x16(xp) : ld16_partial<4>(xp, valid));
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 wf = as_float4(w[r]);
+        float& a = acc[r * MT + t];
+        a = fmaf(wf.x, xf.x, a);
+        a = fmaf(wf.y, xf.y, a);
+        a = fmaf(wf.z, xf.z, a);
+        a = fmaf(wf.w, xf.w, a);
       }
-    };
-    auto load = [&](Chunk& c, int64_t k) {
+    }
+  }
+  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) { multiply(w, k, 4); }
+  __device__ void tail(int64_t k) {
+    const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * lane)));
+    uint4 w[kRows];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) c.w[r] = ok_r[r] ? ld_weight(wr[r] + k) : zero;
-    };
-    auto compute = [&](const Chunk& c, int64_t k) { multiply(c, k, 4); };
-    auto tail = [&](int64_t k) {
-      const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * lane)));
-      Chunk c;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) c.w[r] = ok_r[r] ? ld16_partial<4>(wr[r] + k, valid) : zero;
-      multiply(c, k, valid);
-    };
-    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    for (int r = 0; r < kRows; ++r) w[r] = ok_r[r] ? ld16_partial<4>(wr[r] + k, valid) : make_uint4(0, 0, 0, 0);
+    multiply(w, k, valid);
+  }
+  __device__ void finish(float* red) {
     warp_reduce_scatter(acc, lane);
     constexpr int kN = kRows * MT;
     if constexpr (kN >= 32) {
@@ -369,56 +363,51 @@ template <int MT> struct FloatK {
 
 // float32, weight o-contiguous. Lane l owns outputs row0 + 4l .. + 3 (16 bytes of each weight row)
 // and walks k four rows at a time; x's four values per token are one 16-byte load the whole warp
-// shares (one address).
+// shares (one address); tokens past the last as in FloatK.
 template <int MT> struct FloatN {
-  static constexpr int kRows = kSkinnyFloatN.outputs, kChunk = kSkinnyFloatN.chunk, kUnroll = 2;
-  struct Chunk {
-    uint4 w[4];
-  };
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
-    const float* w = static_cast<const float*>(s.w);
-    const float* x = static_cast<const float*>(s.x);
+  static constexpr int kRows = kSkinnyFloatN.outputs, kChunk = kSkinnyFloatN.chunk;
+  static constexpr int kVecs = 4, kStages = 4;
+  const Skinny& s;
+  int lane, cols;
+  const float* wc;
+  float acc[4][MT] = {};
+
+  __device__ FloatN(const Skinny& sk, int64_t row0, int ln) : s(sk), lane(ln) {
     const int64_t col = row0 + 4 * lane;
-    const int cols = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.outputs - col)));
-    const float* wc = w + (cols > 0 ? col : 0);
-    const int tokens = static_cast<int>(s.tokens);
-    float acc[4][MT] = {};
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    auto load_rows = [&](Chunk& c, int64_t k, int rows) {
+    cols = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.outputs - col)));
+    wc = static_cast<const float*>(s.w) + (cols > 0 ? col : 0);
+  }
+  __device__ void stage(uint4* slot, int64_t k) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) stage_vec<4>(slot + 32 * r, wc + (k + r) * s.ldw, cols);
+  }
+  __device__ void multiply(const uint4 (&w)[4], int64_t k, int rows) {
+    const int last = static_cast<int>(s.tokens) - 1;
+    const float* x = static_cast<const float*>(s.x);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      const float* xp = x + min(t, last) * s.ldx + k;
+      const float4 xf = as_float4(rows == 4 ? ld_x16(xp) : ld16_partial<4>(xp, rows));
+      const float xs[4] = {xf.x, xf.y, xf.z, xf.w};
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float* p = wc + (k + r) * s.ldw;
-        if (r >= rows || cols == 0) c.w[r] = zero;
-        else if (cols == 4) c.w[r] = ld_weight(p);
-        else c.w[r] = ld16_partial<4>(p, cols);
+        const float4 wf = as_float4(w[r]);
+        acc[0][t] = fmaf(wf.x, xs[r], acc[0][t]);
+        acc[1][t] = fmaf(wf.y, xs[r], acc[1][t]);
+        acc[2][t] = fmaf(wf.z, xs[r], acc[2][t]);
+        acc[3][t] = fmaf(wf.w, xs[r], acc[3][t]);
       }
-    };
-    auto multiply = [&](const Chunk& c, int64_t k, int rows) {
+    }
+  }
+  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) { multiply(w, k, 4); }
+  __device__ void tail(int64_t k) {
+    const int rows = static_cast<int>(s.k - k);
+    uint4 w[4];
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (t >= tokens) break;
-        const float* xp = x + t * s.ldx + k;
-        const float4 xf = as_float4(rows == 4 ? ld_x16(xp) : ld16_partial<4>(xp, rows));
-        const float xs[4] = {xf.x, xf.y, xf.z, xf.w};
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float4 wf = as_float4(c.w[r]);
-          acc[0][t] = fmaf(wf.x, xs[r], acc[0][t]);
-          acc[1][t] = fmaf(wf.y, xs[r], acc[1][t]);
-          acc[2][t] = fmaf(wf.z, xs[r], acc[2][t]);
-          acc[3][t] = fmaf(wf.w, xs[r], acc[3][t]);
-        }
-      }
-    };
-    auto load = [&](Chunk& c, int64_t k) { load_rows(c, k, 4); };
-    auto compute = [&](const Chunk& c, int64_t k) { multiply(c, k, 4); };
-    auto tail = [&](int64_t k) {
-      const int rows = static_cast<int>(s.k - k);
-      Chunk c;
-      load_rows(c, k, rows);
-      multiply(c, k, rows);
-    };
-    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    for (int r = 0; r < 4; ++r) w[r] = r < rows ? ld16_partial<4>(wc + (k + r) * s.ldw, cols) : make_uint4(0, 0, 0, 0);
+    multiply(w, k, rows);
+  }
+  __device__ void finish(float* red) {
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       *reinterpret_cast<float4*>(red + t * kRows + 4 * lane) = make_float4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
@@ -437,23 +426,30 @@ __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
 
 template <typename T, typename F, int MT>
 __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
-  constexpr int kRows = F::kRows;
-  __shared__ __align__(16) float red[kSkinnyWarps][MT * kRows];
+  constexpr int kRows = F::kRows, kRed = MT * kRows;
+  static_assert(kRed * 4 <= RingSize<F>::kBytesPerWarp, "a warp's part fits in its ring");
+  // Per warp: its ring, then (after its last copy landed) its part of the sums.
+  extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto part = [&](int w) { return reinterpret_cast<float*>(smem + w * RingSize<F>::kBytesPerWarp); };
   const int rw = warp / s.kw, kw = warp % s.kw;
   const int64_t row0 = (int64_t{blockIdx.x} * s.rw + rw) * kRows;
   const int64_t slice = int64_t{blockIdx.y} * s.kw + kw;
   const int64_t kb = min(s.k, slice * s.slice), ke = min(s.k, kb + s.slice);
-  F::run(s, row0, kb, ke, lane, red[warp]);
+  {
+    F f(s, row0, lane);
+    stream_ring(f, kb, ke, reinterpret_cast<uint4*>(part(warp)), lane);
+    f.finish(part(warp));
+  }
   __syncthreads();
 
   // red[r * kw][i] <- sum over the block's k-warps of red[r * kw + j][i], j in order.
   const int per_block = s.rw * MT * kRows;
   for (int e = threadIdx.x; e < per_block; e += kThreads) {
-    const int r = e / (MT * kRows), i = e % (MT * kRows);
-    float v = red[r * s.kw][i];
-    for (int j = 1; j < s.kw; ++j) v += red[r * s.kw + j][i];
-    red[r * s.kw][i] = v;
+    const int r = e / kRed, i = e % kRed;
+    float v = part(r * s.kw)[i];
+    for (int j = 1; j < s.kw; ++j) v += part(r * s.kw + j)[i];
+    part(r * s.kw)[i] = v;
   }
   const int split = static_cast<int>(gridDim.y);
   int rank = 0;
@@ -473,13 +469,13 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
     const int64_t og = int64_t{blockIdx.x} * outs + o;
     if (t >= s.tokens || og >= s.outputs) continue;
     const int idx = t * kRows + o % kRows;
-    float* part = &red[(o / kRows) * s.kw][idx];
-    float v = *part;
+    float* sum = part((o / kRows) * s.kw) + idx;
+    float v = *sum;
 #if __CUDA_ARCH__ >= 900
     if (split > 1) {
       // Every output's sum over the cluster in rank order, whichever CTA finishes it.
-      v = ld_cluster(part, 0);
-      for (int c = 1; c < split; ++c) v += ld_cluster(part, c);
+      v = ld_cluster(sum, 0);
+      for (int c = 1; c < split; ++c) v += ld_cluster(sum, c);
     }
 #endif
     T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
@@ -494,10 +490,13 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
 
 template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   if (!grid_fits(plan.grid) || plan.sk_split < 1 || plan.sk_split > 8) return cudaErrorInvalidConfiguration;
+  constexpr int kSmem = kSkinnyWarps * RingSize<F>::kBytesPerWarp;
+  static_assert(kSmem <= 48 * 1024, "no opt-in to more shared memory needed");
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.sk_split));
   cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
   if (plan.sk_split > 1) {
     attr.id = cudaLaunchAttributeClusterDimension;

@@ -83,7 +83,8 @@ void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double cop
   struct Split {
     int rw, kw, split;
   };
-  std::vector<Split> splits{{0, 0, 0}, {4, 1, 1}, {2, 2, 1}, {1, 4, 1}, {1, 4, 2}, {1, 4, 4}, {1, 4, 8}};
+  std::vector<Split> splits{{0, 0, 0}, {4, 1, 1}, {4, 1, 2}, {4, 1, 4}, {4, 1, 8}, {2, 2, 1}, {2, 2, 2}, {2, 2, 4},
+                            {2, 2, 8}, {1, 4, 1}, {1, 4, 2}, {1, 4, 4}, {1, 4, 8}};
   for (const Split& sp : splits) {
     if (sp.split > 1 && !dev.clusters) continue;
     auto plan_i = [&](int i) {
