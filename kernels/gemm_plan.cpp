@@ -175,22 +175,20 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   p.kernel = GemmKernel::Skinny;
   p.sk_mt = tokens <= 4 && !half ? 4 : tokens <= 8 ? 8 : 16;
   const SkinnyGeometry g = skinny_geometry(r.dtype, p.sk_w_kmajor);
+  // Four warps of a block split k (each reads whole rows' stretches; splitting the block's warps over
+  // outputs measured slower in every form), then CTAs of a cluster, to about kSkinnyWarpsPerSm warps
+  // per SM; at most 4 CTAs for the 16-bit forms (8 measured slower) and 8 for float32 (whose
+  // o-contiguous form owns 128 outputs per warp, so few groups).
   const int64_t groups = cdiv(outputs, g.outputs);
-  const int64_t most = std::max<int64_t>(1, r.k / (int64_t{g.chunk} * kSkinnyMinChunks));
-  const int64_t splits = std::clamp<int64_t>(cdiv(dev.sms * kSkinnyWarpsPerSm, groups), 1, most);
-  if (splits == 1) {
-    skinny_split(p, 4, 1, 1);
-    p.why = "small m: the outputs alone fill the SMs";
-  } else if (splits < 4) {
-    skinny_split(p, 2, 2, 1);
-    p.why = "small m: k split over two warps of a block";
-  } else if (splits < 8 || !dev.clusters) {
-    skinny_split(p, 1, 4, 1);
-    p.why = "small m: k split over four warps of a block";
-  } else {
-    skinny_split(p, 1, 4, static_cast<int>(std::min<int64_t>(kSkinnyMaxCluster, splits / 4)));
-    p.why = "small m: k split over the warps of a cluster";
+  const int64_t slices = std::max<int64_t>(1, r.k / (int64_t{g.chunk} * kSkinnyMinChunks));
+  const int kw = slices >= 4 ? 4 : slices >= 2 ? 2 : 1;
+  int64_t split = 1;
+  if (dev.clusters && kw == 4) {
+    const int64_t cap = std::min<int64_t>(half ? 4 : kSkinnyMaxCluster, slices / 4);
+    split = std::clamp<int64_t>(dev.sms * kSkinnyWarpsPerSm / (groups * 4), 1, cap);
   }
+  skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
+  p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
   return true;
 }
 

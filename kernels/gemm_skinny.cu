@@ -39,6 +39,15 @@ struct Skinny {
   int rw, kw;
 };
 
+// A weight load: 16 bytes read once, not kept in L1 (where x lives), and a 256-byte L2 prefetch
+// granule (the warp's neighbouring loads are next).
+__device__ __forceinline__ uint4 ld_weight(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 // x loads (read through L1, where x stays while every warp re-reads it).
 __device__ __forceinline__ uint4 ld_x16(const void* p) {
   uint4 v;
@@ -93,14 +102,17 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 // Each form's warp computes part[t][o] for its kRows outputs from row0 over k in [kb, ke) and
-// leaves it in red[t * kRows + o]. The weight streams through a ring of kStages chunks in this warp's
-// share of shared memory: each lane copies its own 16-byte vectors there by cp.async and reads back
-// only those, so the ring needs no barrier, keeps kStages - 1 chunks in flight per warp, and costs no
-// registers (double-buffering the loads in registers took 150-230 of them and halved the warps per
-// SM). x, small and re-read by every warp, is loaded as each chunk is multiplied (L1 holds it).
+// leaves it in red[t * kRows + o], its share of the block's shared memory (run()). Two ways to keep
+// the weight's bytes in flight, each where it measured faster (H100, bench/NOTES.md "small-M"):
+//   - stream_ring (float32): each lane copies its 16-byte vectors into a ring of kStages chunks in the
+//     warp's shared memory by cp.async and reads back only those (no barrier), kStages - 1 chunks in
+//     flight at no cost in registers; the float32 forms hold up to 64 registers of x per chunk;
+//   - stream_k (bf16/fp16): the next kUnroll chunks' loads, x's included, go to registers before the
+//     current ones are multiplied. The ring ran the 16-bit forms at 0.70 of the copy rate where this
+//     reaches 0.90 (235 MB weight), with x's load exposed every chunk, or prefetched one ahead.
 // The last, partial chunk (only at the end of k) is read directly, by masked loads.
 template <typename F> struct RingSize {
-  static constexpr int kBytesPerWarp = F::kStages * F::kVecs * 32 * 16;
+  static constexpr int kBytesPerWarp = F::kStages * F::kVecs * 32 * 16;  // also holds the part (static_assert)
 };
 
 template <typename F>
@@ -113,12 +125,13 @@ __device__ __forceinline__ void stream_ring(F& f, int64_t kb, int64_t ke, uint4*
     if (c < chunks) f.stage(slot(c, 0), kb + int64_t{c} * F::kChunk);
     cp_async_commit();
   }
+  if (chunks > 0) f.begin(kb);
   for (int64_t c = 0; c < chunks; ++c) {
     cp_async_wait<kStages - 2>();
     uint4 w[kVecs];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) w[v] = *slot(c, v);
-    f.compute(w, kb + c * F::kChunk);
+    f.compute(w, kb + c * F::kChunk, c + 1 < chunks);
     // The slot of chunk c - 1, which this lane read last trip.
     if (c + kStages - 1 < chunks) f.stage(slot(c + kStages - 1, 0), kb + (c + kStages - 1) * F::kChunk);
     cp_async_commit();
@@ -133,57 +146,85 @@ template <int kElem> __device__ __forceinline__ void stage_vec(uint4* slot, cons
   copy_chunk<kElem>(slot, src, valid);
 }
 
-// bf16/fp16, weight k-contiguous. Lane (g, q) takes outputs row0 + g and row0 + g + 8 at
+template <int kChunk, int kUnroll, typename G, typename Load, typename Compute, typename Tail>
+__device__ __forceinline__ void stream_k(int64_t kb, int64_t ke, Load&& load, Compute&& compute, Tail&& tail) {
+  constexpr int64_t kStep = int64_t{kChunk} * kUnroll;
+  const int64_t full = kb + (ke - kb) / kChunk * kChunk;
+  int64_t k = kb;
+  if (k + kStep <= full) {
+    G cur[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load(cur[u], k + u * kChunk);
+    for (k += kStep; k + kStep <= full; k += kStep) {
+      G next[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load(next[u], k + u * kChunk);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) compute(cur[u], k - kStep + u * kChunk);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) cur[u] = next[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) compute(cur[u], k - kStep + u * kChunk);
+  }
+  for (; k < full; k += kChunk) {
+    G one;
+    load(one, k);
+    compute(one, k);
+  }
+  if (k < ke) tail(k);
+}
+
+// bf16/fp16, weight k-contiguous. Lane (g, q) loads outputs row0 + g and row0 + g + 8 at
 // k + 8q .. k + 8q + 7 and tokens g (and g + 8) at the same k: words 0-1 of each 16 bytes are the
 // A (weight) and B (x) fragments of one m16n8k16 at its k slots {2q, 2q+1, 2q+8, 2q+9}, words 2-3 of
 // a second; weight and x agree on the order, so the sum is the product's.
 template <typename T, int MT> struct HalfK {
-  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kTiles = MT / 8;
-  static constexpr int kVecs = 2, kStages = 8;
-  const Skinny& s;
-  int g, q;
-  bool ok_lo, ok_hi, ok_t[kTiles];
-  const T *w_lo, *w_hi, *xr[kTiles];
-  float acc[kTiles][4] = {};
-
-  __device__ HalfK(const Skinny& sk, int64_t row0, int lane) : s(sk), g(lane >> 2), q(lane & 3) {
+  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kUnroll = 2, kTiles = MT / 8;
+  static constexpr int kSmemPerWarp = MT * kRows * 4;  // the warp's part
+  struct Chunk {
+    uint4 lo, hi, x[kTiles];
+  };
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    const int g = lane >> 2, q = lane & 3;
     const T* w = static_cast<const T*>(s.w);
-    ok_lo = row0 + g < s.outputs, ok_hi = row0 + g + 8 < s.outputs;
-    w_lo = w + (ok_lo ? row0 + g : 0) * s.ldw + 8 * q;
-    w_hi = w + (ok_hi ? row0 + g + 8 : 0) * s.ldw + 8 * q;
+    const T* x = static_cast<const T*>(s.x);
+    const bool ok_lo = row0 + g < s.outputs, ok_hi = row0 + g + 8 < s.outputs;
+    const T* w_lo = w + (ok_lo ? row0 + g : 0) * s.ldw + 8 * q;
+    const T* w_hi = w + (ok_hi ? row0 + g + 8 : 0) * s.ldw + 8 * q;
+    const T* xr[kTiles];
+    bool ok_t[kTiles];
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       ok_t[j] = g + 8 * j < s.tokens;
-      xr[j] = static_cast<const T*>(s.x) + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 8 * q;
+      xr[j] = x + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 8 * q;
     }
-  }
-  __device__ void stage(uint4* slot, int64_t k) {
-    stage_vec<2>(slot, w_lo + k, ok_lo ? 8 : 0);
-    stage_vec<2>(slot + 32, w_hi + k, ok_hi ? 8 : 0);
-  }
-  __device__ void multiply(const uint4& lo, const uint4& hi, const uint4 (&xv)[kTiles]) {
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      mma16816<T>(acc[j], lo.x, hi.x, lo.y, hi.y, xv[j].x, xv[j].y);
-      mma16816<T>(acc[j], lo.z, hi.z, lo.w, hi.w, xv[j].z, xv[j].w);
-    }
-  }
-  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) {
-    uint4 xv[kTiles];
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) xv[j] = ok_t[j] ? ld_x16(xr[j] + k) : make_uint4(0, 0, 0, 0);
-    multiply(w[0], w[1], xv);
-  }
-  __device__ void tail(int64_t k) {
-    const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.k - k - 8 * q)));
+    float acc[kTiles][4] = {};
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 xv[kTiles];
+    auto compute = [&](const Chunk& c, int64_t) {
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) xv[j] = ok_t[j] ? ld16_partial<2>(xr[j] + k, valid) : zero;
-    multiply(ok_lo ? ld16_partial<2>(w_lo + k, valid) : zero, ok_hi ? ld16_partial<2>(w_hi + k, valid) : zero, xv);
-  }
-  // acc[j]: (output g, tokens 8j + 2q, +1), (output g + 8, the same tokens).
-  __device__ void finish(float* red) {
+      for (int j = 0; j < kTiles; ++j) {
+        mma16816<T>(acc[j], c.lo.x, c.hi.x, c.lo.y, c.hi.y, c.x[j].x, c.x[j].y);
+        mma16816<T>(acc[j], c.lo.z, c.hi.z, c.lo.w, c.hi.w, c.x[j].z, c.x[j].w);
+      }
+    };
+    auto load = [&](Chunk& c, int64_t k) {
+      c.lo = ok_lo ? ld_weight(w_lo + k) : zero;
+      c.hi = ok_hi ? ld_weight(w_hi + k) : zero;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld_x16(xr[j] + k) : zero;
+    };
+    auto tail = [&](int64_t k) {
+      const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.k - k - 8 * q)));
+      Chunk c;
+      c.lo = ok_lo ? ld16_partial<2>(w_lo + k, valid) : zero;
+      c.hi = ok_hi ? ld16_partial<2>(w_hi + k, valid) : zero;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld16_partial<2>(xr[j] + k, valid) : zero;
+      compute(c, k);
+    };
+    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    // acc[j]: (output g, tokens 8j + 2q, +1), (output g + 8, the same tokens).
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int t = 8 * j + 2 * q;
@@ -195,65 +236,72 @@ template <typename T, int MT> struct HalfK {
   }
 };
 
-// bf16/fp16, weight o-contiguous (g @ W's W). Lane (g, q) takes outputs row0 + 8g .. + 7 of the
-// weight's rows k + 4q .. k + 4q + 3 (four 16-byte vectors) and tokens g (and g + 8) at those k (8
+// bf16/fp16, weight o-contiguous (g @ W's W). Lane (g, q) loads outputs row0 + 8g .. + 7 of the
+// weight's rows k + 4q .. k + 4q + 3 (four 16-byte loads) and tokens g (and g + 8) at those k (8
 // bytes). Byte permutes pair the rows' values of one output into the (k, k+1) words the A fragment
 // holds: mma i takes outputs 8g + 2i (fragment row g) and 8g + 2i + 1 (row g + 8).
 template <typename T, int MT> struct HalfN {
-  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kTiles = MT / 8;
-  static constexpr int kVecs = 4, kStages = 4;
-  const Skinny& s;
-  int g, q, cols;
-  bool ok_t[kTiles];
-  const T *wc, *xr[kTiles];
-  float acc[4][kTiles][4] = {};
-
-  __device__ HalfN(const Skinny& sk, int64_t row0, int lane) : s(sk), g(lane >> 2), q(lane & 3) {
+  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kUnroll = 2, kTiles = MT / 8;
+  static constexpr int kSmemPerWarp = MT * kRows * 4;  // the warp's part
+  struct Chunk {
+    uint4 w[4];
+    uint2 x[kTiles];
+  };
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    const int g = lane >> 2, q = lane & 3;
+    const T* w = static_cast<const T*>(s.w);
+    const T* x = static_cast<const T*>(s.x);
     const int64_t col = row0 + 8 * g;
-    cols = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.outputs - col)));
-    wc = static_cast<const T*>(s.w) + (cols > 0 ? col : 0) + int64_t{4} * q * s.ldw;
+    const int cols = static_cast<int>(max(int64_t{0}, min(int64_t{8}, s.outputs - col)));
+    const T* wc = w + (cols > 0 ? col : 0) + int64_t{4} * q * s.ldw;
+    const T* xr[kTiles];
+    bool ok_t[kTiles];
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       ok_t[j] = g + 8 * j < s.tokens;
-      xr[j] = static_cast<const T*>(s.x) + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 4 * q;
+      xr[j] = x + (ok_t[j] ? g + 8 * j : 0) * s.ldx + 4 * q;
     }
-  }
-  __device__ void stage(uint4* slot, int64_t k) {
+    float acc[4][kTiles][4] = {};
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint2 zero2 = make_uint2(0, 0);
+    // rows: of this lane's four weight rows, how many lie before the end of k.
+    auto load_rows = [&](Chunk& c, int64_t k, int rows) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) stage_vec<2>(slot + 32 * r, wc + (k + r) * s.ldw, cols);
-  }
-  __device__ void multiply(const uint4 (&w)[4], const uint2 (&xv)[kTiles]) {
+      for (int r = 0; r < 4; ++r) {
+        const T* p = wc + (k + r) * s.ldw;
+        if (r >= rows || cols == 0) c.w[r] = zero;
+        else if (cols == 8) c.w[r] = ld_weight(p);
+        else c.w[r] = ld16_partial<2>(p, cols);
+      }
+    };
+    auto compute = [&](const Chunk& c, int64_t) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t r0 = (&w[0].x)[i], r1 = (&w[1].x)[i], r2 = (&w[2].x)[i], r3 = (&w[3].x)[i];
-      const uint32_t a0 = prmt(r0, r1, 0x5410), a1 = prmt(r0, r1, 0x7632);
-      const uint32_t a2 = prmt(r2, r3, 0x5410), a3 = prmt(r2, r3, 0x7632);
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t r0 = (&c.w[0].x)[i], r1 = (&c.w[1].x)[i], r2 = (&c.w[2].x)[i], r3 = (&c.w[3].x)[i];
+        const uint32_t a0 = prmt(r0, r1, 0x5410), a1 = prmt(r0, r1, 0x7632);
+        const uint32_t a2 = prmt(r2, r3, 0x5410), a3 = prmt(r2, r3, 0x7632);
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) mma16816<T>(acc[i][j], a0, a1, a2, a3, xv[j].x, xv[j].y);
-    }
-  }
-  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) {
-    uint2 xv[kTiles];
+        for (int j = 0; j < kTiles; ++j) mma16816<T>(acc[i][j], a0, a1, a2, a3, c.x[j].x, c.x[j].y);
+      }
+    };
+    auto load = [&](Chunk& c, int64_t k) {
+      load_rows(c, k, 4);
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) xv[j] = ok_t[j] ? ld_x8(xr[j] + k) : make_uint2(0, 0);
-    multiply(w, xv);
-  }
-  __device__ void tail(int64_t k) {
-    // Of this lane's four weight rows, those before the end of k.
-    const int rows = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * q)));
-    uint4 w[4];
-    uint2 xv[kTiles];
+      for (int j = 0; j < kTiles; ++j) c.x[j] = ok_t[j] ? ld_x8(xr[j] + k) : zero2;
+    };
+    auto tail = [&](int64_t k) {
+      const int rows = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * q)));
+      Chunk c;
+      load_rows(c, k, rows);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) w[r] = r < rows ? ld16_partial<2>(wc + (k + r) * s.ldw, cols) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      xv[j] = make_uint2(0, 0);
-      if (ok_t[j]) ld_partial<2, 8>(&xv[j], xr[j] + k, rows);
-    }
-    multiply(w, xv);
-  }
-  // acc[i][j]: (output 8g + 2i, tokens 8j + 2q, +1), (output 8g + 2i + 1, the same tokens).
-  __device__ void finish(float* red) {
+      for (int j = 0; j < kTiles; ++j) {
+        c.x[j] = zero2;
+        if (ok_t[j]) ld_partial<2, 8>(&c.x[j], xr[j] + k, rows);
+      }
+      compute(c, k);
+    };
+    stream_k<kChunk, kUnroll, Chunk>(kb, ke, load, compute, tail);
+    // acc[i][j]: (output 8g + 2i, tokens 8j + 2q, +1), (output 8g + 2i + 1, the same tokens).
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -302,6 +350,12 @@ __device__ __forceinline__ float4 as_float4(const uint4& v) {
 template <int MT> struct FloatK {
   static constexpr int kRows = kSkinnyFloatK.outputs, kChunk = kSkinnyFloatK.chunk;
   static constexpr int kVecs = kRows, kStages = 4;
+  static constexpr int kSmemPerWarp = RingSize<FloatK>::kBytesPerWarp;
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    FloatK f(s, row0, lane);
+    stream_ring(f, kb, ke, reinterpret_cast<uint4*>(red), lane);
+    f.finish(red);
+  }
   const Skinny& s;
   int lane;
   bool ok_r[kRows];
@@ -337,7 +391,8 @@ template <int MT> struct FloatK {
       }
     }
   }
-  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) { multiply(w, k, 4); }
+  __device__ void begin(int64_t) {}
+  __device__ void compute(const uint4 (&w)[kVecs], int64_t k, bool) { multiply(w, k, 4); }
   __device__ void tail(int64_t k) {
     const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * lane)));
     uint4 w[kRows];
@@ -367,6 +422,12 @@ template <int MT> struct FloatK {
 template <int MT> struct FloatN {
   static constexpr int kRows = kSkinnyFloatN.outputs, kChunk = kSkinnyFloatN.chunk;
   static constexpr int kVecs = 4, kStages = 4;
+  static constexpr int kSmemPerWarp = RingSize<FloatN>::kBytesPerWarp;
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+    FloatN f(s, row0, lane);
+    stream_ring(f, kb, ke, reinterpret_cast<uint4*>(red), lane);
+    f.finish(red);
+  }
   const Skinny& s;
   int lane, cols;
   const float* wc;
@@ -399,7 +460,8 @@ template <int MT> struct FloatN {
       }
     }
   }
-  __device__ void compute(const uint4 (&w)[kVecs], int64_t k) { multiply(w, k, 4); }
+  __device__ void begin(int64_t) {}
+  __device__ void compute(const uint4 (&w)[kVecs], int64_t k, bool) { multiply(w, k, 4); }
   __device__ void tail(int64_t k) {
     const int rows = static_cast<int>(s.k - k);
     uint4 w[4];
@@ -427,20 +489,16 @@ __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
 template <typename T, typename F, int MT>
 __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
   constexpr int kRows = F::kRows, kRed = MT * kRows;
-  static_assert(kRed * 4 <= RingSize<F>::kBytesPerWarp, "a warp's part fits in its ring");
-  // Per warp: its ring, then (after its last copy landed) its part of the sums.
+  static_assert(kRed * 4 <= F::kSmemPerWarp, "a warp's part fits in its share");
+  // Per warp: its ring (float32), then (after its last copy landed) its part of the sums.
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto part = [&](int w) { return reinterpret_cast<float*>(smem + w * RingSize<F>::kBytesPerWarp); };
+  auto part = [&](int w) { return reinterpret_cast<float*>(smem + w * F::kSmemPerWarp); };
   const int rw = warp / s.kw, kw = warp % s.kw;
   const int64_t row0 = (int64_t{blockIdx.x} * s.rw + rw) * kRows;
   const int64_t slice = int64_t{blockIdx.y} * s.kw + kw;
   const int64_t kb = min(s.k, slice * s.slice), ke = min(s.k, kb + s.slice);
-  {
-    F f(s, row0, lane);
-    stream_ring(f, kb, ke, reinterpret_cast<uint4*>(part(warp)), lane);
-    f.finish(part(warp));
-  }
+  F::run(s, row0, kb, ke, lane, part(warp));
   __syncthreads();
 
   // red[r * kw][i] <- sum over the block's k-warps of red[r * kw + j][i], j in order.
@@ -490,7 +548,7 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
 
 template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   if (!grid_fits(plan.grid) || plan.sk_split < 1 || plan.sk_split > 8) return cudaErrorInvalidConfiguration;
-  constexpr int kSmem = kSkinnyWarps * RingSize<F>::kBytesPerWarp;
+  constexpr int kSmem = kSkinnyWarps * F::kSmemPerWarp;
   static_assert(kSmem <= 48 * 1024, "no opt-in to more shared memory needed");
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};

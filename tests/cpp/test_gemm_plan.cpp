@@ -312,15 +312,19 @@ TEST(GemmPlan, SmallMSplitsKWhereTheOutputsCannotFillTheSms) {
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kA100);
   EXPECT_EQ(p.sk_kw, 4);
   EXPECT_EQ(p.sk_split, 1);
-  // 28672 outputs (gate_up): two slices per group of 16.
+  // 28672 outputs (gate_up): enough groups for the SMs, no cluster.
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100);
-  EXPECT_EQ(p.sk_rw, 2);
-  EXPECT_EQ(p.sk_kw, 2);
+  EXPECT_EQ(p.sk_rw, 1);
+  EXPECT_EQ(p.sk_kw, 4);
   EXPECT_EQ(p.sk_split, 1);
-  EXPECT_EQ(p.grid, 28672 / 16 / 2);
-  // Many outputs: no split. A short k: slices of at least four chunks, a chunk at the least.
-  p = plan_gemm(linear_forward(DType::BFloat16, 1, 131072, 4096), kH100);
-  EXPECT_EQ(p.sk_kw, 1);
+  EXPECT_EQ(p.grid, 28672 / 16);
+  // g @ W with 4096 outputs (64 groups of 64): clusters of 4 for bf16 (8 measured slower); float32's
+  // 32 groups of 128 take 8.
+  p = plan_gemm(row_major(DType::BFloat16, 1, 4096, 14336), kH100);
+  EXPECT_EQ(p.sk_split, 4);
+  p = plan_gemm(row_major(DType::Float32, 1, 4096, 14336), kH100);
+  EXPECT_EQ(p.sk_split, 8);
+  // A short k: slices of at least four chunks, a chunk at the least.
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 96), kH100);
   EXPECT_EQ(p.sk_kw, 1);
   EXPECT_EQ(p.sk_slice, 96);
