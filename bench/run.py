@@ -4,10 +4,14 @@
     python3 bench/run.py --out bench/results          # the full run, under 6 minutes on an H100
     python3 bench/run.py --quick --only gemm          # smoke test of one section
     python3 bench/run.py --device cpu                 # harness smoke test without a GPU (timings meaningless)
+    python3 bench/run.py --only gemm_shapes --shapes-classes decode --shapes-dtypes bfloat16   # issue 23's rows
+    python3 bench/run.py --only llama                 # the Llama-style model, prefill and greedy decode
 
 The library comes from $CUOPS_LIBRARY, else $CUOPS_BUILD_DIR/libcuops.so, else <repo>/build/libcuops.so.
-A run restricted with --quick, --only, --gemm-squares or --device cpu writes to bench/results/tmp/
-(git-ignored) unless --out is given, so it never overwrites the committed full results.
+A run restricted with --quick, --only, --gemm-squares, --shapes-* or --device cpu writes to
+bench/results/tmp/ (git-ignored) unless --out is given, so it never overwrites the committed full
+results. Without --only, the run measures the default sections (sections.DEFAULT); the shape suite
+(gemm_shapes) and the model (llama) run when named, or with --only all.
 
 The protocol and the results file's schema: bench/PROTOCOL.md. The harness: bench/cuops_bench/.
 """
@@ -26,10 +30,21 @@ if str(BENCH) not in sys.path:  # `python3 bench/run.py` puts it first; runpy, -
 import torch  # noqa: E402
 
 from cuops_bench import report  # noqa: E402
-from cuops_bench.context import Run, config_for  # noqa: E402
+from cuops_bench.context import SHAPE_CLASSES, SHAPE_COMPILE, SHAPE_VARIANTS, Run, config_for  # noqa: E402
 from cuops_bench.harness import Bench, CopyCeiling, error_text, log  # noqa: E402
 from cuops_bench.library import load_library  # noqa: E402
-from cuops_bench.sections import SECTIONS  # noqa: E402
+from cuops_bench.sections import DEFAULT, SECTIONS  # noqa: E402
+from cuops_bench.shapes import MODELS  # noqa: E402
+
+
+def comma_list(text: str | None, allowed, flag: str, parser) -> tuple | None:
+    if text is None:
+        return None
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in items if x not in allowed]
+    if unknown or not items:
+        parser.error(f"{flag}: unknown {unknown or 'empty list'}; choose from {','.join(allowed)}")
+    return items
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default bench/results; bench/results/tmp for --quick/--only/--device cpu)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes, for smoke tests")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of sections: {','.join(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT),
+                        help=f"comma list of sections: {','.join(SECTIONS)}, or all (default: {','.join(DEFAULT)})")
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="start no measurement after this many seconds (later rows are recorded as skipped), "
                              "so the run ends inside its 6-minute slot")
@@ -46,12 +62,32 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "for a quick look at a few rows; the results go to bench/results/tmp")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: exercise the harness without a GPU (tiny sizes, wall clock; timings meaningless)")
+    shapes = parser.add_argument_group("shape suite (--only gemm_shapes)")
+    shapes.add_argument("--shapes-models", default=None,
+                        help=f"comma list of {','.join(MODELS)} (default: all; --device cpu: gpt-2, scaled down)")
+    shapes.add_argument("--shapes-classes", default=None,
+                        help=f"comma list of {','.join(SHAPE_CLASSES)} (default: all)")
+    shapes.add_argument("--shapes-dtypes", default=None,
+                        help=f"comma list of {','.join(SHAPE_VARIANTS)} (tf32: float32 with TF32 on; float32: "
+                             "'highest'; default: all; --device cpu: bfloat16,tf32)")
+    shapes.add_argument("--shapes-compile", choices=SHAPE_COMPILE, default=None,
+                        help="decode rows' F.linear under torch.compile(max-autotune-no-cudagraphs), bf16 and fp16 "
+                             "forward rows only: none; decode1 (M = 1 and 16, the default); decode (every M <= 16). "
+                             "Each shape is one max-autotune compile")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if args.only == ["all"]:
+        args.only = list(SECTIONS)
     unknown = set(args.only) - set(SECTIONS)
     if unknown:
-        parser.error(f"unknown section(s) {sorted(unknown)}; choose from {','.join(SECTIONS)}")
-    partial = args.quick or set(args.only) != set(SECTIONS) or args.device == "cpu" or args.gemm_squares is not None
+        parser.error(f"unknown section(s) {sorted(unknown)}; choose from {','.join(SECTIONS)} or all")
+    args.shapes = {key: value for key, value in (
+        ("models", comma_list(args.shapes_models, tuple(MODELS), "--shapes-models", parser)),
+        ("classes", comma_list(args.shapes_classes, SHAPE_CLASSES, "--shapes-classes", parser)),
+        ("variants", comma_list(args.shapes_dtypes, tuple(SHAPE_VARIANTS), "--shapes-dtypes", parser)),
+        ("compile", args.shapes_compile)) if value is not None}
+    partial = (args.quick or set(args.only) != set(DEFAULT) or args.device == "cpu" or args.gemm_squares is not None
+               or bool(args.shapes))
     args.out = args.out or (BENCH / "results" / ("tmp" if partial else ""))
     return args
 
@@ -74,12 +110,12 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/run.py: no CUDA device (use --device cpu to smoke-test the harness)", file=sys.stderr)
         return 2
-    cfg = config_for(args.device, args.quick, args.gemm_squares)
+    cfg = config_for(args.device, args.quick, args.gemm_squares, args.shapes)
     bench = Bench.for_device(args.device)
     library = load_library()
     torch.manual_seed(0)
     results = report.new_results(bench, library, {"quick": args.quick, "only": args.only, "device": args.device,
-                                                   "budget_s": args.budget_s})
+                                                   "budget_s": args.budget_s, "shapes": args.shapes})
     json_path = args.out / ("h100.json" if bench.cuda else "cpu_smoke.json")
 
     t_start = time.perf_counter()

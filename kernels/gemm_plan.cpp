@@ -10,6 +10,11 @@
 // | an operand not readable in place: no unit      | copy it into 16-byte padded rows when   | copying b costs ~500 / m of the product's time (a: |
 // |   stride, rows not 16-byte multiples, or a     |   the other side has >= 256 rows; else  |   500 / n); the fallback is >= 4x slower (portable |
 // |   base not 16-byte aligned                     |   general                               |   TF32) to ~50x (general) |
+// | c's short side <= 16 (tokens) and that side's  | small-M kernel (gemm_skinny.cu), all     | bound by the weight's bytes: the tiled kernels' 128-row |
+// |   operand k-contiguous; bf16/fp16/float32     |   float types (TF32 computed in FP32)    |   tiles ran 1 x 4096 x 14336 bf16 at 0.43 of copy |
+// |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
+// | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
+// |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |

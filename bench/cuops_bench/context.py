@@ -2,9 +2,46 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .harness import Bench, CopyCeiling
+from .harness import GRAPH_ROUNDS, Bench, CopyCeiling
+from .llama_model import LlamaConfig
+from .shapes import DECODE_M, LARGE_M, MID_M, MODELS
+
+SHAPE_CLASSES = ("decode", "mid", "training", "large")
+# The shape suite's dtype variants: (dtype, float32 matmul precision). "float32" is true FP32.
+SHAPE_VARIANTS = {"bfloat16": ("bfloat16", None), "float16": ("float16", None), "tf32": ("float32", "high"),
+                  "float32": ("float32", "highest")}
+SHAPE_COMPILE = ("none", "decode1", "decode")
+
+
+@dataclass(frozen=True)
+class ShapeSuite:
+    """The gemm_shapes section's rows: which models, classes, dtype variants and token counts; the
+    --shapes-* flags narrow it."""
+    models: tuple = tuple(MODELS)
+    classes: tuple = SHAPE_CLASSES
+    variants: tuple = tuple(SHAPE_VARIANTS)
+    # The compiled F.linear baseline at decode: "decode1" M = 1 and 16, "decode" every M <= 16. Each
+    # shape is one max-autotune compile (seconds to tens of seconds on a GPU), hence the switch.
+    compile: str = "decode1"
+    compile_mode: str = "max-autotune-no-cudagraphs"
+    tokens: tuple = DECODE_M + MID_M + LARGE_M
+    scale: int = 1                 # every Linear's features divided by this (cpu: tiny shapes)
+    rounds: int = GRAPH_ROUNDS     # steady-state rounds a side at decode
+
+
+@dataclass(frozen=True)
+class LlamaBench:
+    """The llama section: the model, the prefill length, the decode prompt and steps, the batches."""
+    model: LlamaConfig = LlamaConfig()
+    prefill_tokens: int = 4096
+    # Decode starts after a prompt this long; the KV cache holds prompt + steps positions, so attention
+    # (the same in both models) stays a small part of a step and the ratio measures the Linears.
+    prompt: int = 128
+    steps: int = 64
+    batches: tuple = (1, 8)
+    rounds: int = GRAPH_ROUNDS
 
 
 @dataclass
@@ -12,18 +49,33 @@ class Config:
     sizes: list          # elements per operand of the memory-bound rows
     gemm_squares: list   # M = K = N
     gemm_odd: list       # (M, K, N)
+    shapes: ShapeSuite = field(default_factory=ShapeSuite)
+    llama: LlamaBench = field(default_factory=LlamaBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
               gemm_squares=[256, 512, 1024, 2048, 4096, 8192],
               gemm_odd=[(4097, 4097, 4097), (1, 4096, 4096), (4096, 4096, 1), (8192, 1, 8192), (1000, 1000, 1000)])
-QUICK = Config(sizes=[2**16, 2**24], gemm_squares=[256, 1024], gemm_odd=[(1000, 1000, 1000), (1, 4096, 4096)])
-CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9), (1, 64, 64), (64, 64, 1), (64, 1, 64)])
+QUICK = Config(sizes=[2**16, 2**24], gemm_squares=[256, 1024], gemm_odd=[(1000, 1000, 1000), (1, 4096, 4096)],
+               shapes=ShapeSuite(tokens=(1, 16, 512, 4096)),
+               llama=LlamaBench(model=LlamaConfig(layers=2), prefill_tokens=1024, steps=16))
+# The cpu smoke run goes through every code path at sizes that take seconds: GPT-2's Linears divided
+# by 8, one half type and TF32; a two-layer model of width 64 without CUDA graphs.
+CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9), (1, 64, 64), (64, 64, 1), (64, 1, 64)],
+             # The compiled baseline in inductor's default mode: the path is the same, and max-autotune's C++
+             # GEMM templates take 15 s to build on a cold cache there.
+             shapes=ShapeSuite(models=("gpt-2",), variants=("bfloat16", "tf32"), tokens=(1, 128), scale=8,
+                               rounds=2, compile_mode="default"),
+             llama=LlamaBench(model=LlamaConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=224, vocab=128),
+                              prefill_tokens=16, prompt=8, steps=4, batches=(1, 8), rounds=2))
 
 
-def config_for(device: str, quick: bool, gemm_squares: str | None) -> Config:
-    """gemm_squares (a comma list) replaces the square GEMM sizes and drops the odd shapes."""
+def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None) -> Config:
+    """gemm_squares (a comma list) replaces the square GEMM sizes and drops the odd shapes; shapes
+    (ShapeSuite fields) narrows the shape suite."""
     cfg = CPU if device == "cpu" else QUICK if quick else FULL
+    if shapes:
+        cfg = dataclasses.replace(cfg, shapes=dataclasses.replace(cfg.shapes, **shapes))
     if gemm_squares is None:
         return cfg
     return dataclasses.replace(cfg, gemm_squares=[int(x) for x in gemm_squares.split(",") if x.strip()], gemm_odd=[])

@@ -32,6 +32,15 @@ STEADY_MNK = 4096**3
 STEADY_ROUNDS = 12
 LONG_MNK = 8192**3
 LONG_REP_MS = 400
+# Steady state (PROTOCOL.md, "Steady state"): memory-bound GEMM rows and the model's decode step are
+# timed as CUDA graph replays, each side in GRAPH_ROUNDS rounds alternating with its baselines.
+GRAPH_ROUNDS = 5
+GRAPH_WARMUP_CALLS = 3    # calls on a side stream before capture, as torch.cuda.graph asks
+GRAPH_WARMUP_REPLAYS = 3
+GRAPH_ROUND_MS = 10.0     # one round's replays span at least this long (and at least MIN_REPS replays): a replay is
+                          # one pass over >= 200 MB, >= 60 us on an H100
+GRAPH_MAX_REPLAYS = 1000
+MIN_GRAPH_SETS = 2        # a weight alone larger than the pool still alternates with a second copy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,6 +84,12 @@ def make_pool(make_set, set_bytes: float, pool_bytes: float) -> list:
     """Enough input sets that their total exceeds pool_bytes (one set if it alone does)."""
     count = 1 if set_bytes >= pool_bytes else min(MAX_POOL_SETS, math.ceil(pool_bytes / set_bytes))
     return [make_set() for _ in range(count)]
+
+
+def steady_pool_count(set_bytes: float, pool_bytes: float) -> int:
+    """Input sets for one steady-state loop: their total exceeds pool_bytes, and there are at least two,
+    so consecutive calls never read the same operands (a 235 MB weight still fits in no L2 twice)."""
+    return min(MAX_POOL_SETS, max(MIN_GRAPH_SETS, math.ceil(pool_bytes / set_bytes)))
 
 
 def rotating(pool: list, call):
@@ -203,11 +218,14 @@ class Bench:
             fn()
         return (time.perf_counter() - t0) * 1e3 / calls
 
+    def check_budget(self) -> None:
+        if time.perf_counter() > self.deadline:
+            raise BudgetSpent("the run's time budget (--budget-s) was spent before this measurement")
+
     def measure(self, fn, cap_ms: float = CAP_MS, flush: bool = True, min_rep_ms: float = REP_MS) -> Timing:
         """flush=True: do_bench (L2 flushed before each call, at least min_rep_ms of calls) when Triton
         is there; False: back-to-back batches."""
-        if time.perf_counter() > self.deadline:
-            raise BudgetSpent("the run's time budget (--budget-s) was spent before this measurement")
+        self.check_budget()
         fn()  # first call outside the timing: lazy module loading, cuBLAS handles, torch.compile
         self.sync()
         single = self.elapsed_ms(fn, 1)
@@ -249,6 +267,75 @@ class Bench:
                 times.append(self.measure(fn, min_rep_ms=rep_ms))
         return rounds
 
+    def steady_rounds(self, loops: dict, rounds: int = GRAPH_ROUNDS) -> dict[str, list[Timing]]:
+        """{key: one Timing per round} for SteadyLoops timed in rounds of alternating order (A B C,
+        C B A, ...), so clock drift under the power cap falls on every side alike."""
+        self.check_budget()
+        order = list(loops)
+        timings = {key: [] for key in order}
+        for i in range(rounds):
+            for key in (order if i % 2 == 0 else order[::-1]):
+                timings[key].append(loops[key].time())
+        return timings
+
+
+class SteadyLoop:
+    """fn(*set) once per input set, in order, captured as one CUDA graph: a replay is one pass over a
+    pool larger than L2, calls back to back as a model's layers run them, with no launch gaps from
+    Python and no flush between calls. do_bench's zeroing flush leaves dirty L2 lines whose write-back
+    lands in the timed call, which distorts calls of a few microseconds (SPEC §4).
+
+    Without a GPU there is nothing to capture: time() is the rotating batched timer, so the cpu smoke
+    run goes through the same code."""
+
+    def __init__(self, bench: Bench, fn, pool: list):
+        self.bench, self.calls, self.graph = bench, len(pool), None
+        self.fallback = rotating(pool, fn)
+        # One call on the current stream first: torch.compile and its autotuning, cuBLAS handles and
+        # lazy module loading happen here rather than on the side stream or inside the capture (and a
+        # function that cannot run fails here, on cpu too, before any timing).
+        fn(*pool[0])
+        if not bench.cuda:
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for args in pool[:GRAPH_WARMUP_CALLS]:
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for args in pool:
+                fn(*args)  # outputs die at once: the graph's pool reuses them, as a model's activations
+        self.graph = graph
+
+    def time(self) -> Timing:
+        """Median per-call time of one round of replays."""
+        if self.graph is None:
+            return self.bench.measure(self.fallback, flush=False)
+        self.bench.check_budget()
+        warm = self.bench.elapsed_ms(self.graph.replay, GRAPH_WARMUP_REPLAYS)
+        reps = min(GRAPH_MAX_REPLAYS, max(MIN_REPS, math.ceil(GRAPH_ROUND_MS / max(warm, 1e-3))))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            start.record()
+            self.graph.replay()
+            end.record()
+        events[-1][1].synchronize()
+        per_call = [start.elapsed_time(end) / self.calls for start, end in events]
+        return Timing(statistics.median(per_call), reps * self.calls,
+                      f"cuda graph of {self.calls} calls, median of {reps} replays", warm / self.calls)
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = None
+
+
+def steady_timer_name(timings: list[Timing]) -> str:
+    return f"{timings[0].method} a round, median of {len(timings)} rounds, sides alternating"
+
 
 class CopyCeiling:
     """dst.copy_(src) bandwidth per buffer size, measured once per size and recorded as a row."""
@@ -282,3 +369,31 @@ class CopyCeiling:
         if self.bench.records_steady:
             ts = self.bench.measure(fn, flush=False)
             row.update(steady_ms=ts.ms, steady_GBps=moved / ts.ms / 1e6)
+
+    def graph_at(self, buffer_bytes: int) -> dict:
+        """The copy row at buffer_bytes with `graph_ms` / `graph_GBps`: the copy timed as SteadyLoop
+        times the rows compared with it (same pool rule, same graph replays), so a fraction of copy
+        does not mix two timers. Measured once per size; on cpu the batched figure."""
+        row = self.at(buffer_bytes)
+        if row.get("status") == "ok" and "graph_GBps" not in row:
+            try:
+                self._measure_graph(row)
+            except BudgetSpent:
+                raise
+            except Exception as e:  # noqa: BLE001 - the flushed figure still stands
+                row["graph_error"] = error_text(e)
+            self.bench.free_memory()
+        return row
+
+    def _measure_graph(self, row: dict) -> None:
+        n, device, moved = row["n"], self.bench.device, row["bytes"]
+        count = steady_pool_count(moved, self.bench.pool_bytes)
+        pool = [(torch.randn(n, device=device), torch.randn(n, device=device)) for _ in range(count)]
+        loop = SteadyLoop(self.bench, lambda src, dst: dst.copy_(src), pool)
+        try:
+            times = [loop.time() for _ in range(3)]
+        finally:
+            loop.close()
+        ms = statistics.median(t.ms for t in times)
+        row.update(graph_ms=ms, graph_GBps=moved / ms / 1e6,
+                   graph_timer=f"{times[0].method} a round, median of {len(times)} rounds")

@@ -86,8 +86,8 @@ HEAD = (f"{'op':<12} {'dtype':<5} {'size':<15} {'cuops':>9}  {'baseline':<20} {'
 
 def in_table(r: dict) -> bool:
     """mm repeats gemm's kernel, so the table shows it only at the sizes with targets; every row is in
-    the JSON."""
-    if r["family"] == "copy":
+    the JSON. The shape suite and the model have tables of their own (shape_lines, llama_lines)."""
+    if r["family"] not in ("elementwise", "norm", "gemm"):
         return False
     return r["op"] != "mm" or (r["M"] == r["K"] == r["N"] and r["M"] in (1024, 4096, 8192))
 
@@ -123,11 +123,127 @@ def overhead_line(lang: str, o: dict) -> str:
 
 
 def table_lines(results: dict) -> list[str]:
-    """The stdout table: one line per (row, baseline), then the call overheads."""
-    lines = [HEAD, "-" * len(HEAD)]
+    """The stdout table: one line per (row, baseline), then the call overheads; then the shape suite's
+    and the model's tables when they ran."""
+    lines = []
     for r in filter(in_table, results["rows"]):
         lines += row_lines(r)
     lines += [overhead_line(lang, o) for lang, o in (results.get("overhead") or {}).items()]
+    if lines:  # a run of only the shape suite or the model has no line for this table
+        lines = [HEAD, "-" * len(HEAD)] + lines
+    lines += shape_lines(results)
+    lines += llama_lines(results)
+    return lines
+
+
+def variant_label(r: dict) -> str:
+    return {"high": "tf32", "highest": "f32"}.get(r.get("precision"), SHORT.get(r["dtype"], r["dtype"]))
+
+
+def fmt_ratio(x) -> str:
+    return "-" if x is None else f"{x:.3f}x"
+
+
+def fmt_frac(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+SHAPE_HEAD = (f"{'class':<8} {'dtype':<4} {'model':<13} {'linear':<12} {'kind':<5} {'M':>5} {'MxKxN':<17} "
+              f"{'cuops':>8} {'torch.mm':>8} {'ratio':>7} {'compiled':>8} {'c.ratio':>7} {'TFLOP/s':>7} "
+              f"{'frac':>5} {'t.frac':>6} {'flushed':>7}")
+
+
+def shape_row_line(r: dict) -> str:
+    kind = {"forward": "fwd", "input_grad": "dgrad", "weight_grad": "wgrad"}.get(r["kind"], r["kind"])
+    lead = (f"{r['class']:<8} {variant_label(r):<4} {r['model'][:13]:<13} {r['linear'][:12]:<12} {kind:<5} "
+            f"{r['tokens']:>5} {r['size']:<17}")
+    if r.get("status") != "ok":
+        why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
+        return f"{lead} {r.get('status', '?').upper()} {why}"[:150]
+    torch_b = (r.get("baselines") or {}).get("torch", {})
+    comp = (r.get("baselines") or {}).get("compiled")
+    comp_ms = fmt_time(comp.get("ms")) if comp and "ms" in comp else ("ERROR" if comp else "-")
+    comp_ratio = fmt_ratio(comp.get("ratio")) if comp else "-"
+    has_bw = "weight_bytes" in r
+    return (f"{lead} {fmt_time(r.get('cuops_ms')):>8} {fmt_time(torch_b.get('ms')):>8} {fmt_ratio(r.get('ratio')):>7} "
+            f"{comp_ms:>8} {comp_ratio:>7} {r.get('cuops_TFLOPs') or 0:>7.2f} "
+            f"{fmt_frac(r.get('fraction') if has_bw else None):>5} "
+            f"{fmt_frac(torch_b.get('fraction') if has_bw else None):>6} "
+            f"{fmt_ratio(torch_b.get('flushed_ratio')):>7}").rstrip()
+
+
+def shape_lines(results: dict) -> list[str]:
+    """The shape suite: one line per row, then the per-(class, dtype) summary."""
+    rows = [r for r in results["rows"] if r["family"] == "gemm_shape"]
+    if not rows:
+        return []
+    lines = ["", "shape suite (SPEC §3): ratio = torch.mm time / cuops time (> 1: cuops faster); decode rows "
+             "(M <= 16) timed in steady state (one CUDA graph over > 4x L2 of operands), compiled = F.linear "
+             "under max-autotune; frac / t.frac = weight bytes read per second / copy rate (cuops / torch.mm); "
+             "flushed = the ratio under do_bench's L2 flush", SHAPE_HEAD, "-" * len(SHAPE_HEAD)]
+    lines += [shape_row_line(r) for r in rows]
+    lines += class_lines(results.get("shape_classes") or [])
+    return lines
+
+
+CLASS_HEAD = (f"{'class':<8} {'dtype':<4} {'rows':>7} {'geomean':>8} {'worst':>7}  {'worst row':<58} "
+              f"{'compiled':>15} {'min frac >= 64MB':>17}")
+
+
+def class_lines(summary: list) -> list[str]:
+    if not summary:
+        return []
+    lines = ["", "shape classes: geometric mean of the ratios and the worst row; compiled = geomean / worst against "
+             "F.linear compiled; min frac = the least weight bandwidth / copy of weights >= 64 MB (cuops, torch.mm)",
+             CLASS_HEAD, "-" * len(CLASS_HEAD)]
+    for c in summary:
+        dtype = {"tf32": "tf32", "float32": "f32"}.get(c["variant"], SHORT.get(c["variant"], c["variant"]))
+        worst = c.get("worst") or {}
+        comp = c.get("compiled")
+        comp_text = f"{comp['geomean_ratio']:.3f}/{comp['worst']['ratio']:.3f}" if comp else "-"
+        big = c.get("weight_fraction_64MB")
+        big_text = f"{big['min']:.2f} / {fmt_frac(big.get('torch_min'))}" if big else "-"
+        lines.append(f"{c['class']:<8} {dtype:<4} {c['ok']:>3}/{c['rows']:<3} {fmt_ratio(c.get('geomean_ratio')):>8} "
+                     f"{fmt_ratio(worst.get('ratio')):>7}  {worst.get('label', '-')[:58]:<58} {comp_text:>15} "
+                     f"{big_text:>17}".rstrip())
+    return lines
+
+
+LLAMA_HEAD = (f"{'phase':<8} {'batch':>5} {'tokens':>6} {'cuops':>9} {'torch':>9} {'ratio':>7} {'cuops tok/s':>11} "
+              f"{'torch tok/s':>11}  {'argmax':>7} {'max|dl|':>8} {'prefix':>9}")
+
+
+def llama_lines(results: dict) -> list[str]:
+    """The model's rows: time a call (prefill) or a token step (decode), tokens per second, and how
+    closely the two models' logits and tokens agree (sections/llama.py says how that is judged)."""
+    rows = [r for r in results["rows"] if r["family"] == "llama"]
+    if not rows:
+        return []
+    info = results.get("llama") or {}
+    cfg = info.get("config") or {}
+    lines = ["", f"llama ({cfg.get('layers')} layers, hidden {cfg.get('hidden')}, "
+             f"{cfg.get('heads')}/{cfg.get('kv_heads')} "
+             f"heads, FFN {cfg.get('ffn')}, vocab {cfg.get('vocab')}, bf16; decode after a {info.get('prompt')}-token "
+             f"prompt{', CUDA graphs' if info.get('cuda_graphs') else ', eager (cpu)'}): ratio = nn.Linear time / "
+             "CuopsLinear time; tokens = the prefill's length or the decode's steps, decode times are per token step; "
+             "argmax = teacher-forced agreement, max|dl| = largest logit difference / largest |logit|, prefix = "
+             "least common prefix of the free-running tokens",
+             LLAMA_HEAD, "-" * len(LLAMA_HEAD)]
+    for r in rows:
+        n = r.get("tokens") if r["op"] == "prefill" else r.get("steps")
+        lead = f"{r['op']:<8} {r['batch']:>5} {n:>6}"
+        if r.get("status") != "ok":
+            why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
+            lines.append(f"{lead} {r.get('status', '?').upper()} {why}"[:150])
+            continue
+        b = r["baselines"]["torch"]
+        check = r.get("check") or {}
+        prefix = check.get("free_running_prefix")
+        prefix_text = f"{min(prefix)}/{check['free_running_tokens']}" if prefix else "-"
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {fmt_time(b.get('ms')):>9} {fmt_ratio(r.get('ratio')):>7} "
+                     f"{r['cuops_tokens_per_s']:>11.0f} {b.get('tokens_per_s') or 0:>11.0f}  "
+                     f"{fmt_frac(check.get('argmax_agreement')):>7} {check.get('max_rel_diff', 0):>8.4f} "
+                     f"{prefix_text:>9}".rstrip())
     return lines
 
 
@@ -160,9 +276,12 @@ def plot(results: dict, out: Path) -> dict:
         return {"error": f"matplotlib unavailable: {error_text(e)}"}
     written, errors = [], []
     title = f"{results['gpu']} · torch {results['torch']} · {str(results['git_commit'])[:10]}"
-    for name, draw in (("bandwidth.png", bandwidth_figure), ("gemm_tflops.png", gemm_figure)):
+    for name, draw in (("bandwidth.png", bandwidth_figure), ("gemm_tflops.png", gemm_figure),
+                       ("gemm_shapes_bandwidth.png", shapes_bandwidth_figure)):
         try:
             fig = draw(plt, results["rows"], title)
+            if fig is None:  # no rows of that figure's section in this run
+                continue
             fig.tight_layout()
             fig.savefig(out / name, dpi=120)
             plt.close(fig)
@@ -219,4 +338,56 @@ def gemm_figure(plt, rows: list, title: str):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"cuops GEMM vs cuBLAS\n{title}", fontsize=10)
+    return fig
+
+
+def shapes_bandwidth_figure(plt, rows: list, title: str):
+    """The skinny shape-suite rows: weight bytes read per second as a fraction of the copy rate against
+    M, one panel per (kind, dtype variant), one colour per (model, Linear); solid cuops, dashed torch.mm."""
+    sel = [r for r in rows if r["family"] == "gemm_shape" and r.get("status") == "ok" and r.get("fraction") is not None
+           and "weight_bytes" in r]
+    if not sel:
+        return None
+    order = ["bf16", "f16", "tf32", "f32"]
+    variants = sorted({variant_label(r) for r in sel}, key=lambda v: order.index(v) if v in order else len(order))
+    kinds = sorted({r["kind"] for r in sel}, key=lambda k: k != "forward")
+    linears = sorted({(r["model"], r["linear"]) for r in sel})
+    colors = {lin: f"C{i % 10}" for i, lin in enumerate(linears)}
+    ms = sorted({r["M"] for r in sel})
+    # A last column for the legend alone, so tight_layout leaves it its room.
+    fig, axes = plt.subplots(len(kinds), len(variants) + 1, figsize=(4.2 * len(variants) + 2.6, 3.8 * len(kinds)),
+                             squeeze=False, sharey=True, gridspec_kw={"width_ratios": [4.2] * len(variants) + [2.6]})
+    for i, kind in enumerate(kinds):
+        for j, variant in enumerate(variants):
+            ax = axes[i][j]
+            for lin in linears:
+                pts = sorted((r for r in sel if r["kind"] == kind and variant_label(r) == variant
+                              and (r["model"], r["linear"]) == lin), key=lambda r: r["M"])
+                if not pts:
+                    continue
+                ax.plot([r["M"] for r in pts], [r["fraction"] for r in pts], color=colors[lin], marker="o", ms=3,
+                        label=f"{lin[0]} {lin[1]}")
+                tp = [(r["M"], r["baselines"]["torch"].get("fraction")) for r in pts]
+                tp = [(m, f) for m, f in tp if f is not None]
+                if tp:
+                    ax.plot(*zip(*tp), color=colors[lin], ls="--", lw=1, marker=".", ms=3)
+            ax.axhline(1.0, color="k", lw=0.8, alpha=0.5)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ms, [str(m) for m in ms])
+            ax.set_xlabel("M (tokens)")
+            if j == 0:
+                ax.set_ylabel("weight GB/s / copy GB/s")
+            ax.set_title(f"{kind} {variant}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+    handles, labels = [], []
+    for ax in axes[:, :-1].flat:  # every Linear once, whichever panel has it
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    for ax in axes[:, -1]:
+        ax.axis("off")
+    axes[0][-1].legend(handles, labels, fontsize=7, loc="upper left", title="solid cuops, dashed torch.mm",
+                       title_fontsize=7)
+    fig.suptitle(f"shape suite: weight bandwidth against copy (steady state at M <= 16)\n{title}", fontsize=10)
     return fig

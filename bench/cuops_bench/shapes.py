@@ -80,8 +80,13 @@ class Product:
 
     def operands(self, dtype: torch.dtype, device: str, generator: torch.Generator | None = None):
         """(a, b) with the strides the product has in a model: views of freshly drawn row-major tensors."""
+        # Drawn where the generator lives (the device's default one when none is given): the largest
+        # sets hold 10^8+ elements, seconds a set on the host.
+        draw_on = generator.device if generator is not None else device
+
         def randn(*shape):
-            return torch.randn(*shape, generator=generator, dtype=torch.float32).to(dtype=dtype, device=device)
+            return torch.randn(*shape, generator=generator, dtype=torch.float32, device=draw_on).to(
+                dtype=dtype, device=device)
         L, t = self.linear, self.tokens
         if self.kind == "forward":
             return randn(t, L.k), randn(L.n, L.k).t()       # x, W.t()
@@ -90,12 +95,16 @@ class Product:
         return randn(t, L.n).t(), randn(t, L.k)             # g.t(), x
 
 
-def products(models=None, tokens=DECODE_M + MID_M + LARGE_M, kinds=("forward", "input_grad", "weight_grad")):
+def products(models=None, tokens=DECODE_M + MID_M + LARGE_M, kinds=("forward", "input_grad", "weight_grad"),
+             scale: int = 1):
     """Every product of the chosen models' Linears at the chosen token counts. Weight gradients are
-    listed for the training token counts only (M >= 128): at decode there is no backward."""
+    listed for the training token counts only (M >= 128): at decode there is no backward. scale > 1
+    divides every Linear's features by it (the cpu smoke run's tiny shapes, same structure)."""
     out = []
     for model in (models or MODELS):
         for L in MODELS[model]:
+            if scale != 1:
+                L = Linear(L.model, L.name, max(1, L.k // scale), max(1, L.n // scale))
             for t in tokens:
                 if "forward" in kinds:
                     out.append(Product(L, "forward", t, t, L.n, L.k, "k", "k"))

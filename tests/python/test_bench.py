@@ -38,6 +38,38 @@ def test_cpu_smoke_run(tmp_path):
         assert any(ln.startswith(op + " ") for ln in lines), (op, proc.stdout)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the harness's CPU smoke run: CI runs it; on a GPU machine bench/run.py is "
+                                     "the real run")
+def test_cpu_smoke_shapes_and_llama(tmp_path):
+    """The sections a run measures only when named (the shape suite, the Llama-style model), at the cpu
+    config's tiny sizes: every row runs, the class summary and the model's agreement checks are filled."""
+    library = str(LIBRARY.absolute())
+    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama", "--out", tmp_path], tmp_path,
+               CUOPS_LIBRARY=library)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "cpu_smoke.json").read_text())
+    assert "section_errors" not in results, results["section_errors"]
+    shapes = [r for r in results["rows"] if r["family"] == "gemm_shape"]
+    assert shapes and all(r["status"] == "ok" for r in shapes), [r for r in shapes if r["status"] != "ok"]
+    assert {r["class"] for r in shapes} == {"decode", "mid", "training"}
+    decode = [r for r in shapes if r["class"] == "decode"]
+    assert all(r["fraction"] and r["baselines"]["torch"]["fraction"] and r["flushed_ms"] for r in decode)
+    compiled = [r for r in decode if "compiled" in r["baselines"]]
+    assert compiled and all(r["baselines"]["compiled"].get("ratio") for r in compiled), compiled
+    assert all(r["kind"] == "forward" and r["dtype"] in ("bfloat16", "float16") for r in compiled)
+    summary = {(c["class"], c["variant"]): c for c in results["shape_classes"]}
+    assert summary[("decode", "bfloat16")]["geomean_ratio"] > 0 and "compiled" in summary[("decode", "bfloat16")]
+    assert summary[("training", "tf32")]["worst"]["label"]
+    llama = {(r["op"], r["batch"]): r for r in results["rows"] if r["family"] == "llama"}
+    assert set(llama) == {("prefill", 1), ("decode", 1), ("decode", 8)}
+    for r in llama.values():
+        assert r["status"] == "ok" and r["ratio"] > 0 and 0 <= r["check"]["argmax_agreement"] <= 1, r
+    assert len(llama[("decode", 8)]["check"]["free_running_prefix"]) == 8
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("decode   bf16 gpt-2") for ln in lines), proc.stdout
+    assert any(ln.startswith("prefill ") for ln in lines) and any(ln.startswith("decode       8") for ln in lines)
+
+
 def test_check_reads_committed_results():
     proc = run([BENCH / "check.py", BENCH / "results" / "h100.json", "--gemm", "--overhead"], ROOT)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr

@@ -1,10 +1,16 @@
-"""The sections a run can choose with --only, in the order they run. Adding one (gemm_shapes, models)
-is a module with run(ctx: context.Run) and a line here."""
-from . import elementwise, gemm_squares, norm, overhead
+"""The sections a run can choose with --only, in the order they run. Adding one is a module with
+run(ctx: context.Run) and a line here."""
+from . import elementwise, gemm_shapes, gemm_squares, llama, norm, overhead
 
 SECTIONS = {
     "elementwise": elementwise.run,
     "norm": norm.run,
     "gemm": gemm_squares.run,
     "overhead": overhead.run,
+    "gemm_shapes": gemm_shapes.run,
+    "llama": llama.run,
 }
+# What a run without --only measures: the sections that fit the bench's slot on the GPU machine (one
+# 10-minute device call, tools/gpu_check.sh). The shape suite (tens of minutes over every class and
+# dtype, more with compiled baselines) and the model run when named: --only gemm_shapes,llama (or all).
+DEFAULT = ("elementwise", "norm", "gemm", "overhead")
