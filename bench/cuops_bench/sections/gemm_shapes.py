@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..context import SHAPE_VARIANTS, Run
+from .gemm_squares import record_rounds
 from ..harness import (DTYPES, MAX_POOL_SETS, Baseline, Bench, BudgetSpent, SteadyLoop, error_text, guarded, log,
                        rotating, steady_pool_count, steady_timer_name)
 from ..shapes import Product, products
@@ -175,15 +176,8 @@ def time_rounds(bench: Bench, row: dict, pool: list, copy: dict) -> None:
     """Compute-bound rows: the square GEMMs' protocol (alternating rounds, do_bench with flush)."""
     base = torch_baseline(pool)
     rounds = bench.alternating_rounds(base.fn, rotating(pool, torch.ops.cuops.mm), row["M"] * row["N"] * row["K"])
-    base_ms, ms = rounds.baseline_ms, rounds.cuops_ms
-    entry = {"label": base.label, "call": base.call, "ms": base_ms, "runs_ms": [b.ms for b in rounds.baseline],
-             "reps": sum(b.reps for b in rounds.baseline), "TFLOPs": row["flops"] / base_ms / 1e9,
-             "ratio": base_ms / ms}
-    row["baselines"] = {"torch": entry}
-    row.update(status="ok", cuops_ms=ms, cuops_runs_ms=[t.ms for t in rounds.cuops],
-               cuops_reps=sum(t.reps for t in rounds.cuops), timer=rounds.timer,
-               single_ms=rounds.cuops[0].single_ms, cuops_TFLOPs=row["flops"] / ms / 1e9,
-               ratio=entry["ratio"], ceiling="torch.mm", fraction=entry["ratio"])
+    record_rounds(row, base, rounds, key="torch")
+    row["ceiling"] = "torch.mm"
     if "weight_bytes" in row:  # a skinny row outside the decode class (--shapes tokens up to 64)
         row.update(weight_rate(row["weight_bytes"], ms, copy.get("GBps")), ceiling="copy",
                    copy_bytes=copy.get("buffer_bytes"), copy_GBps=copy.get("GBps"))

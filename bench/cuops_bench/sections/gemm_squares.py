@@ -97,13 +97,14 @@ def time_row(bench: Bench, row: dict, pool: list, calls: tuple, slow_reason: str
     record_rounds(row, base, rounds)
 
 
-def record_rounds(row: dict, base: Baseline, rounds: Rounds) -> None:
-    """Fills a GEMM row (with "flops") from its alternating rounds against one cuBLAS baseline."""
+def record_rounds(row: dict, base: Baseline, rounds: Rounds, key: str = "cublas") -> None:
+    """Fills a GEMM row (with "flops") from its alternating rounds against one baseline, stored under
+    row["baselines"][key] (the square rows call cuBLAS "cublas", the shape suite torch.mm "torch")."""
     base_ms, ms = rounds.baseline_ms, rounds.cuops_ms
     cublas = {"label": base.label, "call": base.call, "ms": base_ms, "runs_ms": [b.ms for b in rounds.baseline],
               "reps": sum(b.reps for b in rounds.baseline), "TFLOPs": row["flops"] / base_ms / 1e9,
               "ratio": base_ms / ms}
-    row["baselines"] = {"cublas": cublas}
+    row["baselines"] = {key: cublas}
     row.update(status="ok", cuops_ms=ms, cuops_runs_ms=[t.ms for t in rounds.cuops],
                cuops_reps=sum(t.reps for t in rounds.cuops), timer=rounds.timer,
                single_ms=rounds.cuops[0].single_ms, cuops_TFLOPs=row["flops"] / ms / 1e9,
