@@ -261,6 +261,8 @@ cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaSt
 cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 // Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny.cu).
 bool skinny_clusters_on(int dev);
+// Whether its streaming form (TMA) runs on device `dev`: the above, and the driver's tensor-map encoder.
+bool skinny_tma_on(int dev);
 // Whether this library's sm_90a wgmma kernel runs on device `dev` and how many clusters of two of it
 // fit there (kernels/gemm_wgmma.cu; a build without sm_90a answers no).
 bool wgmma_runs_on(int dev, int& pair_clusters);

@@ -15,6 +15,11 @@
 // |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
+// | small-M bf16/fp16, sm_90 (GemmDevice::         | streaming form: TMA ring of 4 stages of | per-lane loads held 32 KB per SM in flight at most |
+// |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   (0.63 of copy at 4096 x 14336); the ring holds   |
+// |                                                |   4 warps on 16 outputs each            |   ~160 KB and reads 256-byte runs per weight row   |
+// | streaming split of k                           | CTAs of a cluster to two per SM, >= 8   | every CTA resident: no wave tail; short slices     |
+// |                                                |   stages each, <= 8                     |   spend their time filling the ring                |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
@@ -162,6 +167,28 @@ void skinny_split(GemmPlan& p, int rw, int kw, int split) {
   p.bn = p.sk_tokens_m ? g.outputs * rw : p.sk_mt;
 }
 
+// The streaming form reads the weight and x by TMA: both must be describable (and not empty).
+bool skinny_streams(const GemmPlan& p) {
+  const int64_t k = p.req.k, tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
+  const int64_t ldx = p.sk_tokens_m ? p.lda : p.ldb, ldw = p.sk_tokens_m ? p.ldb : p.lda;
+  return k > 0 && tma_describes(k, tokens, ldx) &&
+         (p.sk_w_kmajor ? tma_describes(k, outputs, ldw) : tma_describes(outputs, k, ldw));
+}
+
+// The least number of ring stages of k a streaming CTA walks: fewer and its ring never fills.
+constexpr int64_t kSkinnyMinStages = 8;
+
+void skinny_stream(GemmPlan& p, int stages, int chunk, int split) {
+  const int64_t outputs = p.sk_tokens_m ? p.n : p.m;
+  p.sk_tma = true;
+  p.sk_stages = stages, p.sk_chunk = chunk;
+  p.sk_rw = kSkinnyWarps, p.sk_kw = 1, p.sk_split = split;
+  p.sk_slice = std::max<int64_t>(1, cdiv(cdiv(p.req.k, chunk), split)) * chunk;
+  p.grid = cdiv(outputs, kSkinnyTma.outputs);
+  p.bm = p.sk_tokens_m ? p.sk_mt : kSkinnyTma.outputs;
+  p.bn = p.sk_tokens_m ? kSkinnyTma.outputs : p.sk_mt;
+}
+
 // The small-M kernel, where c's short side holds at most kSkinnyMaxTokens and that side's operand
 // has k contiguous (the copy-free forms of x @ W.t() and g @ W, and their transposes).
 bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
@@ -194,6 +221,16 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   }
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
+  if (half && dev.skinny_tma && skinny_streams(p)) {
+    // As many CTAs as two per SM hold (each keeps its ring of 4 stages in flight: ~160 KB per SM),
+    // k split over a cluster where the outputs' groups alone fall short, every CTA at least
+    // kSkinnyMinStages stages of k.
+    const int64_t chunks = cdiv(r.k, kSkinnyTma.chunk);
+    const int64_t cap = std::clamp<int64_t>(chunks / kSkinnyMinStages, 1, kSkinnyMaxCluster);
+    const int64_t split_tma = std::clamp<int64_t>(2 * dev.sms / cdiv(outputs, kSkinnyTma.outputs), 1, cap);
+    skinny_stream(p, kSkinnyTmaStages, kSkinnyTma.chunk, static_cast<int>(split_tma));
+    p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";
+  }
   return true;
 }
 
@@ -286,8 +323,19 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
 }
 
 GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
+  plan.sk_tma = false;
   skinny_split(plan, rw, kw, split);
   plan.why = "split set by with_split";
+  return plan;
+}
+
+GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split) {
+  if (plan.kernel != GemmKernel::Skinny || plan.req.dtype == DType::Float32 || !skinny_streams(plan)) {
+    plan.why = "with_stream: this plan cannot stream";
+    return plan;
+  }
+  skinny_stream(plan, stages, chunk, split);
+  plan.why = "stream set by with_stream";
   return plan;
 }
 

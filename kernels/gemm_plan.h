@@ -42,6 +42,9 @@ struct GemmDevice {
   // Whether the small-M kernel can split k over a cluster of CTAs that reduce through distributed
   // shared memory (compute capability 9.0 and up, and this build's code for it compiled for sm_90).
   bool clusters = false;
+  // Whether the small-M kernel's streaming form runs: the sm_90 code above and the driver's
+  // tensor-map encoder (the weight and x arrive by TMA).
+  bool skinny_tma = false;
 };
 
 enum class GemmKernel : int {
@@ -64,6 +67,11 @@ struct SkinnyGeometry {
   int outputs, chunk;
 };
 constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128}, kSkinnyFloatN{128, 4};
+// Its streaming form (bf16/fp16 on sm_90): a producer warp beside the kSkinnyWarps brings the
+// weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
+// stages per CTA; each of the other warps multiplies 16 of the CTA's outputs.
+constexpr SkinnyGeometry kSkinnyTma{64, 128};
+constexpr int kSkinnyTmaStages = 4;
 const char* kernel_name(GemmKernel k);
 
 // A copy the caller makes before launching: the operand's values into a fresh tensor whose rows are
@@ -94,6 +102,10 @@ struct GemmPlan {
   bool sk_tokens_m = true, sk_w_kmajor = true;
   int sk_mt = 0, sk_rw = 0, sk_kw = 0, sk_split = 1;
   int64_t sk_slice = 0;
+  // The streaming form (sk_rw = kSkinnyWarps, sk_kw = 1: its warps split the outputs, not k): ring
+  // stages and the k of one stage (sk_chunk, a multiple of 64: 128-byte swizzled boxes).
+  bool sk_tma = false;
+  int sk_stages = 0, sk_chunk = 0;
   // The table row that decided the kernel, for tests and the sweeps' logs.
   const char* why = "";
 };
@@ -110,6 +122,10 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
 // For experiments: a small-M plan with another split (warps along the outputs and along k, CTAs per
 // cluster along k; sk_rw * sk_kw == kSkinnyWarps), its slice and grid recomputed.
 GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
+// For experiments: a small-M plan on the streaming form with `stages` ring stages of `chunk` k and
+// `split` CTAs per cluster along k, its slice and grid recomputed (a plan that cannot stream stays
+// as it was, its why saying so).
+GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split);
 
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();

@@ -16,7 +16,10 @@
 //     no barrier and no ldmatrix.
 //   - float32 (both "highest" and TF32, which may compute in true FP32 and here does: the stream, not
 //     the multiplier, sets the pace) runs FP32 FMAs with the same stream structure.
+#include <cstdlib>
+
 #include "gemm.cuh"
+#include "tma.cuh"
 
 namespace cuops::kernels::detail {
 namespace {
@@ -486,6 +489,46 @@ __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
 }
 #endif
 
+// Writes the block's outputs [blockIdx.x * outs, + outs) for every token: alpha times the sum that
+// sum_at(t, o) points to in this CTA's shared memory (all of them written before the call), plus beta
+// times out. With a cluster along k (gridDim.y CTAs), each CTA stores a share and every output's sum
+// is taken over the cluster in rank order, whichever CTA finishes it. All threads of the block call.
+template <typename T, int MT, typename SumAt> __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at) {
+  const int split = static_cast<int>(gridDim.y);
+  int rank = 0;
+#if __CUDA_ARCH__ >= 900
+  if (split > 1) {
+    cluster_sync();
+    rank = static_cast<int>(cluster_rank());
+  }
+#else
+  if (split > 1) __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
+#endif
+  __syncthreads();
+  // Output element e: token e / outs, output e % outs (consecutive threads along o).
+  const int threads = static_cast<int>(blockDim.x);
+  for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * outs; e += threads * split) {
+    const int t = e / outs, o = e % outs;
+    const int64_t og = int64_t{blockIdx.x} * outs + o;
+    if (t >= s.tokens || og >= s.outputs) continue;
+    const float* sum = sum_at(t, o);
+    float v = *sum;
+#if __CUDA_ARCH__ >= 900
+    if (split > 1) {
+      v = ld_cluster(sum, 0);
+      for (int c = 1; c < split; ++c) v += ld_cluster(sum, c);
+    }
+#endif
+    T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
+    float r = s.alpha * v;
+    if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);  // beta == 0 never reads out
+    *dst = from_acc<T>(r);
+  }
+#if __CUDA_ARCH__ >= 900
+  if (split > 1) cluster_sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
 template <typename T, typename F, int MT>
 __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
   constexpr int kRows = F::kRows, kRed = MT * kRows;
@@ -509,41 +552,178 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
     for (int j = 1; j < s.kw; ++j) v += part(r * s.kw + j)[i];
     part(r * s.kw)[i] = v;
   }
-  const int split = static_cast<int>(gridDim.y);
-  int rank = 0;
+  // Output (t, o): the sum in the first k-warp's part of o's row of warps.
+  store_outputs<T, MT>(s, s.rw * kRows, [&](int t, int o) { return part((o / kRows) * s.kw) + t * kRows + o % kRows; });
+}
+
+// ---- The streaming form (sm_90, bf16/fp16; gemm_plan.h's kSkinnyTma)
+// Per CTA: 64 outputs over a slice of k. Warp kSkinnyWarps (the producer; one lane) keeps a ring of
+// stages full by TMA: a stage is the weight's 64 outputs x chunk k (k-contiguous: boxes of 64 rows x
+// 64 k, each row 128 bytes; o-contiguous: one box of chunk rows of k x 64 outputs) and x's
+// [MT tokens x chunk] (boxes of MT x 64; tokens past the last and k past the end arrive as zeros, so
+// no edge needs code). The other warps each multiply 16 of the outputs: ldmatrix from the 128-byte
+// swizzled tiles (conflict-free: the 8 rows of each 8 x 8 matrix sit in 8 different 16-byte units),
+// .trans for the o-contiguous weight, then m16n8k16 on out^T = W x^T. Each releases a stage to the
+// producer through the stage's `empty` barrier. Where per-lane loads kept at most ~32 KB per SM in
+// flight, each CTA here has its whole ring (4 x 18-20 KB) outstanding, and every weight row is read
+// in runs of chunk * 2 bytes.
+constexpr int kTmaThreads = (kSkinnyWarps + 1) * 32;
+constexpr int kTmaBox = 64;  // elements of one 128-byte swizzled box row
+
+// Dynamic shared memory of a streaming CTA: the ring, the part (MT x 64 sums), two barriers per
+// stage, and slack to align the ring to 1024 bytes (the swizzle's period).
+constexpr int tma_smem(int mt, int stages, int chunk) {
+  return stages * (kSkinnyTma.outputs + mt) * chunk * 2 + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// The shared-memory address of 16-byte unit `unit` of row `row` in a 128-byte swizzled box.
+__device__ __forceinline__ uint32_t swz(uint32_t box, int row, int unit) {
+  return box + row * 128 + ((unit ^ (row & 7)) << 4);
+}
+
+template <typename T, int MT, bool WK>
+__global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
+                                                                const __grid_constant__ CUtensorMap mx, Skinny s,
+                                                                int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
-  if (split > 1) {
-    cluster_sync();
-    rank = static_cast<int>(cluster_rank());
-  }
-#else
-  if (split > 1) __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
-#endif
-  __syncthreads();
-  // Output element e: token e / outputs-of-the-block, output e % that (consecutive threads along o).
-  const int outs = s.rw * kRows;
-  for (int e = threadIdx.x + rank * kThreads; e < MT * outs; e += kThreads * split) {
-    const int t = e / outs, o = e % outs;
-    const int64_t og = int64_t{blockIdx.x} * outs + o;
-    if (t >= s.tokens || og >= s.outputs) continue;
-    const int idx = t * kRows + o % kRows;
-    float* sum = part((o / kRows) * s.kw) + idx;
-    float v = *sum;
-#if __CUDA_ARCH__ >= 900
-    if (split > 1) {
-      // Every output's sum over the cluster in rank order, whichever CTA finishes it.
-      v = ld_cluster(sum, 0);
-      for (int c = 1; c < split; ++c) v += ld_cluster(sum, c);
+  constexpr int kOut = kSkinnyTma.outputs;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);
+  const int w_bytes = kOut * chunk * 2, stage_bytes = (kOut + MT) * chunk * 2;
+  float* const part = reinterpret_cast<float*>(smem + stages * stage_bytes);
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(part + MT * kOut);
+  const uint32_t full = smem_addr(bars), empty = full + 8 * stages;  // barrier i at + 8 i
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) {
+      mbar_init(bars + i, 1);
+      mbar_init(bars + stages + i, kSkinnyWarps);
     }
-#endif
-    T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
-    float r = s.alpha * v;
-    if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);  // beta == 0 never reads out
-    *dst = from_acc<T>(r);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-#if __CUDA_ARCH__ >= 900
-  if (split > 1) cluster_sync();  // no CTA leaves while another may still read its shared memory
+  __syncthreads();
+  const int row0 = static_cast<int>(blockIdx.x) * kOut;
+  const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);
+  const int n = static_cast<int>((ke - kb + chunk - 1) / chunk);
+  if (warp == kSkinnyWarps) {
+    if (lane == 0) {
+      for (int i = 0; i < n; ++i) {
+        const int slot = i % stages;
+        if (i >= stages) mbar_wait(empty + 8 * slot, (i / stages - 1) & 1);
+        const uint32_t bar = full + 8 * slot, wt = base + slot * stage_bytes, xt = wt + w_bytes;
+        mbar_expect_tx(bar, stage_bytes);
+        const int k = static_cast<int>(kb + int64_t{i} * chunk);
+        if constexpr (!WK) tma_load(wt, &mw, row0, k, bar);
+        for (int b = 0; b < chunk / kTmaBox; ++b) {
+          if constexpr (WK) tma_load(wt + b * kOut * 128, &mw, k + b * kTmaBox, row0, bar);
+          tma_load(xt + b * MT * 128, &mx, k + b * kTmaBox, 0, bar);
+        }
+      }
+    }
+  } else {
+    float acc[MT / 8][4] = {};
+    for (int i = 0; i < n; ++i) {
+      const int slot = i % stages;
+      mbar_wait(full + 8 * slot, (i / stages) & 1);
+      const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
+#pragma unroll 4
+      for (int kk = 0; kk < chunk / 16; ++kk) {
+        const int box = kk / 4, unit = (kk % 4) * 2;  // the 16 k's first unit in their box
+        uint32_t a[4];
+        if constexpr (WK) {
+          // Matrices: outputs 0-7 / 8-15 of the warp's 16 at k units `unit`, `unit` + 1.
+          const int row = 16 * warp + (lane & 15);
+          ldsm_x4(a, swz(wt + box * kOut * 128, row, unit + (lane >> 4)));
+        } else {
+          // Matrices: rows k 0-7 / 8-15 of the 16, outputs 0-7 / 8-15 of the warp's, transposed.
+          const int kr = 16 * kk + (lane & 7) + ((lane >> 4) << 3);
+          ldsm_x4_trans(a, swz(wt, kr, 2 * warp + ((lane >> 3) & 1)));
+        }
+        const uint32_t xb = xt + box * MT * 128;
+        if constexpr (MT == 16) {
+          // Matrices: tokens 0-7 at units `unit`, +1; tokens 8-15 at the same.
+          const int xr = (lane & 7) + ((lane >> 4) << 3);
+          uint32_t b[4];
+          ldsm_x4(b, swz(xb, xr, unit + ((lane >> 3) & 1)));
+          mma16816<T>(acc[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+          mma16816<T>(acc[1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        } else {
+          uint32_t b[2];
+          ldsm_x2(b, swz(xb, lane & 7, unit + ((lane >> 3) & 1)));
+          mma16816<T>(acc[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + 8 * slot);
+    }
+    // acc[j]: (output 16 warp + g, tokens 8j + 2q, +1), (output 16 warp + g + 8, the same tokens).
+    const int g = lane >> 2, q = lane & 3, o = 16 * warp + g;
+#pragma unroll
+    for (int j = 0; j < MT / 8; ++j) {
+      const int t = 8 * j + 2 * q;
+      part[t * kOut + o] = acc[j][0];
+      part[(t + 1) * kOut + o] = acc[j][1];
+      part[t * kOut + o + 8] = acc[j][2];
+      part[(t + 1) * kOut + o + 8] = acc[j][3];
+    }
+  }
+  store_outputs<T, MT>(s, kOut, [&](int t, int o) { return part + t * kOut + o; });
+#else
+  __trap();  // the planner streams only where the sm_90 code runs (GemmDevice::skinny_tma)
 #endif
+}
+
+template <typename T, int MT, bool WK>
+cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  const int stages = plan.sk_stages, chunk = plan.sk_chunk, split = plan.sk_split;
+  const int smem = tma_smem(MT, stages, chunk);
+  if (stages < 2 || chunk < kTmaBox || chunk > 256 || chunk % kTmaBox != 0 || s.slice % chunk != 0 ||
+      smem > 227 * 1024 || split < 1 || split > 8 || !grid_fits(plan.grid)) {
+    return cudaErrorInvalidValue;
+  }
+  CUtensorMap mw, mx;
+  const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kTmaBox, kSkinnyTma.outputs)
+                        : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kTmaBox, chunk)) &&
+                    make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kTmaBox, MT);
+  if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
+  constexpr auto kernel = gemm_skinny_tma<T, MT, WK>;
+  // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  cfg.gridDim = dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split));
+  cfg.blockDim = dim3(kTmaThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  if (split > 1) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(split), attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, mw, mx, s, stages, chunk);
+}
+
+template <typename T> cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  const bool k = plan.sk_w_kmajor;
+  if (plan.sk_mt == 8) return k ? launch_tma<T, 8, true>(plan, s, stream) : launch_tma<T, 8, false>(plan, s, stream);
+  if (plan.sk_mt == 16) return k ? launch_tma<T, 16, true>(plan, s, stream) : launch_tma<T, 16, false>(plan, s, stream);
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
@@ -601,6 +781,13 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
     s.x = p.b, s.ldx = p.ldb, s.w = p.a, s.ldw = p.lda;
     s.ldo_t = 1, s.ldo_n = p.ldc;
   }
+  if (plan.sk_tma) {
+    switch (plan.req.dtype) {
+      case DType::BFloat16: return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
+      case DType::Float16: return launch_tma_typed<__half>(plan, s, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   switch (plan.req.dtype) {
     case DType::BFloat16: return launch_half<__nv_bfloat16, HalfK, HalfN>(plan, s, stream);
     case DType::Float16: return launch_half<__half, HalfK, HalfN>(plan, s, stream);
@@ -623,6 +810,13 @@ bool skinny_clusters_on(int dev) {
     return false;
   }
   return attr.ptxVersion >= 90;
+}
+
+// CUOPS_DISABLE_SKINNY_TMA (read once) keeps Hopper on the per-lane forms: the tests' run of what
+// other GPUs take, and racecheck's (which does not model the ring's mbarrier transactions).
+bool skinny_tma_on(int dev) {
+  static const bool disabled = std::getenv("CUOPS_DISABLE_SKINNY_TMA") != nullptr;
+  return !disabled && skinny_clusters_on(dev) && tma_encoder() != nullptr;
 }
 
 }  // namespace cuops::kernels::detail

@@ -17,8 +17,6 @@
 // compiles for compute_90a (CUOPS_WGMMA_BUILD).
 #pragma once
 
-#include <cudaTypedefs.h>
-
 #include <cstdlib>
 
 #include "gemm.cuh"
@@ -394,46 +392,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 // ---- host side
 
-using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
-
-// The driver's tensor-map encoder, through the runtime (no link against libcuda); null if absent.
-EncodeTiled encoder() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      f = nullptr;
-    }
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
-template <typename T> constexpr CUtensorMapDataType tma_dtype() {
-  if constexpr (std::is_same_v<T, float>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-}
-
-// Tensor map of a row-major [outer, inner] operand with leading stride ld (elements), read in boxes
-// of [box_outer, box_inner] with the 128-byte swizzle. false where TMA cannot describe it (a stride
-// of 0 on an expanded view, sizes past its 32-bit coordinates).
-template <typename T>
-bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer, int64_t ld, uint32_t box_inner,
-              uint32_t box_outer) {
-  constexpr int64_t kElem = sizeof(T);
-  if (outer == 1) ld = (inner * kElem + 15) / 16 * 16 / kElem;  // never used; TMA wants a valid stride
-  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * kElem)};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encoder()(&map, tma_dtype<T>(), 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
+// Tensor maps: tma.cuh's make_map (one layout for both TMA kernels).
 
 // A launch of `grid` blocks of kWgThreads in clusters of `cm` along x, for the occupancy query and
 // the launch itself. Not copyable: cfg points at the member attribute.

@@ -23,7 +23,7 @@ bool wgmma_runs_on(int dev, int& pair_clusters) {
   const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && major == 9 &&
-                  minor == 0 && encoder() != nullptr && cudaFuncGetAttributes(&attr, pair) == cudaSuccess;
+                  minor == 0 && tma_encoder() != nullptr && cudaFuncGetAttributes(&attr, pair) == cudaSuccess;
   (void)cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
   if (!ok) return false;
   // Every pair instance runs one CTA per SM (384 threads at 232 registers), so how many pairs fit is

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include "gemm.cuh"
+#include "tma.cuh"
 
 namespace cuops::kernels::detail::wg {
 
@@ -14,22 +15,13 @@ using detail::mbar_arrive;
 using detail::mbar_expect_tx;
 using detail::mbar_init;
 using detail::mbar_wait;
+// So is the 2-D TMA load (tma.cuh, shared with the small-M GEMM).
+using detail::tma_load;
 // So are the cluster primitives (shared with the small-M GEMM's split-k reduction).
 using detail::cluster_rank;
 using detail::cluster_sync;
 using detail::map_cluster;
 using detail::mbar_arrive_cluster;
-
-// 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
-// Parts of the box outside the tensor arrive as zeros (and still count their bytes).
-// dst, bar: shared-memory addresses.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
 
 // The same load, multicast: the box lands at the same shared-memory offset in every CTA of the
 // cluster named in `mask`, each completing its bytes on its own barrier at `bar`'s offset.

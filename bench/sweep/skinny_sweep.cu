@@ -32,6 +32,13 @@ double copy_gbps() {
   return 2.0 * bytes / ms / 1e6;
 }
 
+// The streaming form's shared memory per CTA (kernels/gemm_skinny.cu's tma_smem), to skip rings that do
+// not fit.
+int tma_smem_bytes(int64_t m, int stages, int chunk) {
+  const int mt = m <= 8 ? 8 : 16;
+  return stages * (kSkinnyTma.outputs + mt) * chunk * 2 + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
+}
+
 struct Case {
   int64_t m, n, k;
   bool igrad;  // g @ W (weight n-major) rather than x @ W.t() (weight k-major)
@@ -80,15 +87,23 @@ void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double cop
          c.f32 ? "fp32" : "bf16", c.igrad ? "g @ W" : "x @ W.t()", (long long)c.m, (long long)c.n, (long long)c.k,
          gb, copies, tb * 1e3, gb / tb / copy);
   const GemmPlan base = plan_for(0);
+  // rw == 0: the planner's pick; rw < 0: the streaming form with `stages` of `chunk` k (kw: the split).
   struct Split {
     int rw, kw, split;
   };
-  std::vector<Split> splits{{0, 0, 0}, {4, 1, 1}, {4, 1, 2}, {4, 1, 4}, {4, 1, 8}, {2, 2, 1}, {2, 2, 2}, {2, 2, 4},
-                            {2, 2, 8}, {1, 4, 1}, {1, 4, 2}, {1, 4, 4}, {1, 4, 8}};
+  std::vector<Split> splits{{0, 0, 0}};
+  if (dev.skinny_tma && !c.f32) {
+    for (int stages : {3, 4, 6})
+      for (int chunk : {128, 256})
+        for (int split : {1, 2, 4, 8})
+          if (tma_smem_bytes(c.m, stages, chunk) <= 227 * 1024) splits.push_back({-stages, chunk, split});
+  }
+  for (Split sp : std::vector<Split>{{1, 4, 1}, {1, 4, 2}, {1, 4, 4}}) splits.push_back(sp);
   for (const Split& sp : splits) {
-    if (sp.split > 1 && !dev.clusters) continue;
+    if (sp.rw > 0 && sp.split > 1 && !dev.clusters) continue;
     auto plan_i = [&](int i) {
       GemmPlan p = plan_for(i);
+      if (sp.rw < 0) return with_stream(p, -sp.rw, sp.kw, sp.split);
       return sp.rw == 0 ? p : with_split(p, sp.rw, sp.kw, sp.split);
     };
     const GemmPlan p0 = plan_i(0);
@@ -108,9 +123,14 @@ void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double cop
     for (int i = 0; i < copies; ++i) plans.push_back(plan_i(i));
     const double tc = cycle_ms([&](int i) { launch_gemm(plans[i], nullptr); });
     CK(cudaGetLastError());
-    char name[64];
-    snprintf(name, sizeof name, "%s rw %d kw %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ", p0.sk_rw, p0.sk_kw,
-             p0.sk_split, (long long)p0.grid);
+    char name[96];
+    if (p0.sk_tma) {
+      snprintf(name, sizeof name, "%s tma stages %d chunk %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ",
+               p0.sk_stages, p0.sk_chunk, p0.sk_split, (long long)p0.grid);
+    } else {
+      snprintf(name, sizeof name, "%s rw %d kw %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ", p0.sk_rw,
+               p0.sk_kw, p0.sk_split, (long long)p0.grid);
+    }
     printf("  %-40s %7.1f us %5.2f of copy %6.3fx cuBLAS  err %.1e%s\n", name, tc * 1e3, gb / tc / copy, tb / tc, err,
            ok ? "" : "  FAIL");
   }
@@ -131,7 +151,7 @@ int main() {
   CB(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // fp32 stays true FP32, as "highest"
   const GemmDevice dev = current_gemm_device();
   const double copy = copy_gbps();
-  printf("device: %d SMs, clusters %d; copy %.0f GB/s\n", dev.sms, int(dev.clusters), copy);
+  printf("device: %d SMs, clusters %d, streaming form %d; copy %.0f GB/s\n", dev.sms, int(dev.clusters), int(dev.skinny_tma), copy);
   std::vector<int64_t> ms{1, 16};
   if (const char* e = getenv("SWEEP_M")) {
     ms.clear();

@@ -16,8 +16,10 @@ using cuops::kernels::GemmRequest;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
 
-const GemmDevice kH100{132, true, 66, true};
-const GemmDevice kA100{108, false, 0, false};
+const GemmDevice kH100{132, true, 66, true, true};
+// Hopper without the small-M kernel's streaming form (no tensor-map encoder): its per-lane form.
+const GemmDevice kH100Lanes{132, true, 66, true, false};
+const GemmDevice kA100{108, false, 0, false, false};
 
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -303,8 +305,8 @@ TEST(GemmPlan, SmallMTokensMayBeTheColumnsOfC) {
 
 TEST(GemmPlan, SmallMSplitsKWhereTheOutputsCannotFillTheSms) {
   // 4096 x 14336 (Llama down_proj): 256 groups of 16 outputs, 8 slices of k to reach 16 warps per SM:
-  // 4 warps of a block by a cluster of 2 on Hopper; the warps of one block elsewhere.
-  GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100);
+  // 4 warps of a block by a cluster of 2 on Hopper (the per-lane form); the warps of one block elsewhere.
+  GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100Lanes);
   EXPECT_EQ(p.sk_kw, 4);
   EXPECT_EQ(p.sk_split, 2);
   EXPECT_EQ(p.sk_slice, 14336 / 8);
@@ -313,28 +315,79 @@ TEST(GemmPlan, SmallMSplitsKWhereTheOutputsCannotFillTheSms) {
   EXPECT_EQ(p.sk_kw, 4);
   EXPECT_EQ(p.sk_split, 1);
   // 28672 outputs (gate_up): enough groups for the SMs, no cluster.
-  p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100);
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100Lanes);
   EXPECT_EQ(p.sk_rw, 1);
   EXPECT_EQ(p.sk_kw, 4);
   EXPECT_EQ(p.sk_split, 1);
   EXPECT_EQ(p.grid, 28672 / 16);
   // g @ W with 4096 outputs (64 groups of 64): clusters of 4 for bf16 (8 measured slower); float32's
   // 32 groups of 128 take 8.
-  p = plan_gemm(row_major(DType::BFloat16, 1, 4096, 14336), kH100);
+  p = plan_gemm(row_major(DType::BFloat16, 1, 4096, 14336), kH100Lanes);
   EXPECT_EQ(p.sk_split, 4);
-  p = plan_gemm(row_major(DType::Float32, 1, 4096, 14336), kH100);
+  p = plan_gemm(row_major(DType::Float32, 1, 4096, 14336), kH100Lanes);
   EXPECT_EQ(p.sk_split, 8);
   // A short k: slices of at least four chunks, a chunk at the least.
-  p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 96), kH100);
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 96), kH100Lanes);
   EXPECT_EQ(p.sk_kw, 1);
   EXPECT_EQ(p.sk_slice, 96);
-  p = plan_gemm(linear_forward(DType::Float32, 1, 64, 0), kH100);
+  p = plan_gemm(linear_forward(DType::Float32, 1, 64, 0), kH100Lanes);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
   EXPECT_EQ(p.sk_slice, 128);
   // The experiments' override recomputes the slice and the grid.
-  p = with_split(plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100), 1, 4, 8);
+  p = with_split(plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100Lanes), 1, 4, 8);
   EXPECT_EQ(p.sk_slice, 448);
   EXPECT_EQ(p.grid, 256);
+}
+
+using cuops::kernels::kSkinnyTma;
+using cuops::kernels::kSkinnyTmaStages;
+using cuops::kernels::with_stream;
+
+TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
+  // 4096 x 14336 (down_proj): 64 groups of 64 outputs; two CTAs per SM make 264, so clusters of 4,
+  // each CTA 28 stages of 128 k.
+  GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Skinny);
+  EXPECT_TRUE(p.sk_tma);
+  EXPECT_EQ(p.sk_stages, kSkinnyTmaStages);
+  EXPECT_EQ(p.sk_chunk, kSkinnyTma.chunk);
+  EXPECT_EQ(p.sk_rw, cuops::kernels::kSkinnyWarps);
+  EXPECT_EQ(p.sk_kw, 1);
+  EXPECT_EQ(p.grid, 64);
+  EXPECT_EQ(p.sk_split, 4);
+  EXPECT_EQ(p.sk_slice, 28 * 128);
+  // g @ W (the weight o-contiguous), fp16, 16 tokens: the same split.
+  p = plan_gemm(row_major(DType::Float16, 16, 4096, 14336), kH100);
+  EXPECT_TRUE(p.sk_tma);
+  EXPECT_FALSE(p.sk_w_kmajor);
+  EXPECT_EQ(p.sk_mt, 16);
+  EXPECT_EQ(p.sk_split, 4);
+  // 28672 outputs (gate_up): 448 groups, more than two per SM already: no cluster.
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100);
+  EXPECT_EQ(p.grid, 448);
+  EXPECT_EQ(p.sk_split, 1);
+  EXPECT_EQ(p.sk_slice, 4096);
+  // A short k: one stage, no split; the slice a whole stage past k (TMA's zeros fill it).
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 96), kH100);
+  EXPECT_TRUE(p.sk_tma);
+  EXPECT_EQ(p.sk_split, 1);
+  EXPECT_EQ(p.sk_slice, 128);
+  // Where it does not stream: float32 (FP32 cores, the per-lane ring), k = 0, no encoder, no sm_90.
+  EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Skinny);
+  EXPECT_FALSE(p.sk_tma);
+  EXPECT_FALSE(plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 4096), kH100Lanes).sk_tma);
+  EXPECT_FALSE(plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 4096), kA100).sk_tma);
+  // The experiments' overrides: another ring, or back to the per-lane form.
+  p = with_stream(plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100), 6, 256, 2);
+  EXPECT_EQ(p.sk_stages, 6);
+  EXPECT_EQ(p.sk_chunk, 256);
+  EXPECT_EQ(p.sk_slice, 28 * 256);
+  p = with_split(p, 1, 4, 2);
+  EXPECT_FALSE(p.sk_tma);
+  EXPECT_EQ(p.sk_kw, 4);
+  EXPECT_EQ(with_stream(plan_gemm(linear_forward(DType::Float32, 1, 64, 64), kH100), 4, 128, 1).sk_tma, false);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@ read once, as nn.Linear runs them (forward x @ W.t(), input gradient g @ W), in 
 Each case checks the result against float64 with poisoned outputs, on both sides of the planner's
 boundary (M = 16 takes the small-M kernel, M = 17 the tiled ones), with k and the outputs cut by every
 chunk and split, and the split reduction's determinism and CUDA-graph replay."""
+import os
+
 import pytest
 import torch
 
@@ -10,11 +12,20 @@ from conftest import REDUCTION_TOL, make, ops, rel_error, requires_cuda
 from test_ops import cuda_kernel_names, fast_kernel_tol, matmul_precision
 
 MAX_TOKENS = 16  # kernels/gemm_plan.h kSkinnyMaxTokens
+# The streaming form (TMA ring) runs bf16/fp16 on compute capability 9.0 unless switched off.
+STREAM_DISABLED = os.environ.get("CUOPS_DISABLE_SKINNY_TMA") is not None
+
+
+def streams(dtype):
+    return (dtype in (torch.bfloat16, torch.float16) and not STREAM_DISABLED
+            and torch.cuda.get_device_capability() == (9, 0))
 TOKENS = [1, 2, 3, 15, 16, 17, 63]
 # (outputs, k) chosen so the planner takes each of its splits on a 132-SM H100 (kernels/gemm_plan.cpp):
 # a cluster of 8 (few outputs, long k), four warps of one block, two warps, and a dot product's 3
 # outputs over a k of 20000; none of them a multiple of a chunk (32 / 16 / 128 / 4 k).
-OUTPUTS_K = [(1000, 4097), (4100, 1000), (24000, 333), (3, 20000)]
+# The streaming form (bf16/fp16 on sm_90): clusters of 4, none, none, 8 for the forward; (20000, 3)'s
+# input gradient has 3 outputs of an o-contiguous weight over a k of 20000 (a cluster of 8).
+OUTPUTS_K = [(1000, 4097), (4100, 1000), (24000, 333), (3, 20000), (20000, 3)]
 CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "highest"),
          (torch.float32, "high")]
 
@@ -91,12 +102,30 @@ def test_small_m_kernel_choice_at_the_boundary(dtype, precision, kind):
             ops.mm(a, b)  # first: the profiler may name a kernel loaded during the profiled call INVALID
             names = cuda_kernel_names(lambda: ops.mm(a, b))
         assert any("gemm_skinny" in n for n in names) == (m <= MAX_TOKENS), (m, names)
+        if m <= MAX_TOKENS:
+            assert any("gemm_skinny_tma" in n for n in names) == streams(dtype), names
+
+
+@requires_cuda
+@pytest.mark.skipif(STREAM_DISABLED, reason="already the per-lane run")
+def test_small_m_per_lane_forms_without_the_stream():
+    """The per-lane 16-bit forms that serve GPUs without sm_90 (and operands TMA cannot describe) stay
+    correct and chosen: this file's bf16/fp16 tests again with the streaming form switched off."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the per-lane forms already ran: this GPU has no streaming form")
+    import subprocess
+    import sys
+    env = dict(os.environ, CUOPS_DISABLE_SKINNY_TMA="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "float16"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
+    assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, summary
 
 
 @pytest.mark.quick
 @requires_cuda
 @pytest.mark.parametrize("dtype,precision", CASES, ids=str)
-@pytest.mark.parametrize("n_out,k_in", [(1000, 4097), (4096, 14336)], ids=str)
+@pytest.mark.parametrize("n_out,k_in", [(1000, 4097), (4096, 14336), (20000, 64)], ids=str)
 @pytest.mark.parametrize("kind", ["forward", "input_grad"])
 def test_small_m_split_reduction_is_bitwise_repeatable(dtype, precision, n_out, k_in, kind):
     """k split over warps and over a cluster's CTAs sums in a fixed order: the same bits every run,

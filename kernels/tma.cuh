@@ -1,0 +1,69 @@
+// The bulk tensor copy (TMA) as two kernels use it: the Hopper GEMM (gemm_wgmma.cuh) and the small-M
+// GEMM's streaming form (gemm_skinny.cu). Host side: the driver's tensor-map encoder and the one map
+// layout both read (row-major 2-D, 128-byte swizzle); device side: the 2-D load into shared memory.
+// The load is sm_90 PTX: call it only from code compiled for sm_90 and up (like common.cuh's
+// mbarrier expect_tx and try_wait forms).
+#pragma once
+
+#include <cudaTypedefs.h>
+
+#include "common.cuh"
+
+namespace cuops::kernels::detail {
+
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda); null if absent.
+inline EncodeTiled tma_encoder() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+template <typename T> constexpr CUtensorMapDataType tma_dtype() {
+  if constexpr (std::is_same_v<T, float>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// Tensor map of a row-major [outer, inner] operand with leading stride ld (elements), read in boxes
+// of [box_outer, box_inner] with the 128-byte swizzle: 16-byte unit u of a box's row r lands at unit
+// u ^ (r % 8) of that row's 128 bytes (boxes start 1024-byte aligned). Parts of a box outside the
+// tensor arrive as zeros. false where TMA cannot describe the operand (a stride of 0 on an expanded
+// view, sizes past its 32-bit coordinates: gemm_plan.cpp's tma_describes, which the planner asks
+// first) or the encoder is missing.
+template <typename T>
+bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer, int64_t ld, uint32_t box_inner,
+              uint32_t box_outer) {
+  constexpr int64_t kElem = sizeof(T);
+  if (outer == 1) ld = (inner * kElem + 15) / 16 * 16 / kElem;  // never used; TMA wants a valid stride
+  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX || tma_encoder() == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * kElem)};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return tma_encoder()(&map, tma_dtype<T>(), 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
+// Parts of the box outside the tensor arrive as zeros (and still count their bytes).
+// dst, bar: shared-memory addresses.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+}  // namespace cuops::kernels::detail
