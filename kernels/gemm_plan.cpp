@@ -18,8 +18,8 @@
 // | small-M bf16/fp16, sm_90 (GemmDevice::         | streaming form: TMA ring of 4 stages of | per-lane loads held 32 KB per SM in flight at most |
 // |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   (0.63 of copy at 4096 x 14336); the ring holds   |
 // |                                                |   4 warps on 16 outputs each            |   ~160 KB and reads 256-byte runs per weight row   |
-// | streaming split of k                           | CTAs of a cluster to two per SM, >= 8   | every CTA resident: no wave tail; short slices     |
-// |                                                |   stages each, <= 8                     |   spend their time filling the ring                |
+// | streaming split of k                           | CTAs of a cluster to one per SM, >= 8   | all CTAs resident, no wave tail; larger clusters   |
+// |                                                |   stages each, <= 8                     |   measured slower; short slices only fill the ring |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
@@ -178,9 +178,9 @@ bool skinny_streams(const GemmPlan& p) {
 // The least number of ring stages of k a streaming CTA walks: fewer and its ring never fills.
 constexpr int64_t kSkinnyMinStages = 8;
 
-void skinny_stream(GemmPlan& p, int stages, int chunk, int split) {
+void skinny_stream(GemmPlan& p, int stages, int chunk, int split, bool pdl) {
   const int64_t outputs = p.sk_tokens_m ? p.n : p.m;
-  p.sk_tma = true;
+  p.sk_tma = true, p.sk_pdl = pdl;
   p.sk_stages = stages, p.sk_chunk = chunk;
   p.sk_rw = kSkinnyWarps, p.sk_kw = 1, p.sk_split = split;
   p.sk_slice = std::max<int64_t>(1, cdiv(cdiv(p.req.k, chunk), split)) * chunk;
@@ -222,13 +222,13 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
   if (half && dev.skinny_tma && skinny_streams(p)) {
-    // As many CTAs as two per SM hold (each keeps its ring of 4 stages in flight: ~160 KB per SM),
-    // k split over a cluster where the outputs' groups alone fall short, every CTA at least
-    // kSkinnyMinStages stages of k.
+    // About one CTA per SM (each keeps its ring of 4 stages, ~72 KB, in flight): k split over a
+    // cluster where the outputs' groups alone fall short, every CTA at least kSkinnyMinStages stages
+    // of k. Two per SM measured slower wherever it took a larger cluster (bench/NOTES.md).
     const int64_t chunks = cdiv(r.k, kSkinnyTma.chunk);
     const int64_t cap = std::clamp<int64_t>(chunks / kSkinnyMinStages, 1, kSkinnyMaxCluster);
-    const int64_t split_tma = std::clamp<int64_t>(2 * dev.sms / cdiv(outputs, kSkinnyTma.outputs), 1, cap);
-    skinny_stream(p, kSkinnyTmaStages, kSkinnyTma.chunk, static_cast<int>(split_tma));
+    const int64_t split_tma = std::clamp<int64_t>(dev.sms / cdiv(outputs, kSkinnyTma.outputs), 1, cap);
+    skinny_stream(p, kSkinnyTmaStages, kSkinnyTma.chunk, static_cast<int>(split_tma), true);
     p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";
   }
   return true;
@@ -323,18 +323,18 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
 }
 
 GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
-  plan.sk_tma = false;
+  plan.sk_tma = plan.sk_pdl = false;
   skinny_split(plan, rw, kw, split);
   plan.why = "split set by with_split";
   return plan;
 }
 
-GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split) {
+GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) {
   if (plan.kernel != GemmKernel::Skinny || plan.req.dtype == DType::Float32 || !skinny_streams(plan)) {
     plan.why = "with_stream: this plan cannot stream";
     return plan;
   }
-  skinny_stream(plan, stages, chunk, split);
+  skinny_stream(plan, stages, chunk, split, pdl);
   plan.why = "stream set by with_stream";
   return plan;
 }

@@ -104,7 +104,8 @@ struct GemmPlan {
   int64_t sk_slice = 0;
   // The streaming form (sk_rw = kSkinnyWarps, sk_kw = 1: its warps split the outputs, not k): ring
   // stages and the k of one stage (sk_chunk, a multiple of 64: 128-byte swizzled boxes).
-  bool sk_tma = false;
+  // sk_pdl: launched as a programmatic dependent (its prologue overlaps the previous kernel's tail).
+  bool sk_tma = false, sk_pdl = false;
   int sk_stages = 0, sk_chunk = 0;
   // The table row that decided the kernel, for tests and the sweeps' logs.
   const char* why = "";
@@ -123,9 +124,9 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
 // cluster along k; sk_rw * sk_kw == kSkinnyWarps), its slice and grid recomputed.
 GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
 // For experiments: a small-M plan on the streaming form with `stages` ring stages of `chunk` k and
-// `split` CTAs per cluster along k, its slice and grid recomputed (a plan that cannot stream stays
-// as it was, its why saying so).
-GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split);
+// `split` CTAs per cluster along k, its slice and grid recomputed, launched as a programmatic
+// dependent or not (a plan that cannot stream stays as it was, its why saying so).
+GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl = true);
 
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();

@@ -615,6 +615,12 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  // Launched as a programmatic dependent (plan.sk_pdl), this grid started while the previous kernel
+  // on the stream was still finishing: what ran so far touched only shared memory. Everything below
+  // reads or writes global memory, so it waits for that kernel to complete and its writes to be
+  // visible (a no-op otherwise). The next such kernel may start its own prologue now.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   __syncthreads();
   const int row0 = static_cast<int>(blockIdx.x) * kOut;
   const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);
@@ -635,50 +641,59 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
       }
     }
   } else {
-    float acc[MT / 8][4] = {};
+    // Two accumulator sets (even and odd 16-k steps) halve the chain of dependent mma per stage.
+    float acc[2][MT / 8][4] = {};
+    auto step = [&](float (&d)[MT / 8][4], uint32_t wt, uint32_t xt, int kk) {
+      const int box = kk / 4, unit = (kk % 4) * 2;  // the 16 k's first unit in their box
+      uint32_t a[4];
+      if constexpr (WK) {
+        // Matrices: outputs 0-7 / 8-15 of the warp's 16 at k units `unit`, `unit` + 1.
+        const int row = 16 * warp + (lane & 15);
+        ldsm_x4(a, swz(wt + box * kOut * 128, row, unit + (lane >> 4)));
+      } else {
+        // Matrices: rows k 0-7 / 8-15 of the 16, outputs 0-7 / 8-15 of the warp's, transposed.
+        const int kr = 16 * kk + (lane & 7) + ((lane >> 4) << 3);
+        ldsm_x4_trans(a, swz(wt, kr, 2 * warp + ((lane >> 3) & 1)));
+      }
+      const uint32_t xb = xt + box * MT * 128;
+      if constexpr (MT == 16) {
+        // Matrices: tokens 0-7 at units `unit`, +1; tokens 8-15 at the same.
+        const int xr = (lane & 7) + ((lane >> 4) << 3);
+        uint32_t b[4];
+        ldsm_x4(b, swz(xb, xr, unit + ((lane >> 3) & 1)));
+        mma16816<T>(d[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+        mma16816<T>(d[1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      } else {
+        uint32_t b[2];
+        ldsm_x2(b, swz(xb, lane & 7, unit + ((lane >> 3) & 1)));
+        mma16816<T>(d[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+      }
+    };
     for (int i = 0; i < n; ++i) {
       const int slot = i % stages;
       mbar_wait(full + 8 * slot, (i / stages) & 1);
       const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
-#pragma unroll 4
-      for (int kk = 0; kk < chunk / 16; ++kk) {
-        const int box = kk / 4, unit = (kk % 4) * 2;  // the 16 k's first unit in their box
-        uint32_t a[4];
-        if constexpr (WK) {
-          // Matrices: outputs 0-7 / 8-15 of the warp's 16 at k units `unit`, `unit` + 1.
-          const int row = 16 * warp + (lane & 15);
-          ldsm_x4(a, swz(wt + box * kOut * 128, row, unit + (lane >> 4)));
-        } else {
-          // Matrices: rows k 0-7 / 8-15 of the 16, outputs 0-7 / 8-15 of the warp's, transposed.
-          const int kr = 16 * kk + (lane & 7) + ((lane >> 4) << 3);
-          ldsm_x4_trans(a, swz(wt, kr, 2 * warp + ((lane >> 3) & 1)));
-        }
-        const uint32_t xb = xt + box * MT * 128;
-        if constexpr (MT == 16) {
-          // Matrices: tokens 0-7 at units `unit`, +1; tokens 8-15 at the same.
-          const int xr = (lane & 7) + ((lane >> 4) << 3);
-          uint32_t b[4];
-          ldsm_x4(b, swz(xb, xr, unit + ((lane >> 3) & 1)));
-          mma16816<T>(acc[0], a[0], a[1], a[2], a[3], b[0], b[1]);
-          mma16816<T>(acc[1], a[0], a[1], a[2], a[3], b[2], b[3]);
-        } else {
-          uint32_t b[2];
-          ldsm_x2(b, swz(xb, lane & 7, unit + ((lane >> 3) & 1)));
-          mma16816<T>(acc[0], a[0], a[1], a[2], a[3], b[0], b[1]);
-        }
+#pragma unroll 2
+      for (int kk = 0; kk < chunk / 16; kk += 2) {
+        step(acc[0], wt, xt, kk);
+        step(acc[1], wt, xt, kk + 1);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + 8 * slot);
     }
+#pragma unroll
+    for (int j = 0; j < MT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][j][e] += acc[1][j][e];
     // acc[j]: (output 16 warp + g, tokens 8j + 2q, +1), (output 16 warp + g + 8, the same tokens).
     const int g = lane >> 2, q = lane & 3, o = 16 * warp + g;
 #pragma unroll
     for (int j = 0; j < MT / 8; ++j) {
       const int t = 8 * j + 2 * q;
-      part[t * kOut + o] = acc[j][0];
-      part[(t + 1) * kOut + o] = acc[j][1];
-      part[t * kOut + o + 8] = acc[j][2];
-      part[(t + 1) * kOut + o + 8] = acc[j][3];
+      part[t * kOut + o] = acc[0][j][0];
+      part[(t + 1) * kOut + o] = acc[0][j][1];
+      part[t * kOut + o + 8] = acc[0][j][2];
+      part[(t + 1) * kOut + o + 8] = acc[0][j][3];
     }
   }
   store_outputs<T, MT>(s, kOut, [&](int t, int o) { return part + t * kOut + o; });
@@ -705,16 +720,21 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attrs[2]{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split));
   cfg.blockDim = dim3(kTmaThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
+  cfg.attrs = attrs;
   if (split > 1) {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(split), attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = 1, a.val.clusterDim.y = static_cast<unsigned>(split), a.val.clusterDim.z = 1;
+  }
+  if (plan.sk_pdl) {
+    cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
   }
   return cudaLaunchKernelEx(&cfg, kernel, mw, mx, s, stages, chunk);
 }

@@ -45,7 +45,8 @@ struct Case {
   bool f32;
 };
 
-void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double copy, int& failures) {
+void run_case(cublasHandle_t h, cudaStream_t stream, const GemmDevice& dev, const Case& c, double copy,
+              int& failures) {
   const size_t es = c.f32 ? 4 : 2;
   const size_t wbytes = size_t(c.n) * c.k * es;
   const int copies = std::max<int>(2, int(kPoolBytes / wbytes + 1));
@@ -76,10 +77,19 @@ void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double cop
                                    c.igrad, cs[i], 1.f, 0.f, false),
                      dev);
   };
+  // The cycle captured in one CUDA graph and replayed (what a decode step under graphs sees): the
+  // GPU's time alone, no host launch cost (the streaming form encodes two tensor maps per call).
   auto cycle_ms = [&](const std::function<void(int)>& f) {
-    return median_ms([&] {
-             for (int i = 0; i < copies; ++i) f(i);
-           }, 15) / copies;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < copies; ++i) f(i);
+    CK(cudaStreamEndCapture(stream, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms = median_ms([&] { CK(cudaGraphLaunch(exec, stream)); }, 15, {}, stream) / copies;
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    return ms;
   };
   const double tb = cycle_ms(cublas);
   const double gb = double(wbytes) / 1e6;
@@ -90,20 +100,23 @@ void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double cop
   // rw == 0: the planner's pick; rw < 0: the streaming form with `stages` of `chunk` k (kw: the split).
   struct Split {
     int rw, kw, split;
+    bool pdl = true;
   };
   std::vector<Split> splits{{0, 0, 0}};
   if (dev.skinny_tma && !c.f32) {
-    for (int stages : {3, 4, 6})
+    for (int stages : {3, 4})
       for (int chunk : {128, 256})
-        for (int split : {1, 2, 4, 8})
+        for (int split : {1, 2, 4})
           if (tma_smem_bytes(c.m, stages, chunk) <= 227 * 1024) splits.push_back({-stages, chunk, split});
+    const GemmPlan pick = plan_for(0);
+    if (pick.sk_tma) splits.push_back({-pick.sk_stages, pick.sk_chunk, pick.sk_split, false});
   }
   for (Split sp : std::vector<Split>{{1, 4, 1}, {1, 4, 2}, {1, 4, 4}}) splits.push_back(sp);
   for (const Split& sp : splits) {
     if (sp.rw > 0 && sp.split > 1 && !dev.clusters) continue;
     auto plan_i = [&](int i) {
       GemmPlan p = plan_for(i);
-      if (sp.rw < 0) return with_stream(p, -sp.rw, sp.kw, sp.split);
+      if (sp.rw < 0) return with_stream(p, -sp.rw, sp.kw, sp.split, sp.pdl);
       return sp.rw == 0 ? p : with_split(p, sp.rw, sp.kw, sp.split);
     };
     const GemmPlan p0 = plan_i(0);
@@ -121,12 +134,12 @@ void run_case(cublasHandle_t h, const GemmDevice& dev, const Case& c, double cop
     failures += !ok;
     std::vector<GemmPlan> plans;
     for (int i = 0; i < copies; ++i) plans.push_back(plan_i(i));
-    const double tc = cycle_ms([&](int i) { launch_gemm(plans[i], nullptr); });
+    const double tc = cycle_ms([&](int i) { CK(launch_gemm(plans[i], stream)); });
     CK(cudaGetLastError());
     char name[96];
     if (p0.sk_tma) {
-      snprintf(name, sizeof name, "%s tma stages %d chunk %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ",
-               p0.sk_stages, p0.sk_chunk, p0.sk_split, (long long)p0.grid);
+      snprintf(name, sizeof name, "%s tma stages %d chunk %d split %d grid %lld%s", sp.rw == 0 ? "pick" : "    ",
+               p0.sk_stages, p0.sk_chunk, p0.sk_split, (long long)p0.grid, p0.sk_pdl ? "" : " no-pdl");
     } else {
       snprintf(name, sizeof name, "%s rw %d kw %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ", p0.sk_rw,
                p0.sk_kw, p0.sk_split, (long long)p0.grid);
@@ -149,6 +162,9 @@ int main() {
   cublasHandle_t h;
   CB(cublasCreate(&h));
   CB(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // fp32 stays true FP32, as "highest"
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CB(cublasSetStream(h, stream));
   const GemmDevice dev = current_gemm_device();
   const double copy = copy_gbps();
   printf("device: %d SMs, clusters %d, streaming form %d; copy %.0f GB/s\n", dev.sms, int(dev.clusters), int(dev.skinny_tma), copy);
@@ -168,8 +184,8 @@ int main() {
     if (use_f32 && !f32) continue;
     for (int64_t m : ms)
       for (const auto& L : linears) {
-        run_case(h, dev, Case{m, L[1], L[0], false, use_f32}, copy, failures);  // x @ W.t(): n = out, k = in
-        run_case(h, dev, Case{m, L[0], L[1], true, use_f32}, copy, failures);   // g @ W: n = in, k = out
+        run_case(h, stream, dev, Case{m, L[1], L[0], false, use_f32}, copy, failures);  // x @ W.t(): n = out, k = in
+        run_case(h, stream, dev, Case{m, L[0], L[1], true, use_f32}, copy, failures);   // g @ W: n = in, k = out
       }
   }
   CB(cublasDestroy(h));

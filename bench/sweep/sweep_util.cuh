@@ -19,8 +19,9 @@
   } while (0)
 
 // Median of `reps` single-call event timings after 3 warm-up calls; `before` (if any) runs ahead of
-// each timed call, outside the timer (an L2 flush, say).
-inline float median_ms(const std::function<void()>& f, int reps = 30, const std::function<void()>& before = {}) {
+// each timed call, outside the timer (an L2 flush, say). The events are recorded on `stream`.
+inline float median_ms(const std::function<void()>& f, int reps = 30, const std::function<void()>& before = {},
+                       cudaStream_t stream = nullptr) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -28,9 +29,9 @@ inline float median_ms(const std::function<void()>& f, int reps = 30, const std:
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
     if (before) before();
-    CK(cudaEventRecord(e0));
+    CK(cudaEventRecord(e0, stream));
     f();
-    CK(cudaEventRecord(e1));
+    CK(cudaEventRecord(e1, stream));
     CK(cudaEventSynchronize(e1));
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));

@@ -344,8 +344,8 @@ using cuops::kernels::kSkinnyTmaStages;
 using cuops::kernels::with_stream;
 
 TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
-  // 4096 x 14336 (down_proj): 64 groups of 64 outputs; two CTAs per SM make 264, so clusters of 4,
-  // each CTA 28 stages of 128 k.
+  // 4096 x 14336 (down_proj): 64 groups of 64 outputs; about one CTA per SM, so clusters of 2, each
+  // CTA 56 stages of 128 k.
   GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
   EXPECT_TRUE(p.sk_tma);
@@ -354,14 +354,19 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_EQ(p.sk_rw, cuops::kernels::kSkinnyWarps);
   EXPECT_EQ(p.sk_kw, 1);
   EXPECT_EQ(p.grid, 64);
-  EXPECT_EQ(p.sk_split, 4);
-  EXPECT_EQ(p.sk_slice, 28 * 128);
+  EXPECT_EQ(p.sk_split, 2);
+  EXPECT_EQ(p.sk_slice, 56 * 128);
+  EXPECT_TRUE(p.sk_pdl);
   // g @ W (the weight o-contiguous), fp16, 16 tokens: the same split.
   p = plan_gemm(row_major(DType::Float16, 16, 4096, 14336), kH100);
   EXPECT_TRUE(p.sk_tma);
   EXPECT_FALSE(p.sk_w_kmajor);
   EXPECT_EQ(p.sk_mt, 16);
+  EXPECT_EQ(p.sk_split, 2);
+  // 1000 outputs over a k of 4104: 16 groups, a cluster of 4 (each CTA 8 or 9 stages).
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 1000, 4104), kH100);
   EXPECT_EQ(p.sk_split, 4);
+  EXPECT_EQ(p.sk_slice, 9 * 128);
   // 28672 outputs (gate_up): 448 groups, more than two per SM already: no cluster.
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100);
   EXPECT_EQ(p.grid, 448);
@@ -384,8 +389,10 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_EQ(p.sk_stages, 6);
   EXPECT_EQ(p.sk_chunk, 256);
   EXPECT_EQ(p.sk_slice, 28 * 256);
+  EXPECT_FALSE(with_stream(p, 6, 256, 2, false).sk_pdl);
   p = with_split(p, 1, 4, 2);
   EXPECT_FALSE(p.sk_tma);
+  EXPECT_FALSE(p.sk_pdl);
   EXPECT_EQ(p.sk_kw, 4);
   EXPECT_EQ(with_stream(plan_gemm(linear_forward(DType::Float32, 1, 64, 64), kH100), 4, 128, 1).sk_tma, false);
 }
