@@ -1,21 +1,26 @@
 // The small-M GEMM: out[t][o] = alpha * sum_k x[t][k] w(o, k) + beta * out[t][o] for at most
 // kSkinnyMaxTokens tokens t (a decode step's x @ W.t() and g @ W, gemm_plan.h). Such a product is
-// bound by reading the weight once, so everything here serves the stream:
-//   - every weight byte is read once, by 16-byte cp.async copies into a per-warp ring in shared
-//     memory that keeps several chunks in flight per warp at no cost in registers (x, small and
-//     re-read by every warp, is read through L1 as each chunk is multiplied);
-//   - k is split where the outputs alone cannot fill the SMs: over the warps of a block, then over the
-//     CTAs of a cluster (sm_90), and the partial sums meet in shared memory (the cluster's distributed
-//     shared memory) in a fixed order, so the bits are the same on every run and nothing is written
-//     to global memory but the result (no workspace, no counters: CUDA-graph replays just work);
+// bound by reading the weight once, so everything here serves the stream. Two families:
+//   - the streaming form (bf16/fp16 on sm_90, gemm_skinny_tma below): a producer warp keeps a ring of
+//     TMA stages (64 outputs x 128 k of the weight, and x's tokens at the same k) full, four warps
+//     multiply them on the tensor cores; ~72 KB in flight per CTA, within 2-5 % of a TMA read that
+//     does nothing else (bench/sweep/probe/stream_probe.cu, bench/NOTES.md);
+//   - the per-lane forms (every GPU; float32 everywhere): each lane loads its own 16-byte vectors
+//     (16-bit: into registers, two chunks ahead; float32: a per-warp cp.async ring), no staging.
+// Both:
+//   - k is split where the outputs alone cannot fill the SMs: over the warps of a block (per-lane
+//     forms), then over the CTAs of a cluster (sm_90), and the partial sums meet in shared memory
+//     (the cluster's distributed shared memory) in a fixed order, so the bits are the same on every
+//     run and nothing is written to global memory but the result (no workspace, no counters:
+//     CUDA-graph replays just work);
 //   - bf16/fp16 multiply on the tensor cores (mma.sync m16n8k16, float32 accumulation, the swapped
-//     product out^T = W x^T so the weight is the 16-row operand and the tokens the 8-wide one). A
-//     product's sum over k may take its terms in any order as long as both operands agree, so each
-//     lane's 16-byte vectors go into the fragments as they are (the k-contiguous weight), or after a
-//     byte permute (the o-contiguous one): each lane reads back only what it copied, so the ring needs
-//     no barrier and no ldmatrix.
+//     product out^T = W x^T so the weight is the 16-row operand and the tokens the 8-wide one). In the
+//     per-lane forms a product's sum over k may take its terms in any order as long as both operands
+//     agree, so each lane's 16-byte vectors go into the fragments as they are (the k-contiguous
+//     weight), or after a byte permute (the o-contiguous one): no shared memory, no ldmatrix;
 //   - float32 (both "highest" and TF32, which may compute in true FP32 and here does: the stream, not
-//     the multiplier, sets the pace) runs FP32 FMAs with the same stream structure.
+//     the multiplier, sets the pace up to M = 4; at M >= 8 it is why TF32 trails cuBLAS) runs FP32
+//     FMAs.
 #include <cstdlib>
 
 #include "gemm.cuh"
