@@ -24,7 +24,8 @@ TOKENS = [1, 2, 3, 15, 16, 17, 63]
 # a cluster of 8 (few outputs, long k), four warps of one block, two warps, and a dot product's 3
 # outputs over a k of 20000; none of them a multiple of a chunk (32 / 16 / 128 / 4 k).
 # The streaming form (bf16/fp16 on sm_90): clusters of 4, none, none, 8 for the forward; (20000, 3)'s
-# input gradient has 3 outputs of an o-contiguous weight over a k of 20000 (a cluster of 8).
+# input gradient at M <= 3 has 3 outputs of an o-contiguous weight over a k of 20000 (a cluster of 8;
+# at larger M c's short side is its 3 columns, whose operand is not k-contiguous: the tiled kernels).
 OUTPUTS_K = [(1000, 4097), (4100, 1000), (24000, 333), (3, 20000), (20000, 3)]
 CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "highest"),
          (torch.float32, "high")]
@@ -45,11 +46,19 @@ def linear_operands(kind, m, n_out, k_in, dtype):
     return padded(m, n_out, dtype), padded(n_out, k_in, dtype)
 
 
+def takes_small_m(a, b):
+    """Whether the planner gives a @ b (c row-major) to the small-M kernel (kernels/gemm_plan.cpp
+    plan_skinny): c's rows are the tokens (at most 16, not more than the columns, a's k contiguous), or
+    its columns are (at most 16, b's k contiguous)."""
+    m, n = a.shape[0], b.shape[1]
+    return (m <= MAX_TOKENS and m <= n and a.stride(1) == 1) or (n <= MAX_TOKENS and b.stride(0) == 1)
+
+
 def check_products(a, b, dtype, precision):
     ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
     # TF32 allowed: the small-M kernel computes float32 in true FP32 all the same (its stream, not its
     # multiplies, sets the pace), so hold it to float32's bound where it runs.
-    small = min(a.shape[0], b.shape[1]) <= MAX_TOKENS and dtype == torch.float32
+    small = takes_small_m(a, b) and dtype == torch.float32
     tol = REDUCTION_TOL[torch.float32] if small else fast_kernel_tol(dtype, precision)
     with matmul_precision(precision):
         out = ops.mm(a, b)
