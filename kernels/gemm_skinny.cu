@@ -647,44 +647,48 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
     }
   } else {
     // Two accumulator sets (even and odd 16-k steps) halve the chain of dependent mma per stage.
+    // Each 128 k of a stage is read into registers first (ldmatrix), and the stage is released to the
+    // producer after its last such read, before the multiplies: the ring refills while they run.
+    constexpr int kSteps = 8;  // 16-k steps per 128 k
+    constexpr int kB = MT == 16 ? 4 : 2;
     float acc[2][MT / 8][4] = {};
-    auto step = [&](float (&d)[MT / 8][4], uint32_t wt, uint32_t xt, int kk) {
+    uint32_t a[kSteps][4], b[kSteps][kB];
+    auto load = [&](uint32_t wt, uint32_t xt, int kk, uint32_t (&ra)[4], uint32_t (&rb)[kB]) {
       const int box = kk / 4, unit = (kk % 4) * 2;  // the 16 k's first unit in their box
-      uint32_t a[4];
       if constexpr (WK) {
         // Matrices: outputs 0-7 / 8-15 of the warp's 16 at k units `unit`, `unit` + 1.
         const int row = 16 * warp + (lane & 15);
-        ldsm_x4(a, swz(wt + box * kOut * 128, row, unit + (lane >> 4)));
+        ldsm_x4(ra, swz(wt + box * kOut * 128, row, unit + (lane >> 4)));
       } else {
         // Matrices: rows k 0-7 / 8-15 of the 16, outputs 0-7 / 8-15 of the warp's, transposed.
         const int kr = 16 * kk + (lane & 7) + ((lane >> 4) << 3);
-        ldsm_x4_trans(a, swz(wt, kr, 2 * warp + ((lane >> 3) & 1)));
+        ldsm_x4_trans(ra, swz(wt, kr, 2 * warp + ((lane >> 3) & 1)));
       }
       const uint32_t xb = xt + box * MT * 128;
       if constexpr (MT == 16) {
         // Matrices: tokens 0-7 at units `unit`, +1; tokens 8-15 at the same.
-        const int xr = (lane & 7) + ((lane >> 4) << 3);
-        uint32_t b[4];
-        ldsm_x4(b, swz(xb, xr, unit + ((lane >> 3) & 1)));
-        mma16816<T>(d[0], a[0], a[1], a[2], a[3], b[0], b[1]);
-        mma16816<T>(d[1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        ldsm_x4(rb, swz(xb, (lane & 7) + ((lane >> 4) << 3), unit + ((lane >> 3) & 1)));
       } else {
-        uint32_t b[2];
-        ldsm_x2(b, swz(xb, lane & 7, unit + ((lane >> 3) & 1)));
-        mma16816<T>(d[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+        ldsm_x2(rb, swz(xb, lane & 7, unit + ((lane >> 3) & 1)));
       }
     };
     for (int i = 0; i < n; ++i) {
       const int slot = i % stages;
       mbar_wait(full + 8 * slot, (i / stages) & 1);
       const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
-#pragma unroll 2
-      for (int kk = 0; kk < chunk / 16; kk += 2) {
-        step(acc[0], wt, xt, kk);
-        step(acc[1], wt, xt, kk + 1);
+      for (int k0 = 0; k0 < chunk / 16; k0 += kSteps) {
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) load(wt, xt, k0 + s, a[s], b[s]);
+        if (k0 + kSteps == chunk / 16) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty + 8 * slot);
+        }
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+          mma16816<T>(acc[s & 1][0], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
+          if constexpr (MT == 16) mma16816<T>(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
+        }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + 8 * slot);
     }
 #pragma unroll
     for (int j = 0; j < MT / 8; ++j)

@@ -104,7 +104,7 @@ void run_case(cublasHandle_t h, cudaStream_t stream, const GemmDevice& dev, cons
   };
   std::vector<Split> splits{{0, 0, 0}};
   if (dev.skinny_tma && !c.f32) {
-    for (int stages : {3, 4})
+    for (int stages : {3, 4, 6, 8})
       for (int chunk : {128, 256})
         for (int split : {1, 2, 4})
           if (tma_smem_bytes(c.m, stages, chunk) <= 227 * 1024) splits.push_back({-stages, chunk, split});
