@@ -15,11 +15,12 @@
 // |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
-// | small-M bf16/fp16, sm_90 (GemmDevice::         | streaming form: TMA ring of 4 stages of | per-lane loads held 32 KB per SM in flight at most |
-// |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   (0.63 of copy at 4096 x 14336); the ring holds   |
-// |                                                |   4 warps on 16 outputs each            |   ~160 KB and reads 256-byte runs per weight row   |
-// | streaming split of k                           | CTAs of a cluster to one per SM, >= 8   | all CTAs resident, no wave tail; larger clusters   |
-// |                                                |   stages each, <= 8                     |   measured slower; short slices only fill the ring |
+// | small-M bf16/fp16, sm_90 (GemmDevice::         | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
+// |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   of copy at 4096 x 14336); the ring ~72-160 KB:   |
+// |                                                |   4 warps on 16 outputs each            |   0.87-1.00 of copy, level with cuBLAS or ahead    |
+// | streaming, groups of 64 outputs <= SMs / 2     | stages of 256 k (one CTA per SM); k     | bytes in flight set the pace, not CTAs; clusters   |
+// |                                                |   split over a cluster up to SMs / 2    |   cost (4 CTAs slower everywhere); short slices    |
+// |                                                |   CTAs, >= 8 stages each                |   only fill the ring                               |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
@@ -222,13 +223,16 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
   if (half && dev.skinny_tma && skinny_streams(p)) {
-    // About one CTA per SM (each keeps its ring of 4 stages, ~72 KB, in flight): k split over a
-    // cluster where the outputs' groups alone fall short, every CTA at least kSkinnyMinStages stages
-    // of k. Two per SM measured slower wherever it took a larger cluster (bench/NOTES.md).
-    const int64_t chunks = cdiv(r.k, kSkinnyTma.chunk);
-    const int64_t cap = std::clamp<int64_t>(chunks / kSkinnyMinStages, 1, kSkinnyMaxCluster);
-    const int64_t split_tma = std::clamp<int64_t>(dev.sms / cdiv(outputs, kSkinnyTma.outputs), 1, cap);
-    skinny_stream(p, kSkinnyTmaStages, kSkinnyTma.chunk, static_cast<int>(split_tma), true);
+    // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
+    // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
+    // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
+    // up to half the SMs, every CTA at least kSkinnyMinStages stages; elsewhere two CTAs per SM.
+    const int64_t groups = cdiv(outputs, kSkinnyTma.outputs);
+    const bool deep = groups <= dev.sms / 2;
+    const int chunk = deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk;
+    const int64_t cap = std::clamp<int64_t>(cdiv(r.k, chunk) / kSkinnyMinStages, 1, kSkinnyMaxCluster);
+    const int64_t split_tma = deep ? std::clamp<int64_t>(dev.sms / 2 / groups, 1, cap) : 1;
+    skinny_stream(p, kSkinnyTmaStages, chunk, static_cast<int>(split_tma), true);
     p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";
   }
   return true;

@@ -69,9 +69,11 @@ struct SkinnyGeometry {
 constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128}, kSkinnyFloatN{128, 4};
 // Its streaming form (bf16/fp16 on sm_90): a producer warp beside the kSkinnyWarps brings the
 // weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
-// stages per CTA; each of the other warps multiplies 16 of the CTA's outputs.
+// stages per CTA; each of the other warps multiplies 16 of the CTA's outputs. A stage holds
+// kSkinnyTma.chunk k where the outputs' groups of 64 fill more than half the SMs (two CTAs fit per
+// SM), kSkinnyTmaDeepChunk where fewer (one CTA per SM, twice the bytes in flight each).
 constexpr SkinnyGeometry kSkinnyTma{64, 128};
-constexpr int kSkinnyTmaStages = 4;
+constexpr int kSkinnyTmaStages = 4, kSkinnyTmaDeepChunk = 256;
 const char* kernel_name(GemmKernel k);
 
 // A copy the caller makes before launching: the operand's values into a fresh tensor whose rows are

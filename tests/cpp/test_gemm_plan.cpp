@@ -344,39 +344,43 @@ using cuops::kernels::kSkinnyTmaStages;
 using cuops::kernels::with_stream;
 
 TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
-  // 4096 x 14336 (down_proj): 64 groups of 64 outputs; about one CTA per SM, so clusters of 2, each
-  // CTA 56 stages of 128 k.
+  // 4096 x 14336 (down_proj): 64 groups of 64 outputs, at most half the SMs: deep stages (256 k, one
+  // CTA per SM), no cluster (64 CTAs already half the SMs), 56 stages each.
   GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
   EXPECT_TRUE(p.sk_tma);
+  EXPECT_TRUE(p.sk_pdl);
   EXPECT_EQ(p.sk_stages, kSkinnyTmaStages);
-  EXPECT_EQ(p.sk_chunk, kSkinnyTma.chunk);
+  EXPECT_EQ(p.sk_chunk, cuops::kernels::kSkinnyTmaDeepChunk);
   EXPECT_EQ(p.sk_rw, cuops::kernels::kSkinnyWarps);
   EXPECT_EQ(p.sk_kw, 1);
   EXPECT_EQ(p.grid, 64);
-  EXPECT_EQ(p.sk_split, 2);
-  EXPECT_EQ(p.sk_slice, 56 * 128);
-  EXPECT_TRUE(p.sk_pdl);
-  // g @ W (the weight o-contiguous), fp16, 16 tokens: the same split.
+  EXPECT_EQ(p.sk_split, 1);
+  EXPECT_EQ(p.sk_slice, 14336);
+  // g @ W (the weight o-contiguous), fp16, 16 tokens: the same.
   p = plan_gemm(row_major(DType::Float16, 16, 4096, 14336), kH100);
   EXPECT_TRUE(p.sk_tma);
   EXPECT_FALSE(p.sk_w_kmajor);
   EXPECT_EQ(p.sk_mt, 16);
-  EXPECT_EQ(p.sk_split, 2);
-  // 1000 outputs over a k of 4104: 16 groups, a cluster of 4 (each CTA 8 or 9 stages).
+  EXPECT_EQ(p.sk_split, 1);
+  // 1000 outputs over a k of 4104: 16 groups, k split to 64 CTAs but every CTA >= 8 stages: 2.
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 1000, 4104), kH100);
-  EXPECT_EQ(p.sk_split, 4);
-  EXPECT_EQ(p.sk_slice, 9 * 128);
-  // 28672 outputs (gate_up): 448 groups, more than two per SM already: no cluster.
+  EXPECT_EQ(p.sk_split, 2);
+  EXPECT_EQ(p.sk_slice, 9 * 256);
+  // 28672 outputs (gate_up): 448 groups, more than the SMs: stages of 128 k (two CTAs per SM).
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 28672, 4096), kH100);
   EXPECT_EQ(p.grid, 448);
+  EXPECT_EQ(p.sk_chunk, kSkinnyTma.chunk);
   EXPECT_EQ(p.sk_split, 1);
   EXPECT_EQ(p.sk_slice, 4096);
+  // 3 outputs over a k of 20000: one group, a cluster of 8.
+  p = plan_gemm(linear_forward(DType::BFloat16, 1, 3, 20000), kH100);
+  EXPECT_EQ(p.sk_split, 8);
   // A short k: one stage, no split; the slice a whole stage past k (TMA's zeros fill it).
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 96), kH100);
   EXPECT_TRUE(p.sk_tma);
   EXPECT_EQ(p.sk_split, 1);
-  EXPECT_EQ(p.sk_slice, 128);
+  EXPECT_EQ(p.sk_slice, 256);
   // Where it does not stream: float32 (FP32 cores, the per-lane ring), k = 0, no encoder, no sm_90.
   EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100);

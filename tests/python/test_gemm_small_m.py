@@ -23,7 +23,7 @@ TOKENS = [1, 2, 3, 15, 16, 17, 63]
 # (outputs, k) chosen so the planner takes each of its splits on a 132-SM H100 (kernels/gemm_plan.cpp):
 # a cluster of 8 (few outputs, long k), four warps of one block, two warps, and a dot product's 3
 # outputs over a k of 20000; none of them a multiple of a chunk (32 / 16 / 128 / 4 k).
-# The streaming form (bf16/fp16 on sm_90): clusters of 4, none, none, 8 for the forward; (20000, 3)'s
+# The streaming form (bf16/fp16 on sm_90): clusters of 2, none, none, 8 for the forward; (20000, 3)'s
 # input gradient at M <= 3 has 3 outputs of an o-contiguous weight over a k of 20000 (a cluster of 8;
 # at larger M c's short side is its 3 columns, whose operand is not k-contiguous: the tiled kernels).
 OUTPUTS_K = [(1000, 4097), (4100, 1000), (24000, 333), (3, 20000), (20000, 3)]
