@@ -15,7 +15,7 @@
 // |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
-// | small-M bf16/fp16, sm_90 (GemmDevice::         | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
+// | small-M bf16/fp16/TF32, sm_90 (GemmDevice::    | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
 // |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   of copy at 4096 x 14336); the ring ~72-160 KB:   |
 // |                                                |   4 warps on 16 outputs each            |   0.87-1.00 of copy, level with cuBLAS or ahead    |
 // | streaming, groups of 64 outputs <= SMs / 2     | stages of 256 k (one CTA per SM); k     | bytes in flight set the pace, not CTAs; clusters   |
@@ -222,16 +222,19 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   }
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
-  if (half && dev.skinny_tma && skinny_streams(p)) {
+  const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
+  if ((half || tf32) && dev.skinny_tma && skinny_streams(p)) {
     // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
     // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
     // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
     // up to half the SMs, every CTA at least kSkinnyMinStages stages; elsewhere two CTAs per SM.
-    const int64_t groups = cdiv(outputs, kSkinnyTma.outputs);
-    const bool deep = groups <= dev.sms / 2;
-    const int chunk = deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk;
+    const int64_t tma_groups = cdiv(outputs, kSkinnyTma.outputs);
+    const bool deep = tma_groups <= dev.sms / 2;
+    // The chunks are 16-bit elements' counts; float32 stages hold the same bytes (half the k).
+    const int chunk = (deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk) * 2 / static_cast<int>(element_size(r.dtype));
     const int64_t cap = std::clamp<int64_t>(cdiv(r.k, chunk) / kSkinnyMinStages, 1, kSkinnyMaxCluster);
-    const int64_t split_tma = deep ? std::clamp<int64_t>(dev.sms / 2 / groups, 1, cap) : 1;
+    const int64_t split_tma = deep ? std::clamp<int64_t>(dev.sms / 2 / tma_groups, 1, cap) : 1;
+    p.sk_mt = std::max(p.sk_mt, 8);  // its token tiles are the mma's 8 columns
     skinny_stream(p, kSkinnyTmaStages, chunk, static_cast<int>(split_tma), true);
     p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";
   }
@@ -334,7 +337,8 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
 }
 
 GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) {
-  if (plan.kernel != GemmKernel::Skinny || plan.req.dtype == DType::Float32 || !skinny_streams(plan)) {
+  if (plan.kernel != GemmKernel::Skinny || (plan.req.dtype == DType::Float32 && !plan.req.allow_tf32) ||
+      !skinny_streams(plan)) {
     plan.why = "with_stream: this plan cannot stream";
     return plan;
   }

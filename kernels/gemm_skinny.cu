@@ -573,12 +573,29 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
 // flight, each CTA here has its whole ring (4 x 18-20 KB) outstanding, and every weight row is read
 // in runs of chunk * 2 bytes.
 constexpr int kTmaThreads = (kSkinnyWarps + 1) * 32;
-constexpr int kTmaBox = 64;  // elements of one 128-byte swizzled box row
 
-// Dynamic shared memory of a streaming CTA: the ring, the part (MT x 64 sums), two barriers per
-// stage, and slack to align the ring to 1024 bytes (the swizzle's period).
-constexpr int tma_smem(int mt, int stages, int chunk) {
-  return stages * (kSkinnyTma.outputs + mt) * chunk * 2 + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
+// Dynamic shared memory of a streaming CTA (elements of `elem` bytes): the ring, the part (MT x 64
+// sums), two barriers per stage, and slack to align the ring to 1024 bytes (the swizzle's period).
+constexpr int tma_smem(int elem, int mt, int stages, int chunk) {
+  return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
+}
+
+__device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
+  return r;
+}
+__device__ __forceinline__ void mma1688_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -605,10 +622,13 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
                                                                 int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
   constexpr int kOut = kSkinnyTma.outputs;
+  // A box row is 128 bytes: kBoxK elements; one mma step takes kStepK of k (two 16-byte units).
+  constexpr int kElem = sizeof(T), kBoxK = 128 / kElem, kStepK = 32 / kElem;
+  constexpr bool kTf32 = std::is_same_v<T, float>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
-  const int w_bytes = kOut * chunk * 2, stage_bytes = (kOut + MT) * chunk * 2;
+  const int w_bytes = kOut * chunk * kElem, stage_bytes = (kOut + MT) * chunk * kElem;
   float* const part = reinterpret_cast<float*>(smem + stages * stage_bytes);
   uint64_t* const bars = reinterpret_cast<uint64_t*>(part + MT * kOut);
   const uint32_t full = smem_addr(bars), empty = full + 8 * stages;  // barrier i at + 8 i
@@ -638,31 +658,47 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
         const uint32_t bar = full + 8 * slot, wt = base + slot * stage_bytes, xt = wt + w_bytes;
         mbar_expect_tx(bar, stage_bytes);
         const int k = static_cast<int>(kb + int64_t{i} * chunk);
-        if constexpr (!WK) tma_load(wt, &mw, row0, k, bar);
-        for (int b = 0; b < chunk / kTmaBox; ++b) {
-          if constexpr (WK) tma_load(wt + b * kOut * 128, &mw, k + b * kTmaBox, row0, bar);
-          tma_load(xt + b * MT * 128, &mx, k + b * kTmaBox, 0, bar);
+        if constexpr (!WK) {
+          for (int b = 0; b < kOut / kBoxK; ++b) tma_load(wt + b * chunk * 128, &mw, row0 + b * kBoxK, k, bar);
+        }
+        for (int b = 0; b < chunk / kBoxK; ++b) {
+          if constexpr (WK) tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
+          tma_load(xt + b * MT * 128, &mx, k + b * kBoxK, 0, bar);
         }
       }
     }
   } else {
-    // Two accumulator sets (even and odd 16-k steps) halve the chain of dependent mma per stage.
-    // Each 128 k of a stage is read into registers first (ldmatrix), and the stage is released to the
-    // producer after its last such read, before the multiplies: the ring refills while they run.
-    constexpr int kSteps = 8;  // 16-k steps per 128 k
+    // Two accumulator sets (even and odd k steps) halve the chain of dependent mma per stage. Each
+    // 8 steps (two boxes) of a stage are read into registers first (ldmatrix), and the stage is
+    // released to the producer after its last such read, before the multiplies: the ring refills
+    // while they run. TF32 (m16n8k8) reads the same units: a 16-byte unit is 4 floats there, and
+    // ldmatrix's b16 view hands lane (g, q) word q of row g, the fragment's element; the
+    // o-contiguous weight, which would need a 32-bit transpose, is read by 32-bit loads instead.
+    constexpr int kSteps = 8;
     constexpr int kB = MT == 16 ? 4 : 2;
     float acc[2][MT / 8][4] = {};
     uint32_t a[kSteps][4], b[kSteps][kB];
     auto load = [&](uint32_t wt, uint32_t xt, int kk, uint32_t (&ra)[4], uint32_t (&rb)[kB]) {
-      const int box = kk / 4, unit = (kk % 4) * 2;  // the 16 k's first unit in their box
+      const int box = kk / 4, unit = (kk % 4) * 2;  // the step's first unit in its box
+      const int g = lane >> 2, q = lane & 3;
       if constexpr (WK) {
         // Matrices: outputs 0-7 / 8-15 of the warp's 16 at k units `unit`, `unit` + 1.
         const int row = 16 * warp + (lane & 15);
         ldsm_x4(ra, swz(wt + box * kOut * 128, row, unit + (lane >> 4)));
-      } else {
+      } else if constexpr (!kTf32) {
         // Matrices: rows k 0-7 / 8-15 of the 16, outputs 0-7 / 8-15 of the warp's, transposed.
         const int kr = 16 * kk + (lane & 7) + ((lane >> 4) << 3);
         ldsm_x4_trans(ra, swz(wt, kr, 2 * warp + ((lane >> 3) & 1)));
+      } else {
+        // a0..a3: (output g, k q), (g + 8, q), (g, q + 4), (g + 8, q + 4) of the warp's 16 outputs,
+        // which lie in box (16 warp) / 32 of the two of 32 outputs, at units (o % 32) / 4.
+        const uint32_t ob = wt + (warp / 2) * chunk * 128;
+        const int o = (16 * warp) % 32 + g, k0 = 8 * kk + q;
+        auto at = [&](int k, int oo) { return swz(ob, k, oo / 4) + (oo % 4) * 4; };
+        ra[0] = lds32(at(k0, o));
+        ra[1] = lds32(at(k0, o + 8));
+        ra[2] = lds32(at(k0 + 4, o));
+        ra[3] = lds32(at(k0 + 4, o + 8));
       }
       const uint32_t xb = xt + box * MT * 128;
       if constexpr (MT == 16) {
@@ -676,17 +712,27 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
       const int slot = i % stages;
       mbar_wait(full + 8 * slot, (i / stages) & 1);
       const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
-      for (int k0 = 0; k0 < chunk / 16; k0 += kSteps) {
+      for (int k0 = 0; k0 < chunk / kStepK; k0 += kSteps) {
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) load(wt, xt, k0 + s, a[s], b[s]);
-        if (k0 + kSteps == chunk / 16) {
+        if (k0 + kSteps == chunk / kStepK) {
           __syncwarp();
           if (lane == 0) mbar_arrive(empty + 8 * slot);
         }
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) {
-          mma16816<T>(acc[s & 1][0], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
-          if constexpr (MT == 16) mma16816<T>(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
+          if constexpr (kTf32) {
+            // Rounded to TF32 (cvt.rna) as they leave shared memory, as the other TF32 kernels do.
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[s][e] = to_tf32(a[s][e]);
+#pragma unroll
+            for (int e = 0; e < kB; ++e) b[s][e] = to_tf32(b[s][e]);
+            mma1688_tf32(acc[s & 1][0], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
+            if constexpr (MT == 16) mma1688_tf32(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
+          } else {
+            mma16816<T>(acc[s & 1][0], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
+            if constexpr (MT == 16) mma16816<T>(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
+          }
         }
       }
     }
@@ -714,15 +760,17 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
 template <typename T, int MT, bool WK>
 cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const int stages = plan.sk_stages, chunk = plan.sk_chunk, split = plan.sk_split;
-  const int smem = tma_smem(MT, stages, chunk);
-  if (stages < 2 || chunk < kTmaBox || chunk > 256 || chunk % kTmaBox != 0 || s.slice % chunk != 0 ||
+  constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
+  const int smem = tma_smem(kElem, MT, stages, chunk);
+  // A stage is whole register batches of 8 steps (two boxes), at most 256 rows (a box's limit).
+  if (stages < 2 || chunk < 2 * kBoxK || chunk > 256 || chunk % (2 * kBoxK) != 0 || s.slice % chunk != 0 ||
       smem > 227 * 1024 || split < 1 || split > 8 || !grid_fits(plan.grid)) {
     return cudaErrorInvalidValue;
   }
   CUtensorMap mw, mx;
-  const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kTmaBox, kSkinnyTma.outputs)
-                        : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kTmaBox, chunk)) &&
-                    make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kTmaBox, MT);
+  const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kBoxK, kSkinnyTma.outputs)
+                        : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kBoxK, chunk)) &&
+                    make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kBoxK, MT);
   if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
   constexpr auto kernel = gemm_skinny_tma<T, MT, WK>;
   // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
@@ -814,6 +862,7 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
     switch (plan.req.dtype) {
       case DType::BFloat16: return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
       case DType::Float16: return launch_tma_typed<__half>(plan, s, stream);
+      case DType::Float32: return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : cudaErrorInvalidValue;
       default: return cudaErrorInvalidValue;
     }
   }

@@ -381,7 +381,14 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_TRUE(p.sk_tma);
   EXPECT_EQ(p.sk_split, 1);
   EXPECT_EQ(p.sk_slice, 256);
-  // Where it does not stream: float32 (FP32 cores, the per-lane ring), k = 0, no encoder, no sm_90.
+  // TF32 streams too (m16n8k8), stages of the same bytes: 128 k; token tiles of 8 at least.
+  p = plan_gemm(tf32(linear_forward(DType::Float32, 2, 4096, 4096)), kH100);
+  EXPECT_TRUE(p.sk_tma);
+  EXPECT_EQ(p.sk_chunk, 128);
+  EXPECT_EQ(p.sk_mt, 8);
+  EXPECT_EQ(with_stream(p, 4, 64, 1).sk_chunk, 64);
+  // Where it does not stream: float32 "highest" (FP32 cores, the per-lane ring), k = 0, no encoder,
+  // no sm_90.
   EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
