@@ -561,22 +561,18 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
   store_outputs<T, MT>(s, s.rw * kRows, [&](int t, int o) { return part((o / kRows) * s.kw) + t * kRows + o % kRows; });
 }
 
-// ---- The streaming form (sm_90, every float type; gemm_plan.h's kSkinnyTma)
-// Per CTA: 64 outputs over a slice of k. The last warp (the producer; one lane) keeps a ring of
+// ---- The streaming form (sm_90, bf16/fp16; gemm_plan.h's kSkinnyTma)
+// Per CTA: 64 outputs over a slice of k. Warp kSkinnyWarps (the producer; one lane) keeps a ring of
 // stages full by TMA: a stage is the weight's 64 outputs x chunk k (k-contiguous: boxes of 64 rows x
-// 128 bytes of k; o-contiguous: boxes of chunk rows of k x 128 bytes of outputs) and x's [MT tokens x
-// chunk] (boxes of MT x 128 bytes; tokens past the last and k past the end arrive as zeros, so no
-// edge needs code). The other warps multiply: on the tensor cores each takes 16 of the outputs,
-// ldmatrix from the 128-byte swizzled tiles (conflict-free: the 8 rows of each 8 x 8 matrix sit in 8
-// different 16-byte units), .trans for the o-contiguous 16-bit weight, then m16n8k16 (bf16/fp16) or
-// m16n8k8 (TF32) on out^T = W x^T; float32 "highest" runs FP32 FMAs (consume_fma). Each releases a
-// stage to the producer through the stage's `empty` barrier. Where per-lane loads kept at most
-// ~32 KB per SM in flight, each CTA here has its whole ring (72-160 KB) outstanding.
-// Consumer warps of a streaming CTA: kSkinnyWarps on the tensor cores; twice that on FP32 FMAs, whose
-// loads and FMA chains one warp per SM sub-partition could not cover (4 warps read 64 outputs at
-// 0.36-0.50 of the copy rate, H100). Plus the producer warp.
-__host__ __device__ constexpr int tma_consumers(bool fma) { return fma ? 2 * kSkinnyWarps : kSkinnyWarps; }
-__host__ __device__ constexpr int tma_threads(bool fma) { return (tma_consumers(fma) + 1) * 32; }
+// 64 k, each row 128 bytes; o-contiguous: one box of chunk rows of k x 64 outputs) and x's
+// [MT tokens x chunk] (boxes of MT x 64; tokens past the last and k past the end arrive as zeros, so
+// no edge needs code). The other warps each multiply 16 of the outputs: ldmatrix from the 128-byte
+// swizzled tiles (conflict-free: the 8 rows of each 8 x 8 matrix sit in 8 different 16-byte units),
+// .trans for the o-contiguous weight, then m16n8k16 on out^T = W x^T. Each releases a stage to the
+// producer through the stage's `empty` barrier. Where per-lane loads kept at most ~32 KB per SM in
+// flight, each CTA here has its whole ring (4 x 18-20 KB) outstanding, and every weight row is read
+// in runs of chunk * 2 bytes.
+constexpr int kTmaThreads = (kSkinnyWarps + 1) * 32;
 
 // Dynamic shared memory of a streaming CTA (elements of `elem` bytes): the ring, the part (MT x 64
 // sums), two barriers per stage, and slack to align the ring to 1024 bytes (the swizzle's period).
@@ -627,16 +623,16 @@ __device__ __forceinline__ float4 lds128f(uint32_t addr) {
 }
 
 // float32 "highest" on the streaming form: FP32 FMAs from the same ring (128-byte boxes of 32 floats).
-// Lane (o, q) of consumer warp w (of 8) owns output 8 w + o and the stage's 16-byte units of k u with
-// u % 4 == q: per unit one 16-byte weight load (k-contiguous; four 4-byte loads o-contiguous) and, per
-// token, one 16-byte x load that the 8 lanes of a quarter share. The quarters' sums meet in two
-// exchanges at the end (a fixed order); the stage is released after its last read. Writes
-// part[t * 64 + 8 w + o].
+// Lane (o, h) of consumer warp w owns output 16 w + o and the stage's 16-byte units of k u with
+// u % 2 == h: per unit one 16-byte weight load (k-contiguous; four 4-byte loads o-contiguous) and, per
+// token, one 16-byte x load that the half's 16 lanes share. Each half's lanes read distinct banks (the
+// swizzle spreads rows over units). The halves' sums meet in one exchange at the end; the stage is
+// released after its last read. Writes part[t * 64 + 16 w + o].
 template <int MT, bool WK>
 __device__ __forceinline__ void consume_fma(uint32_t base, int stage_bytes, int w_bytes, int stages, int chunk, int n,
                                             uint32_t full, uint32_t empty, int warp, int lane, float* part) {
   constexpr int kOut = kSkinnyTma.outputs;
-  const int o = lane & 7, q = lane >> 3, row = 8 * warp + o;
+  const int o = lane & 15, h = lane >> 4, row = 16 * warp + o;
   const int units = chunk / 4;
   float acc[MT] = {};
   for (int i = 0; i < n; ++i) {
@@ -644,7 +640,7 @@ __device__ __forceinline__ void consume_fma(uint32_t base, int stage_bytes, int 
     mbar_wait(full + 8 * slot, (i / stages) & 1);
     const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
 #pragma unroll 2
-    for (int u = q; u < units; u += 4) {
+    for (int u = h; u < units; u += 2) {
       const int box = u / 8, ub = u % 8;
       float4 w;
       if constexpr (WK) {
@@ -671,18 +667,15 @@ __device__ __forceinline__ void consume_fma(uint32_t base, int stage_bytes, int 
     if (lane == 0) mbar_arrive(empty + 8 * slot);
   }
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
-    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 8);
-    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 16);
-  }
-  if (q == 0) {
+  for (int t = 0; t < MT; ++t) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 16);
+  if (h == 0) {
 #pragma unroll
     for (int t = 0; t < MT; ++t) part[t * kOut + row] = acc[t];
   }
 }
 
 template <typename T, int MT, bool WK, bool FMA>
-__global__ void __launch_bounds__(tma_threads(FMA)) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
+__global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
                                                                 const __grid_constant__ CUtensorMap mx, Skinny s,
                                                                 int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
@@ -701,7 +694,7 @@ __global__ void __launch_bounds__(tma_threads(FMA)) gemm_skinny_tma(const __grid
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
       mbar_init(bars + i, 1);
-      mbar_init(bars + stages + i, tma_consumers(FMA));
+      mbar_init(bars + stages + i, kSkinnyWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -715,7 +708,7 @@ __global__ void __launch_bounds__(tma_threads(FMA)) gemm_skinny_tma(const __grid
   const int row0 = static_cast<int>(blockIdx.x) * kOut;
   const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);
   const int n = static_cast<int>((ke - kb + chunk - 1) / chunk);
-  if (warp == tma_consumers(FMA)) {
+  if (warp == kSkinnyWarps) {
     if (lane == 0) {
       for (int i = 0; i < n; ++i) {
         const int slot = i % stages;
@@ -846,7 +839,7 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2]{};
   cfg.gridDim = dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split));
-  cfg.blockDim = dim3(tma_threads(FMA));
+  cfg.blockDim = dim3(kTmaThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   cfg.attrs = attrs;
