@@ -15,9 +15,9 @@
 // |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
-// | small-M, sm_90 (GemmDevice::skinny_tma), TMA   | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
-// |   describes the weight and x (float32          |   64 outputs x 128 k, a producer warp,  |   of copy at 4096 x 14336); the ring ~72-160 KB:   |
-// |   "highest": FP32 FMAs from the ring)          |   4 warps on 16 outputs each            |   0.87-1.00 of copy, level with cuBLAS or ahead    |
+// | small-M bf16/fp16/TF32, sm_90 (GemmDevice::    | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
+// |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   of copy at 4096 x 14336); the ring ~72-160 KB:   |
+// |                                                |   4 warps on 16 outputs each            |   0.87-1.00 of copy, level with cuBLAS or ahead    |
 // | streaming, groups of 64 outputs <= SMs / 2     | stages of 256 k (one CTA per SM); k     | bytes in flight set the pace, not CTAs; clusters   |
 // |                                                |   split over a cluster up to SMs / 2    |   cost (4 CTAs slower everywhere); short slices    |
 // |                                                |   CTAs, >= 8 stages each                |   only fill the ring                               |
@@ -222,7 +222,8 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   }
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
-  if (dev.skinny_tma && skinny_streams(p)) {
+  const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
+  if ((half || tf32) && dev.skinny_tma && skinny_streams(p)) {
     // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
     // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
     // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
@@ -336,7 +337,8 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
 }
 
 GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) {
-  if (plan.kernel != GemmKernel::Skinny || !skinny_streams(plan)) {
+  if (plan.kernel != GemmKernel::Skinny || (plan.req.dtype == DType::Float32 && !plan.req.allow_tf32) ||
+      !skinny_streams(plan)) {
     plan.why = "with_stream: this plan cannot stream";
     return plan;
   }

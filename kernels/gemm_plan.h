@@ -67,7 +67,7 @@ struct SkinnyGeometry {
   int outputs, chunk;
 };
 constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128}, kSkinnyFloatN{128, 4};
-// Its streaming form (sm_90, every float type; float32 "highest" on FP32 FMAs): a producer warp beside the kSkinnyWarps brings the
+// Its streaming form (bf16/fp16 and TF32 on sm_90): a producer warp beside the kSkinnyWarps brings the
 // weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
 // stages per CTA; each of the other warps multiplies 16 of the CTA's outputs. A stage holds
 // kSkinnyTma.chunk k where the outputs' groups of 64 fill more than half the SMs (two CTAs fit per

@@ -616,65 +616,7 @@ __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int unit) {
   return box + row * 128 + ((unit ^ (row & 7)) << 4);
 }
 
-__device__ __forceinline__ float4 lds128f(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
-}
-
-// float32 "highest" on the streaming form: FP32 FMAs from the same ring (128-byte boxes of 32 floats).
-// Lane (o, h) of consumer warp w owns output 16 w + o and the stage's 16-byte units of k u with
-// u % 2 == h: per unit one 16-byte weight load (k-contiguous; four 4-byte loads o-contiguous) and, per
-// token, one 16-byte x load that the half's 16 lanes share. Each half's lanes read distinct banks (the
-// swizzle spreads rows over units). The halves' sums meet in one exchange at the end; the stage is
-// released after its last read. Writes part[t * 64 + 16 w + o].
-template <int MT, bool WK>
-__device__ __forceinline__ void consume_fma(uint32_t base, int stage_bytes, int w_bytes, int stages, int chunk, int n,
-                                            uint32_t full, uint32_t empty, int warp, int lane, float* part) {
-  constexpr int kOut = kSkinnyTma.outputs;
-  const int o = lane & 15, h = lane >> 4, row = 16 * warp + o;
-  const int units = chunk / 4;
-  float acc[MT] = {};
-  for (int i = 0; i < n; ++i) {
-    const int slot = i % stages;
-    mbar_wait(full + 8 * slot, (i / stages) & 1);
-    const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
-#pragma unroll 2
-    for (int u = h; u < units; u += 2) {
-      const int box = u / 8, ub = u % 8;
-      float4 w;
-      if constexpr (WK) {
-        w = lds128f(swz(wt + box * kOut * 128, row, ub));
-      } else {
-        // Rows k = 4u .. 4u + 3 of the o-contiguous tile, column `row` (box row / 32 of the two).
-        const uint32_t ob = wt + (row / 32) * chunk * 128;
-        const int col = row % 32;
-        auto at = [&](int k) { return swz(ob, k, col / 4) + (col % 4) * 4; };
-        w = make_float4(__uint_as_float(lds32(at(4 * u))), __uint_as_float(lds32(at(4 * u + 1))),
-                        __uint_as_float(lds32(at(4 * u + 2))), __uint_as_float(lds32(at(4 * u + 3))));
-      }
-      const uint32_t xb = xt + box * MT * 128;
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        const float4 xv = lds128f(swz(xb, t, ub));
-        acc[t] = fmaf(w.x, xv.x, acc[t]);
-        acc[t] = fmaf(w.y, xv.y, acc[t]);
-        acc[t] = fmaf(w.z, xv.z, acc[t]);
-        acc[t] = fmaf(w.w, xv.w, acc[t]);
-      }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * slot);
-  }
-#pragma unroll
-  for (int t = 0; t < MT; ++t) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 16);
-  if (h == 0) {
-#pragma unroll
-    for (int t = 0; t < MT; ++t) part[t * kOut + row] = acc[t];
-  }
-}
-
-template <typename T, int MT, bool WK, bool FMA>
+template <typename T, int MT, bool WK>
 __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
                                                                 const __grid_constant__ CUtensorMap mx, Skinny s,
                                                                 int stages, int chunk) {
@@ -725,8 +667,6 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
         }
       }
     }
-  } else if (FMA) {
-    consume_fma<MT, WK>(base, stage_bytes, w_bytes, stages, chunk, n, full, empty, warp, lane, part);
   } else {
     // Two accumulator sets (even and odd k steps) halve the chain of dependent mma per stage. Each
     // 8 steps (two boxes) of a stage are read into registers first (ldmatrix), and the stage is
@@ -817,7 +757,7 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
 #endif
 }
 
-template <typename T, int MT, bool WK, bool FMA>
+template <typename T, int MT, bool WK>
 cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const int stages = plan.sk_stages, chunk = plan.sk_chunk, split = plan.sk_split;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
@@ -832,7 +772,7 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
                         : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kBoxK, chunk)) &&
                     make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kBoxK, MT);
   if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
-  constexpr auto kernel = gemm_skinny_tma<T, MT, WK, FMA>;
+  constexpr auto kernel = gemm_skinny_tma<T, MT, WK>;
   // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -856,16 +796,10 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   return cudaLaunchKernelEx(&cfg, kernel, mw, mx, s, stages, chunk);
 }
 
-// FMA: float32 "highest" (FP32 FMAs); otherwise the tensor cores (TF32 for float32).
-template <typename T, bool FMA = false>
-cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+template <typename T> cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const bool k = plan.sk_w_kmajor;
-  if (plan.sk_mt == 8) {
-    return k ? launch_tma<T, 8, true, FMA>(plan, s, stream) : launch_tma<T, 8, false, FMA>(plan, s, stream);
-  }
-  if (plan.sk_mt == 16) {
-    return k ? launch_tma<T, 16, true, FMA>(plan, s, stream) : launch_tma<T, 16, false, FMA>(plan, s, stream);
-  }
+  if (plan.sk_mt == 8) return k ? launch_tma<T, 8, true>(plan, s, stream) : launch_tma<T, 8, false>(plan, s, stream);
+  if (plan.sk_mt == 16) return k ? launch_tma<T, 16, true>(plan, s, stream) : launch_tma<T, 16, false>(plan, s, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -928,8 +862,7 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
     switch (plan.req.dtype) {
       case DType::BFloat16: return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
       case DType::Float16: return launch_tma_typed<__half>(plan, s, stream);
-      case DType::Float32:
-        return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : launch_tma_typed<float, true>(plan, s, stream);
+      case DType::Float32: return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : cudaErrorInvalidValue;
       default: return cudaErrorInvalidValue;
     }
   }

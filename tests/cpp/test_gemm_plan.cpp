@@ -387,9 +387,9 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_EQ(p.sk_chunk, 128);
   EXPECT_EQ(p.sk_mt, 8);
   EXPECT_EQ(with_stream(p, 4, 64, 1).sk_chunk, 64);
-  // float32 "highest" as well (FP32 FMAs from the ring).
-  EXPECT_TRUE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
-  // Where it does not stream: k = 0, no encoder, no sm_90.
+  // Where it does not stream: float32 "highest" (FP32 cores, the per-lane ring), k = 0, no encoder,
+  // no sm_90.
+  EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
   EXPECT_FALSE(p.sk_tma);
@@ -405,7 +405,7 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_FALSE(p.sk_tma);
   EXPECT_FALSE(p.sk_pdl);
   EXPECT_EQ(p.sk_kw, 4);
-  EXPECT_FALSE(with_stream(plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100), 4, 128, 1).sk_tma);
+  EXPECT_EQ(with_stream(plan_gemm(linear_forward(DType::Float32, 1, 64, 64), kH100), 4, 128, 1).sk_tma, false);
 }
 
 }  // namespace
