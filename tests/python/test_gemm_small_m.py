@@ -21,6 +21,8 @@ def streams(dtype, precision):
     tf32 = dtype == torch.float32 and precision != "highest"
     return ((dtype in (torch.bfloat16, torch.float16) or tf32) and not STREAM_DISABLED
             and torch.cuda.get_device_capability() == (9, 0))
+
+
 TOKENS = [1, 2, 3, 15, 16, 17, 63]
 # (outputs, k) chosen so the planner takes each of its splits on a 132-SM H100 (kernels/gemm_plan.cpp):
 # a cluster of 8 (few outputs, long k), four warps of one block, two warps, and a dot product's 3
