@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Compares a bench/run.py results file with the SPEC.md §3 performance targets.
 
-    python3 bench/check.py bench/results/h100.json [--gemm] [--overhead]
+    python3 bench/check.py bench/results/h100.json [--gemm] [--overhead] [--shapes]
 
 One line per target: its measured value and PASS / FAIL / MISSING. The memory-bound targets always
 count. The GEMM and call-overhead targets belong to later issues: they print as INFO lines (with what
-they would be) unless --gemm / --overhead makes them count. Exit status 1 when any counted target
+they would be) unless --gemm / --overhead makes them count. So do the decode-class targets of the
+shape suite (issue 23; results of `--only gemm_shapes`, e.g. bench/results/decode/h100_decode.json),
+unless --shapes. Exit status 1 when any counted target
 fails or has no measurement, 2 when the file cannot be read.
 
 The row schema is in bench/PROTOCOL.md; this file looks rows up by
@@ -74,6 +76,7 @@ def main() -> int:
     parser.add_argument("results", help="results JSON written by bench/run.py (e.g. bench/results/h100.json)")
     parser.add_argument("--gemm", action="store_true", help="count the GEMM targets instead of printing them as INFO")
     parser.add_argument("--overhead", action="store_true", help="count the call-overhead targets")
+    parser.add_argument("--shapes", action="store_true", help="count the shape suite's decode-class targets")
     args = parser.parse_args()
     try:
         with open(args.results) as f:
@@ -143,6 +146,25 @@ def main() -> int:
         value = o.get("cuops_over_aten") if o.get("status") == "ok" else None
         why = None if value is not None else (o.get("reason") or o.get("error") or "not measured")
         c.target(f"overhead {lang} add2 / {base} (16 elem)", value, "<=", 1.10, args.overhead, why)
+
+    # The shape suite's decode class (M <= 16, steady state), ratios to torch.mm: bf16/fp16 geomean
+    # >= 1.15, no row below 1.00 nor below F.linear under max-autotune, weights >= 64 MB at >= 0.95 of
+    # copy; TF32 and float32 geomean >= 1.10, no row below 1.00. Checked where the results hold it.
+    classes = {(k.get("class"), k.get("variant")): k for k in results.get("shape_classes") or []}
+    for variant in ("bfloat16", "float16", "tf32", "float32"):
+        k = classes.get(("decode", variant))
+        if k is None and not args.shapes:
+            continue
+        half = variant in ("bfloat16", "float16")
+        k = k or {}
+        worst, compiled, frac = k.get("worst") or {}, k.get("compiled") or {}, k.get("weight_fraction_64MB") or {}
+        label = f"decode {variant}"
+        c.target(f"{label} geomean vs torch.mm", k.get("geomean_ratio"), ">=", 1.15 if half else 1.10, args.shapes)
+        c.target(f"{label} worst row vs torch.mm", worst.get("ratio"), ">=", 1.00, args.shapes)
+        if half:
+            c.target(f"{label} worst row vs F.linear max-autotune", (compiled.get("worst") or {}).get("ratio"), ">=",
+                     1.00, args.shapes)
+            c.target(f"{label} least fraction of copy, weights >= 64 MB", frac.get("min"), ">=", 0.95, args.shapes)
 
     print(f"counted targets: {c.counted_pass} pass, {c.counted_fail} fail or missing; {c.info} info-only")
     return 1 if c.counted_fail else 0

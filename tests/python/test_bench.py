@@ -76,6 +76,18 @@ def test_check_reads_committed_results():
     assert any(ln.startswith("counted targets:") for ln in proc.stdout.splitlines()), proc.stdout
 
 
+def test_check_reads_committed_decode_results():
+    """The shape suite's decode-class targets, counted (--shapes) on the committed H100 results: a line
+    per target of each of the four dtypes, and an exit status that says whether they all hold."""
+    proc = run([BENCH / "check.py", BENCH / "results" / "decode" / "h100_decode.json", "--shapes"], ROOT)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for variant in ("bfloat16", "float16", "tf32", "float32"):
+        assert any(f"decode {variant} geomean" in ln and not ln.startswith("INFO") for ln in lines), proc.stdout
+    fails = [ln for ln in lines if ln.startswith(("FAIL", "MISSING"))]
+    assert (proc.returncode == 1) == bool(fails), proc.stdout
+
+
 def test_python_experiments_compile(tmp_path):
     """The Python experiments in bench/sweep are compiled here as the .cu ones are by the build, so a
     change that breaks one is seen in CI (they run only by hand, on a GPU)."""
