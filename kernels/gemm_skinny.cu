@@ -580,6 +580,7 @@ constexpr int tma_smem(int elem, int mt, int stages, int chunk) {
   return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
 }
 
+#if __CUDA_ARCH__ >= 900  // the streaming form's helpers (its kernel body is sm_90 only)
 __device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
@@ -615,6 +616,7 @@ __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
 __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int unit) {
   return box + row * 128 + ((unit ^ (row & 7)) << 4);
 }
+#endif
 
 template <typename T, int MT, bool WK>
 __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
