@@ -30,6 +30,18 @@ from ._library import load as _load
 library_path, __version__, TORCH_VERSION, CUDA_ARCHITECTURES = _load()
 ops = torch.ops.cuops
 
+
+def register_sharding() -> bool:
+    """Registers the DTensor sharding rules of the cuops ops (python/cuops/_sharding.py) once; `import
+    cuops` calls it. A program that loads libcuops itself (torch.ops.load_library) and wants tensor
+    parallelism calls it after the load. False where this torch has no DTensor."""
+    from . import _sharding
+
+    return _sharding.register()
+
+
+register_sharding()
+
 __all__ = [
     "add2",
     "vector_add",
@@ -39,6 +51,7 @@ __all__ = [
     "gemm",
     "mm",
     "build_info",
+    "register_sharding",
     "ops",
     "library_path",
     "__version__",

@@ -1,0 +1,71 @@
+"""cuops under DTensor (python/cuops/_sharding.py): the sharded result of every op with a rule equals
+the single-process one, for each placement the rule accepts, on CPU processes joined by gloo (CI has
+no GPU). A 1-D mesh of 2 processes here; the 2 x 2 mesh, the in-place ops, two_norm and the
+tensor-parallel models are the rest of issue 25."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import ops
+
+dist_ok = dist.is_available() and dist.is_gloo_available()
+pytestmark = pytest.mark.skipif(not dist_ok, reason="torch.distributed with gloo is not available here")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_ops(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import cuops  # noqa: F401  (registers the rules)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (world,))
+        gen = torch.Generator().manual_seed(1234)  # the same full tensors on every rank
+        a = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+        b = torch.randn(10, 4, generator=gen, dtype=torch.float64)
+        x = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+        y = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+
+        def dt(t, p):
+            return distribute_tensor(t, mesh, [p])
+
+        # mm: rows of a, columns of b, k on both (a Partial result), everything replicated.
+        want = ops.mm(a, b)
+        for pa, pb, out in ((Shard(0), Replicate(), Shard(0)), (Replicate(), Shard(1), Shard(1)),
+                            (Shard(1), Shard(0), Partial()), (Replicate(), Replicate(), Replicate())):
+            got = ops.mm(dt(a, pa), dt(b, pb))
+            assert got.placements == (out,), (pa, pb, got.placements)
+            torch.testing.assert_close(got.full_tensor(), want, rtol=1e-12, atol=1e-12)
+        # Pointwise ops keep their inputs' sharding; the linear ones keep partial sums too.
+        for p in (Shard(0), Shard(1), Replicate()):
+            got = ops.vector_add(dt(x, p), dt(y, p))
+            assert got.placements == (p,)
+            torch.testing.assert_close(got.full_tensor(), ops.vector_add(x, y), rtol=0, atol=0)
+            got = ops.scale(dt(x, p), 3.0)
+            assert got.placements == (p,)
+            torch.testing.assert_close(got.full_tensor(), ops.scale(x, 3.0), rtol=0, atol=0)
+            got = ops.square(dt(x, p))
+            assert got.placements == (p,)
+            torch.testing.assert_close(got.full_tensor(), ops.square(x), rtol=0, atol=0)
+        # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
+        part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
+        got = ops.scale(part, 0.5)
+        assert got.placements == (Partial(),)
+        torch.testing.assert_close(got.full_tensor(), ops.scale(want, 0.5), rtol=1e-12, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_ops_equal_the_unsharded_ones_on_two_processes():
+    mp.spawn(check_ops, args=(2, free_port()), nprocs=2, join=True)
