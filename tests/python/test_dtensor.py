@@ -1,7 +1,8 @@
 """cuops under DTensor (python/cuops/_sharding.py): the sharded result of every op with a rule equals
 the single-process one, for each placement the rule accepts, on CPU processes joined by gloo (CI has
-no GPU). A 1-D mesh of 2 processes here; the 2 x 2 mesh, the in-place ops, two_norm and the
-tensor-parallel models are the rest of issue 25."""
+no GPU); and an MLP of cuops Linears under ColwiseParallel / RowwiseParallel trains as the unsharded
+one does. A 1-D mesh of 2 processes here; the 2 x 2 mesh, the in-place ops, two_norm and the
+transformer block are the rest of issue 25."""
 import os
 import socket
 
@@ -67,5 +68,43 @@ def check_ops(rank, world, port):
         dist.destroy_process_group()
 
 
+class CuopsLinear(torch.nn.Linear):
+    """nn.Linear on cuops.mm (a subclass, so parallelize_module's Colwise/RowwiseParallel take it)."""
+
+    def forward(self, x):
+        y = ops.mm(x.reshape(-1, x.shape[-1]), self.weight.t())
+        return (y + self.bias if self.bias is not None else y).reshape(*x.shape[:-1], -1)
+
+
+def check_mlp(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import cuops  # noqa: F401  (registers the rules)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(7)  # the same model and batch on every rank
+        ref = torch.nn.Sequential(CuopsLinear(16, 32), torch.nn.ReLU(), CuopsLinear(32, 12))
+        tp = torch.nn.Sequential(CuopsLinear(16, 32), torch.nn.ReLU(), CuopsLinear(32, 12))
+        tp.load_state_dict(ref.state_dict())
+        parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(4, 5, 16)
+        want, got = ref(x), tp(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        for (name, p_ref), (_, p_tp) in zip(ref.named_parameters(), tp.named_parameters()):
+            torch.testing.assert_close(p_tp.grad.full_tensor(), p_ref.grad, rtol=1e-5, atol=1e-6, msg=name)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_sharded_ops_equal_the_unsharded_ones_on_two_processes():
     mp.spawn(check_ops, args=(2, free_port()), nprocs=2, join=True)
+
+
+def test_colwise_rowwise_mlp_of_cuops_linears_trains_as_unsharded():
+    """Forward and backward of Linear(16 -> 32) colwise, ReLU, Linear(32 -> 12) rowwise, float32."""
+    mp.spawn(check_mlp, args=(2, free_port()), nprocs=2, join=True)
