@@ -5,9 +5,13 @@ DTensor expands them over every dimension of the mesh and redistributes inputs t
 Registered by `import cuops` (register() below, idempotent), so `parallelize_module` with
 ColwiseParallel / RowwiseParallel runs cuops Linears as it runs aten's.
 
+two_norm of sharded inputs never gathers them: each process takes the norm of its shards and the
+result is a pending 2-norm reduction (DTensor's _NormPartial(2), the placement torch's own
+linalg_vector_norm rule uses: squares, an all-reduce sum, a root, when the value is needed). That
+placement is private to torch; where it is missing, two_norm accepts replicated inputs only.
+
 Not yet covered (they keep DTensor's "no sharding strategy" error): add2 and gemm (in-place outputs:
-the output's own placement must be one the rule accepts, never a redistributed copy) and two_norm
-(a sum of squares is Partial, its root is not).
+the output's own placement must be one the rule accepts, never a redistributed copy).
 """
 from __future__ import annotations
 
@@ -61,6 +65,19 @@ def register() -> bool:
     @register_sharding(ops.square.default)
     def square_rule(x):
         return elementwise(x, linear=False)
+
+    try:
+        from torch.distributed.tensor._ops._math_ops import _NormPartial
+    except ImportError:
+        _NormPartial = None
+
+    @register_sharding(ops.two_norm.default)
+    def two_norm_rule(a, b):
+        # ||a - b|| over shards: the shards' norms combine as the root of their sum of squares.
+        rules = [([Replicate()], [Replicate(), Replicate()])]
+        if _NormPartial is not None:
+            rules += [([_NormPartial(2)], [Shard(d), Shard(d)]) for d in range(a.ndim)]
+        return rules
 
     _registered = True
     return True

@@ -59,6 +59,13 @@ def check_ops(rank, world, port):
             got = ops.square(dt(x, p))
             assert got.placements == (p,)
             torch.testing.assert_close(got.full_tensor(), ops.square(x), rtol=0, atol=0)
+        # two_norm of sharded inputs: each process's norm of its shards, combined as a 2-norm (the
+        # inputs never gathered); replicated inputs, a replicated norm.
+        for p in (Shard(0), Shard(1), Replicate()):
+            got = ops.two_norm(dt(x, p), dt(y, p))
+            assert isinstance(got.placements[0], Replicate) == isinstance(p, Replicate), got.placements
+            assert got.to_local().shape == ()
+            torch.testing.assert_close(got.full_tensor(), ops.two_norm(x, y), rtol=1e-12, atol=0)
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)
