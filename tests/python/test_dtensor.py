@@ -1,8 +1,8 @@
 """cuops under DTensor (python/cuops/_sharding.py): the sharded result of every op with a rule equals
 the single-process one, for each placement the rule accepts, on CPU processes joined by gloo (CI has
 no GPU); and an MLP of cuops Linears under ColwiseParallel / RowwiseParallel trains as the unsharded
-one does. A 1-D mesh of 2 processes here; the 2 x 2 mesh, the in-place ops, two_norm and the
-transformer block are the rest of issue 25."""
+one does. 1-D meshes of 2 processes and a 2 x 2 mesh of 4; the in-place ops and the transformer block
+are the rest of issue 25."""
 import os
 import socket
 
@@ -75,6 +75,47 @@ def check_ops(rank, world, port):
         dist.destroy_process_group()
 
 
+def check_ops_2d(rank, world, port):
+    """The rules on a 2 x 2 mesh: each mesh dimension takes its own placement of the rule's."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import cuops  # noqa: F401  (registers the rules)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (2, 2))
+        gen = torch.Generator().manual_seed(99)
+        a = torch.randn(8, 12, generator=gen, dtype=torch.float64)
+        b = torch.randn(12, 6, generator=gen, dtype=torch.float64)
+        x = torch.randn(8, 6, generator=gen, dtype=torch.float64)
+        y = torch.randn(8, 6, generator=gen, dtype=torch.float64)
+
+        def dt(t, *p):
+            return distribute_tensor(t, mesh, list(p))
+
+        want = ops.mm(a, b)
+        cases = (((Shard(0), Replicate()), (Replicate(), Shard(1)), (Shard(0), Shard(1))),
+                 ((Shard(0), Shard(1)), (Replicate(), Shard(0)), (Shard(0), Partial())),
+                 ((Shard(1), Shard(0)), (Shard(0), Replicate()), (Partial(), Shard(0))))
+        for pa, pb, out in cases:
+            got = ops.mm(dt(a, *pa), dt(b, *pb))
+            assert got.placements == out, (pa, pb, got.placements)
+            torch.testing.assert_close(got.full_tensor(), want, rtol=1e-12, atol=1e-12)
+        p = (Shard(0), Shard(1))
+        got = ops.vector_add(dt(x, *p), dt(y, *p))
+        assert got.placements == p
+        torch.testing.assert_close(got.full_tensor(), ops.vector_add(x, y), rtol=0, atol=0)
+        got = ops.square(ops.scale(dt(x, *p), -1.5))
+        assert got.placements == p
+        torch.testing.assert_close(got.full_tensor(), ops.square(ops.scale(x, -1.5)), rtol=0, atol=0)
+        got = ops.two_norm(dt(x, *p), dt(y, *p))
+        assert not any(isinstance(q, Replicate) for q in got.placements), got.placements
+        torch.testing.assert_close(got.full_tensor(), ops.two_norm(x, y), rtol=1e-12, atol=0)
+    finally:
+        dist.destroy_process_group()
+
+
 class CuopsLinear(torch.nn.Linear):
     """nn.Linear on cuops.mm (a subclass, so parallelize_module's Colwise/RowwiseParallel take it)."""
 
@@ -110,6 +151,10 @@ def check_mlp(rank, world, port):
 
 def test_sharded_ops_equal_the_unsharded_ones_on_two_processes():
     mp.spawn(check_ops, args=(2, free_port()), nprocs=2, join=True)
+
+
+def test_sharded_ops_equal_the_unsharded_ones_on_a_two_by_two_mesh():
+    mp.spawn(check_ops_2d, args=(4, free_port()), nprocs=4, join=True)
 
 
 def test_colwise_rowwise_mlp_of_cuops_linears_trains_as_unsharded():
