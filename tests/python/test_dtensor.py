@@ -23,6 +23,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def teardown():
+    """Every rank past its last collective before any tears gloo down: a rank closing its pairs while
+    another still used them aborted that process once in CI ("terminate called without an active
+    exception", SIGABRT) on CI's 2 loaded cores."""
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def check_ops(rank, world, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -72,7 +82,7 @@ def check_ops(rank, world, port):
         assert got.placements == (Partial(),)
         torch.testing.assert_close(got.full_tensor(), ops.scale(want, 0.5), rtol=1e-12, atol=1e-12)
     finally:
-        dist.destroy_process_group()
+        teardown()
 
 
 def check_ops_2d(rank, world, port):
@@ -113,7 +123,7 @@ def check_ops_2d(rank, world, port):
         assert not any(isinstance(q, Replicate) for q in got.placements), got.placements
         torch.testing.assert_close(got.full_tensor(), ops.two_norm(x, y), rtol=1e-12, atol=0)
     finally:
-        dist.destroy_process_group()
+        teardown()
 
 
 class CuopsLinear(torch.nn.Linear):
@@ -146,7 +156,7 @@ def check_mlp(rank, world, port):
         for (name, p_ref), (_, p_tp) in zip(ref.named_parameters(), tp.named_parameters()):
             torch.testing.assert_close(p_tp.grad.full_tensor(), p_ref.grad, rtol=1e-5, atol=1e-6, msg=name)
     finally:
-        dist.destroy_process_group()
+        teardown()
 
 
 def test_sharded_ops_equal_the_unsharded_ones_on_two_processes():
