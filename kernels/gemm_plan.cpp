@@ -168,8 +168,11 @@ void skinny_split(GemmPlan& p, int rw, int kw, int split) {
   p.bn = p.sk_tokens_m ? g.outputs * rw : p.sk_mt;
 }
 
-// The streaming form reads the weight and x by TMA: both must be describable (and not empty).
+// Whether a small-M plan can take the streaming form: bf16/fp16 or TF32 (float32 "highest" keeps the
+// per-lane FP32 forms, faster than FMAs from the ring: bench/NOTES.md v10/v11), and the weight and x
+// read by TMA, so both describable (and not empty).
 bool skinny_streams(const GemmPlan& p) {
+  if (p.req.dtype == DType::Float32 && !p.req.allow_tf32) return false;
   const int64_t k = p.req.k, tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
   const int64_t ldx = p.sk_tokens_m ? p.lda : p.ldb, ldw = p.sk_tokens_m ? p.ldb : p.lda;
   return k > 0 && tma_describes(k, tokens, ldx) &&
@@ -222,8 +225,7 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   }
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
-  const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
-  if ((half || tf32) && dev.skinny_tma && skinny_streams(p)) {
+  if (dev.skinny_tma && skinny_streams(p)) {
     // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
     // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
     // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
@@ -337,8 +339,7 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
 }
 
 GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) {
-  if (plan.kernel != GemmKernel::Skinny || (plan.req.dtype == DType::Float32 && !plan.req.allow_tf32) ||
-      !skinny_streams(plan)) {
+  if (plan.kernel != GemmKernel::Skinny || !skinny_streams(plan)) {
     plan.why = "with_stream: this plan cannot stream";
     return plan;
   }
