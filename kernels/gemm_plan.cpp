@@ -15,12 +15,16 @@
 // |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
-// | small-M bf16/fp16/TF32, sm_90 (GemmDevice::    | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
-// |   skinny_tma), TMA describes the weight and x  |   64 outputs x 128 k, a producer warp,  |   of copy at 4096 x 14336); the ring ~72-160 KB:   |
-// |                                                |   4 warps on 16 outputs each            |   0.87-1.00 of copy, level with cuBLAS or ahead    |
+// | small-M, sm_90 (GemmDevice::skinny_tma), TMA   | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
+// |   describes the weight and x                   |   64 outputs x 128 k (16-bit), a        |   of copy at 4096 x 14336); the ring ~72-160 KB:   |
+// |                                                |   producer warp, 4 warps: mma.sync      |   0.87-1.00 of copy, level with cuBLAS or ahead;   |
+// |                                                |   (bf16/fp16/TF32) or FP32 FMAs, 8      |   float32 "highest" 0.52-0.67 of copy at M >= 8 in |
+// |                                                |   outputs x 8 tokens a thread (float32  |   the per-lane forms, 0.75-1.02 streamed           |
+// |                                                |   "highest")                            |                                                    |
 // | streaming, groups of 64 outputs <= SMs / 2     | stages of 256 k (one CTA per SM); k     | bytes in flight set the pace, not CTAs; clusters   |
-// |                                                |   split over a cluster up to SMs / 2    |   cost (4 CTAs slower everywhere); short slices    |
-// |                                                |   CTAs, >= 8 stages each                |   only fill the ring                               |
+// |   (FP32 FMAs: <= SMs)                          |   split over a cluster up to SMs / 2    |   cost (4 CTAs slower everywhere); short slices    |
+// |                                                |   CTAs (FMAs: all SMs), >= 8 stages each|   only fill the ring; FP32 FMAs at 16 tokens bind  |
+// |                                                |                                         |   the SM: 0.55-0.65 of copy on half, 0.75-0.99 all |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
@@ -168,11 +172,10 @@ void skinny_split(GemmPlan& p, int rw, int kw, int split) {
   p.bn = p.sk_tokens_m ? g.outputs * rw : p.sk_mt;
 }
 
-// Whether a small-M plan can take the streaming form: bf16/fp16 or TF32 (float32 "highest" keeps the
-// per-lane FP32 forms, faster than FMAs from the ring: bench/NOTES.md v10/v11), and the weight and x
-// read by TMA, so both describable (and not empty).
+// Whether a small-M plan can take the streaming form: every dtype it has (bf16/fp16 and TF32 on the
+// tensor cores, float32 "highest" by FP32 FMAs, bench/NOTES.md v12), with the weight and x read by
+// TMA, so both describable (and not empty).
 bool skinny_streams(const GemmPlan& p) {
-  if (p.req.dtype == DType::Float32 && !p.req.allow_tf32) return false;
   const int64_t k = p.req.k, tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
   const int64_t ldx = p.sk_tokens_m ? p.lda : p.ldb, ldw = p.sk_tokens_m ? p.ldb : p.lda;
   return k > 0 && tma_describes(k, tokens, ldx) &&
@@ -230,12 +233,17 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
     // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
     // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
     // up to half the SMs, every CTA at least kSkinnyMinStages stages; elsewhere two CTAs per SM.
+    // float32 "highest" multiplies by FP32 FMAs, which at 16 tokens keep an SM busy: it wants every SM
+    // (deep CTAs up to one per SM, k split to fill them; at 16 tokens 0.55-0.65 of copy on half the
+    // SMs, 0.75-0.99 on all), where the tensor-core forms are bound by the stream alone.
+    const bool fma = r.dtype == DType::Float32 && !r.allow_tf32;
+    const int64_t sms_wanted = fma ? dev.sms : dev.sms / 2;
     const int64_t tma_groups = cdiv(outputs, kSkinnyTma.outputs);
-    const bool deep = tma_groups <= dev.sms / 2;
+    const bool deep = tma_groups <= sms_wanted;
     // The chunks are 16-bit elements' counts; float32 stages hold the same bytes (half the k).
     const int chunk = (deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk) * 2 / static_cast<int>(element_size(r.dtype));
     const int64_t cap = std::clamp<int64_t>(cdiv(r.k, chunk) / kSkinnyMinStages, 1, kSkinnyMaxCluster);
-    const int64_t split_tma = deep ? std::clamp<int64_t>(dev.sms / 2 / tma_groups, 1, cap) : 1;
+    const int64_t split_tma = deep ? std::clamp<int64_t>(sms_wanted / tma_groups, 1, cap) : 1;
     p.sk_mt = std::max(p.sk_mt, 8);  // its token tiles are the mma's 8 columns
     skinny_stream(p, kSkinnyTmaStages, chunk, static_cast<int>(split_tma), true);
     p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";

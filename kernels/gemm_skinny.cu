@@ -1,12 +1,13 @@
 // The small-M GEMM: out[t][o] = alpha * sum_k x[t][k] w(o, k) + beta * out[t][o] for at most
 // kSkinnyMaxTokens tokens t (a decode step's x @ W.t() and g @ W, gemm_plan.h). Such a product is
 // bound by reading the weight once, so everything here serves the stream. Two families:
-//   - the streaming form (bf16/fp16 on sm_90, gemm_skinny_tma below): a producer warp keeps a ring of
-//     TMA stages (64 outputs x 128 k of the weight, and x's tokens at the same k) full, four warps
-//     multiply them on the tensor cores; ~72 KB in flight per CTA, within 2-5 % of a TMA read that
-//     does nothing else (bench/sweep/probe/stream_probe.cu, bench/NOTES.md);
-//   - the per-lane forms (every GPU; float32 everywhere): each lane loads its own 16-byte vectors
-//     (16-bit: into registers, two chunks ahead; float32: a per-warp cp.async ring), no staging.
+//   - the streaming form (every dtype on sm_90, gemm_skinny_tma below): a producer warp keeps a ring
+//     of TMA stages (64 outputs x 128 k of the weight, and x's tokens at the same k) full, four warps
+//     multiply them, on the tensor cores (bf16/fp16/TF32) or by FP32 FMAs (float32 "highest");
+//     ~72 KB in flight per CTA, within 2-5 % of a TMA read that does nothing else
+//     (bench/sweep/probe/stream_probe.cu, bench/NOTES.md);
+//   - the per-lane forms (GPUs before sm_90, operands TMA cannot describe): each lane loads its own
+//     16-byte vectors (16-bit: into registers, two chunks ahead; float32: a per-warp cp.async ring).
 // Both:
 //   - k is split where the outputs alone cannot fill the SMs: over the warps of a block (per-lane
 //     forms), then over the CTAs of a cluster (sm_90), and the partial sums meet in shared memory
@@ -18,9 +19,8 @@
 //     per-lane forms a product's sum over k may take its terms in any order as long as both operands
 //     agree, so each lane's 16-byte vectors go into the fragments as they are (the k-contiguous
 //     weight), or after a byte permute (the o-contiguous one): no shared memory, no ldmatrix;
-//   - float32 (both "highest" and TF32, which may compute in true FP32 and here does: the stream, not
-//     the multiplier, sets the pace up to M = 4; at M >= 8 it is why TF32 trails cuBLAS) runs FP32
-//     FMAs.
+//   - float32 in the per-lane forms (both "highest" and TF32, which may compute in true FP32 and there
+//     does) runs FP32 FMAs.
 #include <cstdlib>
 
 #include "gemm.cuh"
@@ -326,10 +326,12 @@ template <typename T, int MT> struct HalfN {
 // Sums v[] (kN values per lane) over the warp's 32 lanes, halving the values each lane keeps at
 // every exchange: afterwards a lane holds max(1, kN / 32) sums, of the values at index
 // lane * kN / 32 + i (kN >= 32) or lane / (32 / kN) (kN < 32). Each sum is taken in one fixed order.
-template <int kN> __device__ __forceinline__ void warp_reduce_scatter(float (&v)[kN], int lane) {
+// With kHi / kLo, over the lanes that differ only in the bits from kHi down to kLo (powers of two):
+// the same with `lane` read as those bits' number and 32 as the lanes in such a group.
+template <int kN, int kHi = 16, int kLo = 1> __device__ __forceinline__ void warp_reduce_scatter(float (&v)[kN], int lane) {
   int len = kN;
 #pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) {
+  for (int off = kHi; off >= kLo; off >>= 1) {
     if (len > 1) {
       const int half = len / 2;
       const bool upper = lane & off;
@@ -561,14 +563,15 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
   store_outputs<T, MT>(s, s.rw * kRows, [&](int t, int o) { return part((o / kRows) * s.kw) + t * kRows + o % kRows; });
 }
 
-// ---- The streaming form (sm_90, bf16/fp16; gemm_plan.h's kSkinnyTma)
+// ---- The streaming form (sm_90; gemm_plan.h's kSkinnyTma)
 // Per CTA: 64 outputs over a slice of k. Warp kSkinnyWarps (the producer; one lane) keeps a ring of
 // stages full by TMA: a stage is the weight's 64 outputs x chunk k (k-contiguous: boxes of 64 rows x
 // 64 k, each row 128 bytes; o-contiguous: one box of chunk rows of k x 64 outputs) and x's
 // [MT tokens x chunk] (boxes of MT x 64; tokens past the last and k past the end arrive as zeros, so
 // no edge needs code). The other warps each multiply 16 of the outputs: ldmatrix from the 128-byte
 // swizzled tiles (conflict-free: the 8 rows of each 8 x 8 matrix sit in 8 different 16-byte units),
-// .trans for the o-contiguous weight, then m16n8k16 on out^T = W x^T. Each releases a stage to the
+// .trans for the o-contiguous weight, then m16n8k16 on out^T = W x^T (float32 "highest": FP32 FMAs,
+// fma_consume, 8 outputs x 8 tokens a thread). Each releases a stage to the
 // producer through the stage's `empty` barrier. Where per-lane loads kept at most ~32 KB per SM in
 // flight, each CTA here has its whole ring (4 x 18-20 KB) outstanding, and every weight row is read
 // in runs of chunk * 2 bytes.
@@ -616,10 +619,116 @@ __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
 __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int unit) {
   return box + row * 128 + ((unit ^ (row & 7)) << 4);
 }
+__device__ __forceinline__ float4 lds128(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+
+// float32 "highest" on the ring: true FP32 FMAs. A consumer thread owns 8 outputs x 8 tokens over a
+// share of k, so each weight vector it loads serves 8 tokens and each x vector 8 outputs (one output
+// per lane, v10/v11 in bench/NOTES.md, was bound by the shared-memory loads), in 64 sums (more spilled
+// at the 168 registers two CTAs per SM leave). At MT = 16 the warp pairs take the two token halves;
+// at MT = 8 they split k. Every 8 consecutive lanes read 8 different 16-byte units of one swizzled row
+// (or one x vector, a broadcast): no bank conflicts. The threads' k shares are fixed and summed at
+// the end in one order (lanes by warp_reduce_scatter, then warps through shared memory), into part.
+//   k-contiguous weight: lane & 7 is the unit (4 k) of each 32-k box, outputs 8 og .. 8 og + 7 with
+//     og = lane >> 3 + 4 (warp & 1); at MT = 8 the warp pairs take alternate boxes;
+//   o-contiguous weight: lane & 7 owns outputs 4u .. 4u + 3 of both 32-output boxes, and the k
+//     groups j (lane >> 3 and the warps not on tokens) k 4j .. 4j + 3 of each 4 x groups.
+template <int MT, bool WK>
+__device__ __forceinline__ void fma_consume(void* ring, uint32_t base, int stage_bytes, int w_bytes, int chunk,
+                                            int stages, int n, uint32_t full, uint32_t empty, int warp, int lane,
+                                            float* part) {
+  constexpr int kOut = kSkinnyTma.outputs, kN = 64;
+  constexpr int kHalves = MT / 8, kGroups = (WK ? 2 : 4) / kHalves;  // token halves; k groups of warps
+  float acc[kN] = {};  // acc[o * 8 + tt]: the thread's output o, token 8 th + tt
+  const int u = lane & 7, th = kHalves == 2 ? warp >> 1 : 0;
+  const int group = kHalves == 2 ? (WK ? 0 : warp & 1) : (WK ? warp >> 1 : warp);
+  const int og = (lane >> 3) + 4 * (warp & 1), j = (lane >> 3) + 4 * group;
+  for (int i = 0; i < n; ++i) {
+    const int slot = i % stages;
+    mbar_wait(full + 8 * slot, (i / stages) & 1);
+    const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
+    if constexpr (WK) {
+#pragma unroll 1
+      for (int b = group; b < chunk / 32; b += kGroups) {
+        const uint32_t xb = xt + b * MT * 128;
+        float4 w[8];
+#pragma unroll
+        for (int o = 0; o < 8; ++o) w[o] = lds128(swz(wt + b * kOut * 128, 8 * og + o, u));
+#pragma unroll
+        for (int tt = 0; tt < 8; ++tt) {
+          const float4 x = lds128(swz(xb, 8 * th + tt, u));
+#pragma unroll
+          for (int o = 0; o < 8; ++o) {
+            float& a = acc[o * 8 + tt];
+            a = fmaf(w[o].x, x.x, a);
+            a = fmaf(w[o].y, x.y, a);
+            a = fmaf(w[o].z, x.z, a);
+            a = fmaf(w[o].w, x.w, a);
+          }
+        }
+      }
+    } else {
+      constexpr int kBlock = 16 * kGroups;  // the k the thread groups cover together
+#pragma unroll 1
+      for (int k0 = 4 * j; k0 < chunk; k0 += kBlock) {
+        const uint32_t xb = xt + (k0 / 32) * MT * 128;
+        float4 w[2][4];  // [box][k row]: outputs 4u .. 4u + 3 of 32-output box h at k0 + r
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) w[h][r] = lds128(swz(wt + h * chunk * 128, k0 + r, u));
+#pragma unroll
+        for (int tt = 0; tt < 8; ++tt) {
+          const float4 x = lds128(swz(xb, 8 * th + tt, j & 7));
+          const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              float* a = acc + 4 * h * 8 + tt;
+              a[0] = fmaf(w[h][r].x, xs[r], a[0]);
+              a[8] = fmaf(w[h][r].y, xs[r], a[8]);
+              a[16] = fmaf(w[h][r].z, xs[r], a[16]);
+              a[24] = fmaf(w[h][r].w, xs[r], a[24]);
+            }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * slot);
+  }
+  // Lanes first; then, once no consumer reads the ring (every stage issued was waited for, so no
+  // copy is still landing), each warp group's sums go to the ring and are added in group order.
+  constexpr int kKeep = WK ? kN / 8 : kN / 4;
+  if constexpr (WK) {
+    warp_reduce_scatter<kN, 4, 1>(acc, lane);
+  } else {
+    warp_reduce_scatter<kN, 16, 8>(acc, lane);
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kSkinnyWarps * 32) : "memory");  // the consumers only
+  float* const red = static_cast<float*>(ring);  // at `base`
+#pragma unroll
+  for (int i = 0; i < kKeep; ++i) {
+    // The sum at acc index (the lane's share) * kKeep + i: the thread's output idx / 8, token idx % 8.
+    const int idx = (WK ? u : lane >> 3) * kKeep + i, o = idx / 8, t = 8 * th + idx % 8;
+    const int out = WK ? 8 * og + o : (o / 4) * 32 + 4 * u + o % 4;
+    red[(group * MT + t) * kOut + out] = acc[i];
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kSkinnyWarps * 32) : "memory");
+  for (int e = warp * 32 + lane; e < MT * kOut; e += kSkinnyWarps * 32) {
+    float v = red[e];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) v += red[g * MT * kOut + e];
+    part[e] = v;
+  }
+}
 #endif
 
-template <typename T, int MT, bool WK>
-__global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
+template <typename T, int MT, bool WK, bool FMA>
+__global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
                                                                 const __grid_constant__ CUtensorMap mx, Skinny s,
                                                                 int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
@@ -669,6 +778,8 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
         }
       }
     }
+  } else if constexpr (FMA) {
+    fma_consume<MT, WK>(smem, base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane, part);
   } else {
     // Two accumulator sets (even and odd k steps) halve the chain of dependent mma per stage. Each
     // 8 steps (two boxes) of a stage are read into registers first (ldmatrix), and the stage is
@@ -759,7 +870,7 @@ __global__ void __launch_bounds__(kTmaThreads) gemm_skinny_tma(const __grid_cons
 #endif
 }
 
-template <typename T, int MT, bool WK>
+template <typename T, int MT, bool WK, bool FMA>
 cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const int stages = plan.sk_stages, chunk = plan.sk_chunk, split = plan.sk_split;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
@@ -774,7 +885,7 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
                         : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kBoxK, chunk)) &&
                     make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kBoxK, MT);
   if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
-  constexpr auto kernel = gemm_skinny_tma<T, MT, WK>;
+  constexpr auto kernel = gemm_skinny_tma<T, MT, WK, FMA>;
   // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -798,10 +909,12 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   return cudaLaunchKernelEx(&cfg, kernel, mw, mx, s, stages, chunk);
 }
 
-template <typename T> cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+// FMA: float32 "highest" (true FP32 FMAs, fma_consume) rather than the tensor cores.
+template <typename T, bool FMA = false>
+cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const bool k = plan.sk_w_kmajor;
-  if (plan.sk_mt == 8) return k ? launch_tma<T, 8, true>(plan, s, stream) : launch_tma<T, 8, false>(plan, s, stream);
-  if (plan.sk_mt == 16) return k ? launch_tma<T, 16, true>(plan, s, stream) : launch_tma<T, 16, false>(plan, s, stream);
+  if (plan.sk_mt == 8) return k ? launch_tma<T, 8, true, FMA>(plan, s, stream) : launch_tma<T, 8, false, FMA>(plan, s, stream);
+  if (plan.sk_mt == 16) return k ? launch_tma<T, 16, true, FMA>(plan, s, stream) : launch_tma<T, 16, false, FMA>(plan, s, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -864,7 +977,7 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
     switch (plan.req.dtype) {
       case DType::BFloat16: return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
       case DType::Float16: return launch_tma_typed<__half>(plan, s, stream);
-      case DType::Float32: return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : cudaErrorInvalidValue;
+      case DType::Float32: return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : launch_tma_typed<float, true>(plan, s, stream);
       default: return cudaErrorInvalidValue;
     }
   }

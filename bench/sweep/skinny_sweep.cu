@@ -3,7 +3,7 @@
 // against cuBLAS and timed beside it. Calls cycle over copies of the weight larger than L2 together,
 // back to back (what a decode step sees); "of copy" is weight bytes / time over the device-to-device
 // copy rate measured here. Built by CMake as <build>/bench/sweep/skinny_sweep; not part of the tests.
-//   SWEEP_M=1,16 (tokens), SWEEP_F32=0 leaves out float32.
+//   SWEEP_M=1,16 (tokens), SWEEP_F32=0 leaves out float32 ("highest"), SWEEP_BF16=0 bf16.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -34,9 +34,9 @@ double copy_gbps() {
 
 // The streaming form's shared memory per CTA (kernels/gemm_skinny.cu's tma_smem), to skip rings that do
 // not fit.
-int tma_smem_bytes(int64_t m, int stages, int chunk) {
+int tma_smem_bytes(int64_t m, int stages, int chunk, int elem) {
   const int mt = m <= 8 ? 8 : 16;
-  return stages * (kSkinnyTma.outputs + mt) * chunk * 2 + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
+  return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
 }
 
 struct Case {
@@ -103,11 +103,13 @@ void run_case(cublasHandle_t h, cudaStream_t stream, const GemmDevice& dev, cons
     bool pdl = true;
   };
   std::vector<Split> splits{{0, 0, 0}};
-  if (dev.skinny_tma && !c.f32) {
+  if (dev.skinny_tma) {
+    // Chunks in elements: float32 stages of the same bytes hold half the k.
     for (int stages : {3, 4, 6, 8})
       for (int chunk : {128, 256})
         for (int split : {1, 2, 4})
-          if (tma_smem_bytes(c.m, stages, chunk) <= 227 * 1024) splits.push_back({-stages, chunk, split});
+          if (tma_smem_bytes(c.m, stages, chunk / int(es / 2), int(es)) <= 227 * 1024)
+            splits.push_back({-stages, chunk / int(es / 2), split});
     const GemmPlan pick = plan_for(0);
     if (pick.sk_tma) splits.push_back({-pick.sk_stages, pick.sk_chunk, pick.sk_split, false});
   }
@@ -177,11 +179,12 @@ int main() {
     }
   }
   const bool f32 = !(getenv("SWEEP_F32") && strcmp(getenv("SWEEP_F32"), "0") == 0);
+  const bool bf16 = !(getenv("SWEEP_BF16") && strcmp(getenv("SWEEP_BF16"), "0") == 0);
   // Llama-3-8B: qkv (4096 -> 6144), o (4096 -> 4096), gate_up (4096 -> 28672), down (14336 -> 4096).
   const int64_t linears[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};
   int failures = 0;
   for (bool use_f32 : {false, true}) {
-    if (use_f32 && !f32) continue;
+    if (use_f32 ? !f32 : !bf16) continue;
     for (int64_t m : ms)
       for (const auto& L : linears) {
         run_case(h, stream, dev, Case{m, L[1], L[0], false, use_f32}, copy, failures);  // x @ W.t(): n = out, k = in

@@ -343,7 +343,7 @@ using cuops::kernels::kSkinnyTma;
 using cuops::kernels::kSkinnyTmaStages;
 using cuops::kernels::with_stream;
 
-TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
+TEST(GemmPlan, SmallMStreamsTheWeightByTmaOnHopper) {
   // 4096 x 14336 (down_proj): 64 groups of 64 outputs, at most half the SMs: deep stages (256 k, one
   // CTA per SM), no cluster (64 CTAs already half the SMs), 56 stages each.
   GemmPlan p = plan_gemm(linear_forward(DType::BFloat16, 1, 4096, 14336), kH100);
@@ -387,9 +387,26 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_EQ(p.sk_chunk, 128);
   EXPECT_EQ(p.sk_mt, 8);
   EXPECT_EQ(with_stream(p, 4, 64, 1).sk_chunk, 64);
-  // Where it does not stream: float32 "highest" (FP32 cores, the per-lane ring), k = 0, no encoder,
-  // no sm_90.
-  EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
+  // float32 "highest" streams too (FP32 FMAs), on every SM: 64 groups deep, k split over 2 (132 SMs);
+  // 96 groups deep still (one CTA per SM), 448 in stages of 64 k (two per SM).
+  p = plan_gemm(linear_forward(DType::Float32, 16, 4096, 4096), kH100);
+  EXPECT_TRUE(p.sk_tma);
+  EXPECT_EQ(p.sk_mt, 16);
+  EXPECT_EQ(p.sk_chunk, 128);
+  EXPECT_EQ(p.sk_split, 2);
+  p = plan_gemm(row_major(DType::Float32, 1, 4096, 14336), kH100);  // g @ W: o-contiguous
+  EXPECT_TRUE(p.sk_tma);
+  EXPECT_FALSE(p.sk_w_kmajor);
+  EXPECT_EQ(p.sk_mt, 8);
+  EXPECT_EQ(p.sk_split, 2);
+  p = plan_gemm(linear_forward(DType::Float32, 16, 6144, 4096), kH100);
+  EXPECT_EQ(p.grid, 96);
+  EXPECT_EQ(p.sk_chunk, 128);
+  EXPECT_EQ(p.sk_split, 1);
+  p = plan_gemm(linear_forward(DType::Float32, 16, 28672, 4096), kH100);
+  EXPECT_EQ(p.sk_chunk, 64);
+  EXPECT_EQ(p.sk_split, 1);
+  // Where it does not stream: k = 0, no encoder, no sm_90.
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
   EXPECT_FALSE(p.sk_tma);
@@ -405,7 +422,7 @@ TEST(GemmPlan, SmallMStreamsSixteenBitWeightsByTmaOnHopper) {
   EXPECT_FALSE(p.sk_tma);
   EXPECT_FALSE(p.sk_pdl);
   EXPECT_EQ(p.sk_kw, 4);
-  EXPECT_EQ(with_stream(plan_gemm(linear_forward(DType::Float32, 1, 64, 64), kH100), 4, 128, 1).sk_tma, false);
+  EXPECT_FALSE(with_stream(plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100), 4, 128, 1).sk_tma);
 }
 
 }  // namespace

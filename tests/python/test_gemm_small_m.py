@@ -12,15 +12,13 @@ from conftest import REDUCTION_TOL, make, ops, rel_error, requires_cuda
 from test_ops import cuda_kernel_names, fast_kernel_tol, matmul_precision
 
 MAX_TOKENS = 16  # kernels/gemm_plan.h kSkinnyMaxTokens
-# The streaming form (TMA ring) runs bf16/fp16 and TF32 on compute capability 9.0 unless switched off;
-# float32 "highest" keeps the per-lane FP32 forms.
+# The streaming form (TMA ring) runs every dtype (bf16/fp16 and TF32 on the tensor cores, float32
+# "highest" by FP32 FMAs) on compute capability 9.0 unless switched off.
 STREAM_DISABLED = os.environ.get("CUOPS_DISABLE_SKINNY_TMA") is not None
 
 
-def streams(dtype, precision):
-    tf32 = dtype == torch.float32 and precision != "highest"
-    return ((dtype in (torch.bfloat16, torch.float16) or tf32) and not STREAM_DISABLED
-            and torch.cuda.get_device_capability() == (9, 0))
+def streams():
+    return not STREAM_DISABLED and torch.cuda.get_device_capability() == (9, 0)
 
 
 TOKENS = [1, 2, 3, 15, 16, 17, 63]
@@ -60,10 +58,11 @@ def takes_small_m(a, b):
 
 def check_products(a, b, dtype, precision):
     ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
-    # TF32 allowed: the small-M kernel's per-lane forms compute float32 in true FP32 all the same (their
-    # stream, not their multiplies, sets the pace), so hold them to float32's bound where they run; the
-    # streaming form multiplies TF32 on the tensor cores.
-    small = takes_small_m(a, b) and dtype == torch.float32 and not streams(dtype, precision)
+    # float32 in the small-M kernel is true FP32 ("highest" always; TF32 allowed too in the per-lane
+    # forms, whose stream, not their multiplies, sets the pace), so held to float32's bound; the
+    # streaming form multiplies TF32 on the tensor cores where TF32 is allowed.
+    true_fp32 = precision == "highest" or not streams()
+    small = takes_small_m(a, b) and dtype == torch.float32 and true_fp32
     tol = REDUCTION_TOL[torch.float32] if small else fast_kernel_tol(dtype, precision)
     with matmul_precision(precision):
         out = ops.mm(a, b)
@@ -117,21 +116,21 @@ def test_small_m_kernel_choice_at_the_boundary(dtype, precision, kind):
             names = cuda_kernel_names(lambda: ops.mm(a, b))
         assert any("gemm_skinny" in n for n in names) == (m <= MAX_TOKENS), (m, names)
         if m <= MAX_TOKENS:
-            assert any("gemm_skinny_tma" in n for n in names) == streams(dtype, precision), names
+            assert any("gemm_skinny_tma" in n for n in names) == streams(), names
 
 
 @requires_cuda
 @pytest.mark.skipif(STREAM_DISABLED, reason="already the per-lane run")
 def test_small_m_per_lane_forms_without_the_stream():
     """The per-lane forms that serve GPUs without sm_90 (and operands TMA cannot describe) stay correct
-    and chosen: this file's bf16/fp16 and TF32 tests again with the streaming form switched off."""
+    and chosen: this file's fp16 and float32 tests again with the streaming form switched off."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the per-lane forms already ran: this GPU has no streaming form")
     import subprocess
     import sys
     env = dict(os.environ, CUOPS_DISABLE_SKINNY_TMA="1")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "float16 or (float32 and not highest)"],
+                           "float16 or float32"],
                           capture_output=True, text=True, env=env, timeout=900)
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
     assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, summary
