@@ -21,6 +21,8 @@
 // |                                                |   (bf16/fp16/TF32) or FP32 FMAs, 8      |   float32 "highest" 0.52-0.67 of copy at M >= 8 in |
 // |                                                |   outputs x 8 tokens a thread (float32  |   the per-lane forms, 0.75-1.02 streamed           |
 // |                                                |   "highest")                            |                                                    |
+// | float32 "highest", <= 4 tokens, k-contiguous   | no stream: the per-lane form            | 3-5 % faster there (0.99 of copy against 0.95 at   |
+// |   weight, groups of 64 outputs > SMs / 2       |                                         |   1 x 4096 x 28672): 8-token FMA tiles mostly pad  |
 // | streaming, groups of 64 outputs <= SMs / 2     | stages of 256 k (one CTA per SM); k     | bytes in flight set the pace, not CTAs; clusters   |
 // |   (FP32 FMAs: <= SMs)                          |   split over a cluster up to SMs / 2    |   cost (4 CTAs slower everywhere); short slices    |
 // |                                                |   CTAs (FMAs: all SMs), >= 8 stages each|   only fill the ring; FP32 FMAs at 16 tokens bind  |
@@ -228,7 +230,12 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   }
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
   p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
-  if (dev.skinny_tma && skinny_streams(p)) {
+  // float32 "highest" at <= 4 tokens with the weight k-contiguous and its groups of 64 outputs more
+  // than half the SMs: the per-lane form reads it 3-5 % faster than the FMA stream (1 x 4096 x 28672:
+  // 0.99 of copy against 0.95), whose 8-token tiles are mostly padding there.
+  const bool fma = r.dtype == DType::Float32 && !r.allow_tf32;
+  const bool lanes_faster = fma && tokens <= 4 && p.sk_w_kmajor && cdiv(outputs, kSkinnyTma.outputs) > dev.sms / 2;
+  if (dev.skinny_tma && skinny_streams(p) && !lanes_faster) {
     // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
     // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
     // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
@@ -236,7 +243,6 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
     // float32 "highest" multiplies by FP32 FMAs, which at 16 tokens keep an SM busy: it wants every SM
     // (deep CTAs up to one per SM, k split to fill them; at 16 tokens 0.55-0.65 of copy on half the
     // SMs, 0.75-0.99 on all), where the tensor-core forms are bound by the stream alone.
-    const bool fma = r.dtype == DType::Float32 && !r.allow_tf32;
     const int64_t sms_wanted = fma ? dev.sms : dev.sms / 2;
     const int64_t tma_groups = cdiv(outputs, kSkinnyTma.outputs);
     const bool deep = tma_groups <= sms_wanted;

@@ -406,6 +406,12 @@ TEST(GemmPlan, SmallMStreamsTheWeightByTmaOnHopper) {
   p = plan_gemm(linear_forward(DType::Float32, 16, 28672, 4096), kH100);
   EXPECT_EQ(p.sk_chunk, 64);
   EXPECT_EQ(p.sk_split, 1);
+  // ... but at <= 4 tokens with many groups of a k-contiguous weight, the per-lane form.
+  EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 4, 28672, 4096), kH100).sk_tma);
+  EXPECT_FALSE(plan_gemm(linear_forward(DType::Float32, 1, 6144, 4096), kH100).sk_tma);
+  EXPECT_TRUE(plan_gemm(linear_forward(DType::Float32, 1, 4096, 4096), kH100).sk_tma);
+  EXPECT_TRUE(plan_gemm(row_major(DType::Float32, 1, 28672, 4096), kH100).sk_tma);
+  EXPECT_TRUE(plan_gemm(tf32(linear_forward(DType::Float32, 1, 6144, 4096)), kH100).sk_tma);
   // Where it does not stream: k = 0, no encoder, no sm_90.
   p = plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Skinny);
