@@ -1,4 +1,4 @@
-"""DTensor sharding rules for the cuops operators (tensor parallelism; issue 25, first part).
+"""DTensor sharding rules for the cuops operators (tensor parallelism; issue 25).
 
 Each rule lists, for one mesh dimension, the placements an op accepts and what its output then is;
 DTensor expands them over every dimension of the mesh and redistributes inputs to the cheapest one.
@@ -10,8 +10,22 @@ result is a pending 2-norm reduction (DTensor's _NormPartial(2), the placement t
 linalg_vector_norm rule uses: squares, an all-reduce sum, a root, when the value is needed). That
 placement is private to torch; where it is missing, two_norm accepts replicated inputs only.
 
-Not yet covered (they keep DTensor's "no sharding strategy" error): add2 and gemm (in-place outputs:
-the output's own placement must be one the rule accepts, never a redistributed copy).
+add2 and gemm write into their first argument c, so c's placement is fixed: DTensor may redistribute a
+and b (copies, which the op only reads) but never c, whose redistributed copy would take the write and
+be dropped. register_sharding cannot say that: it treats an op as in place only when its name ends in
+"_" (OpSchema.is_inplace_op), so for add2/gemm (mutation declared by the schema's `Tensor(a!)`) it
+picks the cheapest strategy over all three arguments and may move c; add2 of a Replicate c with
+Shard(0) a and b, registered that way, left c unchanged and raised nothing. torch's own in-place ops
+(add_, mul_, ...) get the check through a private argument (expand_to_full_mesh_op_strategy's
+inplace_op). So these two ops take torch's public `torch.library.register_torch_dispatch(op, DTensor,
+fn)` instead: fn (_inplace() below) reads, on each mesh dimension, the rule entries whose c placement
+is c's own, takes the one that moves fewest of a and b (ties: the first listed), redistributes a and b
+to it (a move into a Partial, which DTensor.redistribute keeps internal, by hand: _local_as), and runs
+the op on the local tensors; c's local tensor is written as it is. A c placement no
+entry has raises RuntimeError ("cuops::<op>: ...") before anything runs. Global shapes and dtypes are
+checked first, by the op's Meta kernel on the global shapes (local shapes of wrongly shaped tensors
+can agree), and an input sharing c's memory may not move. The choice between entries is a count,
+not DTensor's communication-cost model (private).
 """
 from __future__ import annotations
 
@@ -79,5 +93,119 @@ def register() -> bool:
             rules += [([_NormPartial(2)], [Shard(d), Shard(d)]) for d in range(a.ndim)]
         return rules
 
+    # ---- In-place ops: rules as (c, a, b) placements per mesh dimension; c's is never changed.
+
+    @_inplace(ops.add2.default, "add2")
+    def add2_rule(c, a, b):
+        # c <- a + b elementwise: c keeps any sharding when a and b have it too; partial sums (and
+        # averages) add up as the sums of the inputs do, so a Partial c takes partial a and b. A
+        # Partial of a non-linear reduction (max, min) has none.
+        rules = [(Replicate(),) * 3]
+        rules += [(Shard(d),) * 3 for d in range(c.ndim)]
+        rules += [(Partial(op),) * 3 for op in ("sum", "avg")]
+        return rules
+
+    @_inplace(ops.gemm.default, "gemm")
+    def gemm_rule(c, a, b, alpha=1.0, beta=0.0):
+        # c <- alpha * a @ b + beta * c, c's placement given: rows of c take rows of a and all of b,
+        # columns of c all of a and columns of b, a replicated c everything replicated. A Partial
+        # (sum) c is the sum of its pieces c_i, and each process writes alpha * (its part of a @ b)
+        # + beta * c_i, so beta * c is counted once in the sum: the part of a @ b is a k-split
+        # product (a's columns with b's rows) or, a @ b being linear in each operand, a Partial
+        # operand times a replicated one. A Partial (avg) c takes only the latter: a k split of an
+        # average would divide a @ b by the number of processes. (A Replicate c with k-split a and b
+        # is not an entry: beta * c would be counted once per process; such a and b are gathered.)
+        return [
+            (Replicate(), Replicate(), Replicate()),
+            (Shard(0), Shard(0), Replicate()),
+            (Shard(1), Replicate(), Shard(1)),
+            (Partial(), Shard(1), Shard(0)),
+            (Partial(), Partial(), Replicate()),
+            (Partial(), Replicate(), Partial()),
+            (Partial("avg"), Partial("avg"), Replicate()),
+            (Partial("avg"), Replicate(), Partial("avg")),
+        ]
+
     _registered = True
     return True
+
+
+def _same(p, q) -> bool:
+    # _NormPartial (a Partial subclass, reduce_op "sum") is not a sum partial: compare types too.
+    return type(p) is type(q) and p == q
+
+
+def _local_as(t, placements):
+    """The local tensor t has as a DTensor of `placements` (t is only read: a copy where it moves).
+    DTensor.redistribute refuses to move into a Partial ("for internal use only"); on those mesh
+    dimensions t goes to Replicate and its local value becomes a piece of the reduction: the whole on
+    coordinate 0 and zeros elsewhere for a sum (exact, where torch's own split divides by n), the whole
+    everywhere for an average."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    into = [i for i, (p, q) in enumerate(zip(t.placements, placements))
+            if isinstance(q, Partial) and not _same(p, q)]
+    staged = [Replicate() if i in into else q for i, q in enumerate(placements)]
+    if tuple(staged) != tuple(t.placements):
+        t = t.redistribute(t.device_mesh, staged)
+    local = t.to_local()
+    coord = t.device_mesh.get_coordinate()
+    if any(placements[i].reduce_op == "sum" and coord[i] != 0 for i in into):
+        local = torch.zeros_like(local)
+    return local
+
+
+def _inplace(op, name):
+    """Registers rule (c, a, b, *scalars) -> [(c, a, b placements), ...] as op's DTensor handler."""
+    from torch.distributed.tensor import DTensor
+
+    def decorate(rule):
+        def handler(cls, func, types, args, kwargs):
+            c, a, b = args[:3]
+            scalars = args[3:]
+            kinds = [type(t).__name__ for t in (c, a, b)]
+            if not all(isinstance(t, DTensor) for t in (c, a, b)):
+                raise RuntimeError(
+                    f"cuops::{name}: c, a and b must all be DTensors when one is (got c: {kinds[0]}, "
+                    f"a: {kinds[1]}, b: {kinds[2]}); make the others with distribute_tensor or "
+                    "DTensor.from_local")
+            mesh = c.device_mesh
+            for arg, t in (("a", a), ("b", b)):
+                if t.device_mesh != mesh:
+                    raise RuntimeError(f"cuops::{name}: {arg} is on {t.device_mesh}, c on {mesh}; "
+                                       "expected one DeviceMesh")
+            # Global shapes and dtypes, by the Meta kernel (its messages are the op's own).
+            func(*(torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (c, a, b)), *scalars,
+                 **kwargs)
+            rules = rule(c, a, b, *scalars, **kwargs)
+            want_a, want_b = [], []
+            for dim, pc in enumerate(c.placements):
+                options = [r for r in rules if _same(r[0], pc)]
+                if not options:
+                    accepted = ", ".join(dict.fromkeys(repr(r[0]) for r in rules))
+                    raise RuntimeError(
+                        f"cuops::{name}: c is written in place, so its placement stays; c is {pc!r} on "
+                        f"mesh dimension {dim}, which {name} cannot write (accepted: {accepted}). "
+                        f"Redistribute c first (c.redistribute returns a new DTensor) or use the "
+                        f"functional op ({'mm' if name == 'gemm' else 'vector_add'})")
+                best = min(options, key=lambda r: (not _same(r[1], a.placements[dim]))
+                           + (not _same(r[2], b.placements[dim])))
+                want_a.append(best[1])
+                want_b.append(best[2])
+            # An input that moves is read from a copy: one sharing c's memory would be read as it was
+            # before the write, where the kernel itself would read it in place (add2) or refuse it.
+            out = c.to_local()
+            for arg, t, want in (("a", a, want_a), ("b", b, want_b)):
+                if tuple(want) != tuple(t.placements) and out.numel() and t.to_local().numel() and (
+                        t.to_local().untyped_storage().data_ptr() == out.untyped_storage().data_ptr()):
+                    raise RuntimeError(
+                        f"cuops::{name}: {arg} shares memory with the output c and would have to move "
+                        f"from {tuple(t.placements)} to {tuple(want)} (a copy, read while c is written); "
+                        f"pass a separate {arg}")
+            func(out, _local_as(a, want_a), _local_as(b, want_b), *scalars, **kwargs)
+            return None
+
+        torch.library.register_torch_dispatch(op, DTensor, handler)
+        return rule
+
+    return decorate
