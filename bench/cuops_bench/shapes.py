@@ -35,14 +35,19 @@ def _llama(model, hidden, heads, kv_heads, intermediate):
 
 # Published sizes: Llama-3-8B (hidden 4096, 32 heads, 8 KV heads, FFN 14336; q/k/v and gate/up fused
 # as serving engines run them); GPT-2 124M (hidden 768, FFN 3072, fused c_attn); Falcon-7B's MLP
-# (hidden 4544, FFN 18176: a wide FFN, 4x).
+# (hidden 4544, FFN 18176: a wide FFN, 4x). gpt-1024: the GPT-style decoder whose training step the
+# training-shape issue times (width 1024, FFN 4096, fused q/k/v), at its 8 x 1024 tokens only.
 MODELS = {
     "llama-3-8b": _llama("llama-3-8b", 4096, 32, 8, 14336),
     "gpt-2": [Linear("gpt-2", "c_attn", 768, 2304), Linear("gpt-2", "attn.c_proj", 768, 768),
               Linear("gpt-2", "c_fc", 768, 3072), Linear("gpt-2", "mlp.c_proj", 3072, 768)],
     "falcon-7b-mlp": [Linear("falcon-7b-mlp", "dense_h_to_4h", 4544, 18176),
                       Linear("falcon-7b-mlp", "dense_4h_to_h", 18176, 4544)],
+    "gpt-1024": [Linear("gpt-1024", "c_attn", 1024, 3072), Linear("gpt-1024", "attn.c_proj", 1024, 1024),
+                 Linear("gpt-1024", "c_fc", 1024, 4096), Linear("gpt-1024", "mlp.c_proj", 4096, 1024)],
 }
+# Models measured at their own token counts only (a training step's batch), whatever the suite's.
+MODEL_TOKENS = {"gpt-1024": (8192,)}
 
 DECODE_M = (1, 2, 4, 8, 16)
 MID_M = (128, 512, 1024)
@@ -105,7 +110,7 @@ def products(models=None, tokens=DECODE_M + MID_M + LARGE_M, kinds=("forward", "
         for L in MODELS[model]:
             if scale != 1:
                 L = Linear(L.model, L.name, max(1, L.k // scale), max(1, L.n // scale))
-            for t in tokens:
+            for t in MODEL_TOKENS.get(model, tokens):
                 if "forward" in kinds:
                     out.append(Product(L, "forward", t, t, L.n, L.k, "k", "k"))
                 if "input_grad" in kinds:
