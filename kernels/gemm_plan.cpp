@@ -43,6 +43,8 @@
 // |                                                |   64 x 128                              | |
 // | float32 "highest"                              | SIMT 128 x 128 x 8 from 256 tiles, else | 128 x 128 (two blocks, 16 warps) fastest from 2048^3, |
 // |                                                |   64 x 64 x 16                          |   64 x 64 at <= 1024^3 where big tiles idle SMs |
+// | float32 "highest", fewer 128 x 128 tiles than  | 128 x 128, k split over a cluster of    | M = 128-512 products ran 64 x 64 tiles at 0.54-0.70x |
+// |   SMs, k >= 1024, clusters                     |   min(2 SMs / tiles, 8, k / 512) CTAs   |   cuBLAS (few tiles, each a long k)                |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
 #include "gemm_plan.h"
 
@@ -257,6 +259,10 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   return true;
 }
 
+// The SIMT kernel's k split: at most a portable cluster, slices of at least 512 k (shorter ones
+// spend their time filling the pipeline and in the reduction).
+constexpr int64_t kSimtMaxSplit = 8, kSimtMinSlice = 512;
+
 void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.bm = bm, p.bn = bn, p.bk = bk, p.cluster_m = 1;
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
@@ -340,8 +346,19 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   if (!p.a_kmajor && p.lda == 0 && r.k > 1) return general(p, "SIMT: m-major a of leading stride 0");
   p.kernel = GemmKernel::Simt;
   p.why = "float32 'highest' on FP32 cores";
-  if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 256) tiles(p, 128, 128, 8);
-  else tiles(p, 64, 64, 16);
+  const int64_t big = cdiv(p.m, 128) * cdiv(p.n, 128);
+  // Fewer 128 x 128 tiles than SMs over a long k: the k split over a cluster, so the big tiles fill
+  // two blocks per SM, each slice at least kSimtMinSlice long.
+  const int64_t split = dev.clusters && big < dev.sms ? std::min<int64_t>({2 * dev.sms / big, kSimtMaxSplit, r.k / kSimtMinSlice}) : 1;
+  if (big >= 256) {
+    tiles(p, 128, 128, 8);
+  } else if (split >= 2) {
+    tiles(p, 128, 128, 8);
+    p.split_k = static_cast<int>(split);
+    p.why = "float32 'highest' on FP32 cores, k split over a cluster";
+  } else {
+    tiles(p, 64, 64, 16);
+  }
   return p;
 }
 

@@ -96,6 +96,9 @@ struct GemmPlan {
   // and the grid in blocks (a persistent kernel's is below its tile count).
   int bm = 0, bn = 0, bk = 0, cluster_m = 1;
   int64_t grid = 0;
+  // k split over a cluster of split_k CTAs along the grid's y (the SIMT kernel; > 1 only where
+  // GemmDevice::clusters): their partial tiles are summed in rank order in the cluster's shared memory.
+  int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
   // The small-M kernel: whether the tokens are C's rows (x = A, the weight B) or its columns (x = B^T,

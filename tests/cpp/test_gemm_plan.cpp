@@ -232,10 +232,26 @@ TEST(GemmPlan, Float32HighestRunsTheSimtKernel) {
   EXPECT_EQ(p.bm, 128);
   EXPECT_EQ(p.bk, 8);
   EXPECT_EQ(p.grid, 32 * 32);
+  EXPECT_EQ(p.split_k, 1);
+  // Fewer 128 x 128 tiles than SMs over a k of >= 1024: k split over a cluster (two blocks per SM,
+  // slices >= 512, at most 8); without clusters, or over a short k, 64 x 64 tiles.
   p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kH100);
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.grid, 8 * 8);
+  EXPECT_EQ(p.split_k, 2);
+  p = plan_gemm(row_major(DType::Float32, 128, 4096, 4096), kH100);
+  EXPECT_EQ(p.grid, 32);
+  EXPECT_EQ(p.split_k, 8);
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 14336, 4096), kH100).split_k, 2);
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 512, 14336, 4096), kH100).split_k, 1);  // 448 tiles
+  p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kA100);
   EXPECT_EQ(p.bm, 64);
   EXPECT_EQ(p.bk, 16);
   EXPECT_EQ(p.grid, 16 * 16);
+  EXPECT_EQ(p.split_k, 1);
+  p = plan_gemm(row_major(DType::Float32, 128, 4096, 1000), kH100);
+  EXPECT_EQ(p.bm, 64);
+  EXPECT_EQ(p.split_k, 1);
   // An m-major a of leading stride 0 never moves the SIMT loop's pointer: the general kernel.
   GemmRequest r = row_major(DType::Float32, 300, 520, 260);
   r.a.stride0 = 1, r.a.stride1 = 0;

@@ -1,0 +1,87 @@
+"""k split over a cluster (kernels/gemm_simt.cu, float32 "highest"; kernels/gemm_plan.cpp): products with
+few output tiles over a long k, as a training step's mid-size and weight-gradient products run them.
+Each CTA of a cluster multiplies a slice of k and the partial tiles are summed in rank order in the
+cluster's shared memory. Checked against float64 with poisoned outputs, in every layout, over k that
+no split divides, with alpha/beta, and for the same bits on every run and from a CUDA-graph replay."""
+import re
+
+import pytest
+import torch
+
+from conftest import REDUCTION_TOL, make, ops, rel_error, requires_cuda
+from test_ops import cuda_kernel_names, matmul_precision
+
+# (m, n, k): the planner's split on a 132-SM H100 (min(2 x SMs / 128-tiles, 8, k / 512)) in brackets.
+# k = 1 and 17 run unsplit (too short): the same checks hold there.
+SHAPES = [(128, 4096, 4096),    # 32 tiles: a cluster of 8
+          (200, 1000, 4097),    # 16 tiles, k not a multiple of any slice: 8
+          (513, 2050, 1031),    # 85 tiles over a short k: 2
+          (100, 130, 65537),    # 2 tiles, a long k: 8
+          (128, 4096, 1), (77, 300, 17)]
+LAYOUTS = [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]  # a's contiguous axis, b's
+
+
+def operands(m, n, k, a_major, b_major):
+    a = make((m, k), torch.float32, "cuda") if a_major == "k" else make((k, m), torch.float32, "cuda").t()
+    b = make((k, n), torch.float32, "cuda") if b_major == "n" else make((n, k), torch.float32, "cuda").t()
+    return a, b
+
+
+def splits_here():
+    return torch.cuda.get_device_capability()[0] >= 9  # clusters: GemmDevice::clusters
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,n,k", SHAPES, ids=str)
+@pytest.mark.parametrize("a_major,b_major", LAYOUTS, ids=str)
+def test_split_k_products(m, n, k, a_major, b_major):
+    a, b = operands(m, n, k, a_major, b_major)
+    ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
+    tol = REDUCTION_TOL[torch.float32]
+    with matmul_precision("highest"):
+        out = ops.mm(a, b)
+        c = torch.full((m, n), float("nan"), device="cuda")
+        ops.gemm(c, a, b, -1.5, 0.0)  # beta 0 never reads the NaN c
+        c0 = make((m, n), torch.float32, "cuda")
+        cb = c0.clone()
+        ops.gemm(cb, a, b, 0.5, -2.0)
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
+    assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,n,k,split", [(128, 4096, 4096, True), (1024, 1024, 1024, True),
+                                         (2048, 2048, 2048, False), (128, 4096, 1000, False)], ids=str)
+def test_split_k_kernel_choice(m, n, k, split):
+    """The split instance runs where the planner splits (few 128 x 128 tiles, k >= 1024) and only there."""
+    a, b = operands(m, n, k, "k", "n")
+    with matmul_precision("highest"):
+        ops.mm(a, b)
+        names = [x for x in cuda_kernel_names(lambda: ops.mm(a, b)) if "sgemm_simt" in x]
+    assert names, "the SIMT kernel ran"
+    split_instance = any(re.search(r"sgemm_simt<.*, true>", x) for x in names)
+    assert split_instance == (split and splits_here()), names
+
+
+@pytest.mark.quick
+@requires_cuda
+@pytest.mark.parametrize("a_major,b_major", [("k", "n"), ("m", "k")], ids=str)
+def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
+    """The partial tiles meet in a fixed order: the same bits every run and from a CUDA-graph replay
+    (no workspace, no counters)."""
+    a, b = operands(128, 4096, 4096, a_major, b_major)
+    with matmul_precision("highest"):
+        first = ops.mm(a, b)
+        for _ in range(3):
+            assert torch.equal(ops.mm(a, b), first)
+        out = torch.full_like(first, float("nan"))
+        ops.gemm(out, a, b, 1.0, 0.0)  # warm-up outside the capture
+        g = torch.cuda.CUDAGraph()
+        out.fill_(float("nan"))
+        with torch.cuda.graph(g):
+            ops.gemm(out, a, b, 1.0, 0.0)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, first)
