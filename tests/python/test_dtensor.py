@@ -1,23 +1,50 @@
 """cuops under DTensor (python/cuops/_sharding.py): the sharded result of every op with a rule equals
-the single-process one, for each placement the rule accepts, on CPU processes joined by gloo (CI has
-no GPU); add2 and gemm write into c for every placement of c, a and b, c keeping its own, and refuse a
-placement they cannot write; an MLP of cuops Linears under ColwiseParallel / RowwiseParallel trains as
-the unsharded one does, and so does a transformer block (attention heads and MLP split over 2
-processes). 1-D meshes of 2 processes and a 2 x 2 mesh of 4."""
+the single-process one, for each placement the rule accepts; add2 and gemm write into c for every
+placement of c, a and b, c keeping its own, and refuse a placement they cannot write; an MLP of cuops
+Linears under ColwiseParallel / RowwiseParallel trains as the unsharded one does, and so does a
+transformer block (attention heads and MLP split over 2 processes); in bfloat16 the sharded model's
+error against the unsharded one stays within what the same model shows on aten's nn.Linear.
+1-D meshes of 2 processes and a 2 x 2 mesh of 4.
+
+Each check runs in three places (the test ids):
+  cpu           CPU processes joined by gloo: CI (no GPU).
+  one-gpu-gloo  the same processes on one GPU, every rank on cuda:0, joined by gloo, which takes CUDA
+                tensors (through pinned host memory): the CUDA kernels under the same rules, in the GPU
+                suite. NCCL refuses two ranks on one GPU, so gloo it is.
+  gpus-nccl     one GPU a rank, NCCL: skipped below 2 GPUs (4 for the 2 x 2 mesh); issue 26 runs them."""
+import datetime
 import itertools
+import json
 import math
 import os
 import socket
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import ops
+from conftest import REPORT, ops, rel_error, requires_cuda
 
 dist_ok = dist.is_available() and dist.is_gloo_available()
 pytestmark = pytest.mark.skipif(not dist_ok, reason="torch.distributed with gloo is not available here")
+
+
+def needs_gpus(n):
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = dist.is_available() and dist.is_nccl_available()
+    return pytest.mark.skipif(
+        count < n or not nccl,
+        reason=f"needs {n} GPUs (issue 26): NCCL takes one GPU a rank; this machine has {count} GPU(s)"
+               + ("" if nccl else " and no NCCL"))
+
+
+def places(gpus_for_nccl):
+    """(device, backend) of each place a check runs (the module docstring says which is which)."""
+    return [pytest.param("cpu", "gloo", id="cpu"),
+            pytest.param("cuda", "gloo", id="one-gpu-gloo", marks=requires_cuda),
+            pytest.param("cuda", "nccl", id="gpus-nccl", marks=needs_gpus(gpus_for_nccl))]
 
 
 def free_port():
@@ -26,30 +53,74 @@ def free_port():
         return s.getsockname()[1]
 
 
+def spawn(check, world, device, backend, *extra):
+    mp.spawn(run_check, args=(check, world, free_port(), device, backend, *extra), nprocs=world, join=True)
+
+
+def run_check(rank, check, *args):
+    """mp.spawn's target: check(rank, *args), then, once it passed (and tore the group down), the
+    process ends at once, skipping the interpreter's finalization. A gloo worker thread can still be
+    releasing the last reference to an earlier collective's work (the barrier's list of prior work
+    holds it) when the main thread returns; that work's tensors are Python objects, so the worker
+    waits for the GIL, and taking the GIL while the interpreter finalizes ends the thread inside a
+    noexcept destructor: std::terminate, "terminate called without an active exception", SIGABRT
+    (core dump: ProcessGroupGloo::runLoop > ~AsyncBarrierWork > ~AsyncAllgatherCoalescedWork >
+    TensorImpl::decref_pyobject > take_gil > pthread_exit, the main thread in Py_FinalizeEx). It hit
+    about one spawn in ten of the MLP and block checks on 2 cores. A failing check raises as before
+    (mp.spawn reports its traceback)."""
+    check(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def join(rank, world, port, device, backend):
+    """Joins the process group and returns the device this rank computes on: the CPU; cuda:0 for every
+    rank under gloo (the processes share the one GPU: gloo copies CUDA tensors through pinned host
+    memory); cuda:<rank> under NCCL. float32 products are true FP32 ("highest": no TF32 in cuBLAS, and
+    cuops' CUDA GEMMs follow the same setting), so sharded and unsharded agree to 1e-5 there too. A
+    collective that waits past the timeout raises, rather than hanging the suite."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    timeout = datetime.timedelta(minutes=3)
+    if device == "cpu":
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        return torch.device("cpu")
+    dev = torch.device("cuda", rank if backend == "nccl" else 0)
+    torch.cuda.set_device(dev)
+    torch.cuda.init()  # initialized, dev current: DeviceMesh keeps it (else it picks rank % GPUs)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
+                            device_id=dev if backend == "nccl" else None)
+    return dev
+
+
 def teardown():
-    """Every rank past its last collective before any tears gloo down: a rank closing its pairs while
-    another still used them aborted that process once in CI ("terminate called without an active
-    exception", SIGABRT) on CI's 2 loaded cores."""
+    """Every rank past its last collective before any tears gloo down (a rank closing its pairs while
+    another still used them could abort it); run_check then ends the process."""
     try:
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def check_ops(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def randn(gen, *shape, device):
+    """The same values on every rank (gen seeded alike; drawn on the CPU, then moved)."""
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device)
+
+
+def check_ops(rank, world, port, device, backend):
+    dev = join(rank, world, port, device, backend)
     try:
         import cuops  # noqa: F401  (registers the rules)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(dev.type, (world,))
         gen = torch.Generator().manual_seed(1234)  # the same full tensors on every rank
-        a = torch.randn(6, 10, generator=gen, dtype=torch.float64)
-        b = torch.randn(10, 4, generator=gen, dtype=torch.float64)
-        x = torch.randn(6, 4, generator=gen, dtype=torch.float64)
-        y = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+        a, b = randn(gen, 6, 10, device=dev), randn(gen, 10, 4, device=dev)
+        x, y = randn(gen, 6, 4, device=dev), randn(gen, 6, 4, device=dev)
 
         def dt(t, p):
             return distribute_tensor(t, mesh, [p])
@@ -88,22 +159,19 @@ def check_ops(rank, world, port):
         teardown()
 
 
-def check_ops_2d(rank, world, port):
+def check_ops_2d(rank, world, port, device, backend):
     """The rules on a 2 x 2 mesh: each mesh dimension takes its own placement of the rule's (add2 and
     gemm: c's placement on each, a and b moved to match)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dev = join(rank, world, port, device, backend)
     try:
         import cuops  # noqa: F401  (registers the rules)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-        mesh = init_device_mesh("cpu", (2, 2))
+        mesh = init_device_mesh(dev.type, (2, 2))
         gen = torch.Generator().manual_seed(99)
-        a = torch.randn(8, 12, generator=gen, dtype=torch.float64)
-        b = torch.randn(12, 6, generator=gen, dtype=torch.float64)
-        x = torch.randn(8, 6, generator=gen, dtype=torch.float64)
-        y = torch.randn(8, 6, generator=gen, dtype=torch.float64)
+        a, b = randn(gen, 8, 12, device=dev), randn(gen, 12, 6, device=dev)
+        x, y = randn(gen, 8, 6, device=dev), randn(gen, 8, 6, device=dev)
 
         def dt(t, *p):
             return distribute_tensor(t, mesh, list(p))
@@ -144,10 +212,10 @@ def check_ops_2d(rank, world, port):
 
 
 def make(mesh, shape, placements, gen, fill=None):
-    """A float64 DTensor of `placements` on `mesh` and its full value. Each Partial mesh dimension holds a
-    different random piece on each of its coordinates (the value their sum, or mean for "avg", or max),
-    not one value and zeros, so a piece counted twice or dropped shows. Same calls on every rank give
-    the same pieces (gen is seeded alike)."""
+    """A float64 DTensor of `placements` on `mesh` and its full value (on the mesh's device). Each Partial
+    mesh dimension holds a different random piece on each of its coordinates (the value their sum, or
+    mean for "avg", or max), not one value and zeros, so a piece counted twice or dropped shows. Same
+    calls on every rank give the same pieces (gen is seeded alike; drawn on the CPU, then moved)."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
     partial = [i for i, p in enumerate(placements) if isinstance(p, Partial)]
@@ -156,7 +224,8 @@ def make(mesh, shape, placements, gen, fill=None):
               else torch.full(shape, fill, dtype=torch.float64) for g in grid}
     coord = mesh.get_coordinate()
     mine = pieces[tuple(coord[i] for i in partial)]
-    local = distribute_tensor(mine, mesh, [Replicate() if isinstance(p, Partial) else p for p in placements],
+    local = distribute_tensor(mine.to(mesh.device_type), mesh,
+                              [Replicate() if isinstance(p, Partial) else p for p in placements],
                               src_data_rank=None).to_local()
     full = torch.stack(list(pieces.values()))
     ops_ = {placements[i].reduce_op for i in partial}
@@ -166,7 +235,7 @@ def make(mesh, shape, placements, gen, fill=None):
         assert ops_ <= {"sum", "avg"}, ops_
         div = math.prod(mesh.size(i) for i in partial if placements[i].reduce_op == "avg")
         full = full.sum(0) / div
-    return DTensor.from_local(local.clone(), mesh, placements), full
+    return DTensor.from_local(local.clone(), mesh, placements), full.to(mesh.device_type)
 
 
 def in_place_case(mesh, gen, op, pc, pins, shapes, scalars=(), fill=None):
@@ -188,18 +257,17 @@ def in_place_case(mesh, gen, op, pc, pins, shapes, scalars=(), fill=None):
     return c
 
 
-def check_inplace(rank, world, port):
+def check_inplace(rank, world, port, device, backend):
     """add2 and gemm on DTensors, for every placement of c, a and b on a 1-D mesh: c keeps its placement
     and its local storage (the write lands in it) and equals the single-process result; a and b are
     left as they were; a c placement that no rule has raises before anything is written."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dev = join(rank, world, port, device, backend)
     try:
         import cuops  # noqa: F401  (registers the rules)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(dev.type, (world,))
         gen = torch.Generator().manual_seed(4321)
         every = (Replicate(), Shard(0), Shard(1), Partial(), Partial("avg"))
 
@@ -283,45 +351,132 @@ class CuopsLinear(torch.nn.Linear):
         return (y + self.bias if self.bias is not None else y).reshape(*x.shape[:-1], -1)
 
 
-def check_mlp(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def mlp(linear=CuopsLinear):
+    return torch.nn.Sequential(linear(16, 32), torch.nn.ReLU(), linear(32, 12))
+
+
+def full(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+# bfloat16: the sharded model against the unsharded one, with cuops Linears and with aten's nn.Linear
+# (the same model, weights and batch). Neither is exact: a RowwiseParallel layer sums bf16 partial
+# products (each rounded to bf16) where the unsharded one rounds the whole sum once, which moves outputs
+# and gradients by about one bf16 rounding (relative errors of 1e-3 to 1e-2 on aten). aten's tolerance
+# for the model is the worst relative error it shows over the output and every gradient; each of
+# cuops' errors must be within BF16_FACTOR times that, plus BF16_FLOOR (on the CPU cuops.mm is its
+# reference, a float32 at::mm rounded once to bf16; on a GPU its own kernels):
+# - worst against worst, not tensor by tensor: a 12-element bias gradient's error is noise (on CPU, over
+#   40 seeds, cuops' was up to 8 times aten's for one, both under 2e-3), while the worst over the model
+#   is stable (cuops / aten at most 1.55 over 55 seeds of the MLP and the block, on CPU).
+# - the factor 2: CuopsLinear rounds twice (mm, then + bias) where nn.Linear's addmm rounds once, so
+#   cuops' errors run higher (1.1-1.4 times aten's on the MLP's output); sampling noise takes the rest.
+# - the floor 2^-10 (a quarter of bf16's unit roundoff 2^-8): should aten's errors all be 0 (bitwise
+#   equal sharded and unsharded), cuops may still differ in an element rounded the other way after a
+#   float32 sum in another order (its kernels pick a plan by shape), not in every element.
+# A wrong partial sum, a dropped or doubled piece, is an O(1) error: far outside. aten's own worst is
+# checked against BF16_SANE (8 bf16 epsilons) so that a broken baseline cannot make the bound vacuous.
+BF16_FACTOR = 2.0
+BF16_FLOOR = 2.0 ** -10
+BF16_SANE = 2.0 ** -4
+
+
+def bf16_errors(build, plan, mesh, inputs, loss):
+    """Relative Frobenius errors, sharded against unsharded, of the output and of each parameter's
+    gradient: build() makes the model (bfloat16, this rank's device, the same on every rank), plan
+    parallelizes a copy."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    ref, tp = build(), build()
+    tp.load_state_dict(ref.state_dict())
+    parallelize_module(tp, mesh, plan)
+    want, got = ref(*inputs), tp(*inputs)
+    errors = {"output": rel_error(full(got), want)}
+    loss(want).backward()
+    loss(got).backward()
+    for (name, p_ref), (_, p_tp) in zip(ref.named_parameters(), tp.named_parameters()):
+        errors[f"grad {name}"] = rel_error(full(p_tp.grad), p_ref.grad)
+    return errors
+
+
+def check_bf16_like_aten(errors, what):
+    """errors: {"cuops": {...}, "aten": {...}} from bf16_errors; the bound above."""
+    tol = max(errors["aten"].values())
+    assert tol <= BF16_SANE, (what, "aten's own sharded error", errors["aten"])
+    bound = BF16_FACTOR * tol + BF16_FLOOR
+    for key, err in errors["cuops"].items():
+        assert err <= bound, (what, key, err, bound, errors)
+
+
+def write_report(path, rank, errors):
+    if path is not None and rank == 0:
+        with open(path, "w") as f:
+            json.dump(errors, f)
+
+
+def report_bf16(path, what):
+    """A line in pytest's summary: the bf16 errors the spawned check measured (and asserted)."""
+    with open(path) as f:
+        errors = json.load(f)
+    worst = {k: max(v.items(), key=lambda kv: kv[1]) for k, v in errors.items()}
+    REPORT.append(f"bf16 {what}, sharded vs unsharded, worst relative error: cuops {worst['cuops'][1]:.2e} "
+                  f"({worst['cuops'][0]}), aten {worst['aten'][1]:.2e} ({worst['aten'][0]}); bound "
+                  f"{BF16_FACTOR:g} x aten + 2^-10 = {BF16_FACTOR * worst['aten'][1] + BF16_FLOOR:.2e}")
+
+
+def check_mlp(rank, world, port, device, backend, report=None):
+    """Forward and backward of Linear(16 -> 32) colwise, ReLU, Linear(32 -> 12) rowwise: float32 to 1e-5
+    against the unsharded MLP; then bfloat16, cuops' errors within aten's (bf16_errors)."""
+    dev = join(rank, world, port, device, backend)
     try:
         import cuops  # noqa: F401  (registers the rules)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(dev.type, (world,))
         torch.manual_seed(7)  # the same model and batch on every rank
-        ref = torch.nn.Sequential(CuopsLinear(16, 32), torch.nn.ReLU(), CuopsLinear(32, 12))
-        tp = torch.nn.Sequential(CuopsLinear(16, 32), torch.nn.ReLU(), CuopsLinear(32, 12))
+        ref, tp = mlp().to(dev), mlp().to(dev)
         tp.load_state_dict(ref.state_dict())
         parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        x = torch.randn(4, 5, 16)
+        x = torch.randn(4, 5, 16).to(dev)
         want, got = ref(x), tp(x)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         want.square().sum().backward()
         got.square().sum().backward()
         for (name, p_ref), (_, p_tp) in zip(ref.named_parameters(), tp.named_parameters()):
             torch.testing.assert_close(p_tp.grad.full_tensor(), p_ref.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+        errors = {}
+        for name, linear in (("cuops", CuopsLinear), ("aten", torch.nn.Linear)):
+            def build(linear=linear):
+                torch.manual_seed(8)
+                return mlp(linear).to(dev, torch.bfloat16)
+
+            x = torch.randn(4, 5, 16, generator=torch.Generator().manual_seed(9)).to(dev, torch.bfloat16)
+            errors[name] = bf16_errors(build, {"0": ColwiseParallel(), "2": RowwiseParallel()}, mesh, (x,),
+                                       lambda out: out.float().square().sum())
+        check_bf16_like_aten(errors, "MLP")
+        write_report(report, rank, errors)
     finally:
         teardown()
 
 
 class Block(torch.nn.Module):
-    """A pre-norm transformer block on cuops Linears: x + o(attention(q, k, v of norm(x))), then
-    x + down(gelu(up(norm(x)))). The number of heads comes from q's width, so under ColwiseParallel each
-    process runs n_heads / world of them (heads_run records how many ran)."""
+    """A pre-norm transformer block on cuops Linears (or `linear`'s): x + o(attention(q, k, v of
+    norm(x))), then x + down(gelu(up(norm(x)))). The number of heads comes from q's width, so under
+    ColwiseParallel each process runs n_heads / world of them (heads_run records how many ran)."""
 
-    def __init__(self, dim=16, n_heads=4, hidden=32):
+    def __init__(self, dim=16, n_heads=4, hidden=32, linear=CuopsLinear):
         super().__init__()
         self.head_dim = dim // n_heads
         self.attn_norm, self.mlp_norm = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
         # q, k, v without bias (as in Llama): k's bias has gradient 0 in exact arithmetic (softmax is
         # shift-invariant), so its float32 gradient is rounding noise that AdamW would scale to lr.
-        self.q, self.k, self.v = (CuopsLinear(dim, dim, bias=False) for _ in range(3))
-        self.o = CuopsLinear(dim, dim)
-        self.up, self.down = CuopsLinear(dim, hidden), CuopsLinear(hidden, dim)
+        self.q, self.k, self.v = (linear(dim, dim, bias=False) for _ in range(3))
+        self.o = linear(dim, dim)
+        self.up, self.down = linear(dim, hidden), linear(hidden, dim)
         self.heads_run = None
 
     def forward(self, x):
@@ -334,31 +489,27 @@ class Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self.mlp_norm(x))))
 
 
-def check_block(rank, world, port):
+def check_block(rank, world, port, device, backend, report=None):
     """One AdamW step of Block under tensor parallelism (q, k, v, up colwise; o, down rowwise; the norms
     replicated) against the unsharded Block: loss, every gradient, every updated weight, and the loss
-    after the step, float32, to 1e-5 relative."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    after the step, float32, to 1e-5 relative. Then bfloat16 forward and backward, cuops' errors within
+    aten's (bf16_errors)."""
+    dev = join(rank, world, port, device, backend)
     try:
         import cuops  # noqa: F401  (registers the rules)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        torch.set_float32_matmul_precision("highest")
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(dev.type, (world,))
         torch.manual_seed(11)  # the same model, batch and target on every rank
-        ref, tp = Block(), Block()
+        ref, tp = Block().to(dev), Block().to(dev)
         tp.load_state_dict(ref.state_dict())
         plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
                 "up": ColwiseParallel(), "down": RowwiseParallel()}
         parallelize_module(tp, mesh, plan)
         assert isinstance(tp.q.weight, DTensor) and not isinstance(tp.attn_norm.weight, DTensor)
-        x, target = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
-
-        def full(t):
-            return t.full_tensor() if isinstance(t, DTensor) else t
+        x, target = torch.randn(2, 5, 16).to(dev), torch.randn(2, 5, 16).to(dev)
 
         def same(got, want, what):
             got = full(got)
@@ -380,27 +531,49 @@ def check_block(rank, world, port):
         for (name, p_ref), (_, p_tp) in zip(ref.named_parameters(), tp.named_parameters()):
             same(p_tp.grad, p_ref.grad, f"grad {name}")
             same(p_tp.detach(), p_ref.detach(), f"updated {name}")
+
+        errors = {}
+        gen = torch.Generator().manual_seed(13)
+        x, target = (torch.randn(2, 5, 16, generator=gen).to(dev, torch.bfloat16) for _ in range(2))
+        for name, linear in (("cuops", CuopsLinear), ("aten", torch.nn.Linear)):
+            def build(linear=linear):
+                torch.manual_seed(12)
+                return Block(linear=linear).to(dev, torch.bfloat16)
+
+            errors[name] = bf16_errors(build, plan, mesh, (x,),
+                                       lambda out: torch.nn.functional.mse_loss(out.float(), target.float()))
+        check_bf16_like_aten(errors, "transformer block")
+        write_report(report, rank, errors)
     finally:
         teardown()
 
 
-def test_sharded_ops_equal_the_unsharded_ones_on_two_processes():
-    mp.spawn(check_ops, args=(2, free_port()), nprocs=2, join=True)
+@pytest.mark.parametrize("device, backend", places(2))
+def test_sharded_ops_equal_the_unsharded_ones_on_two_processes(device, backend):
+    spawn(check_ops, 2, device, backend)
 
 
-def test_sharded_ops_equal_the_unsharded_ones_on_a_two_by_two_mesh():
-    mp.spawn(check_ops_2d, args=(4, free_port()), nprocs=4, join=True)
+@pytest.mark.parametrize("device, backend", places(4))
+def test_sharded_ops_equal_the_unsharded_ones_on_a_two_by_two_mesh(device, backend):
+    spawn(check_ops_2d, 4, device, backend)
 
 
-def test_add2_and_gemm_write_in_place_for_every_placement_and_reject_the_others():
-    mp.spawn(check_inplace, args=(2, free_port()), nprocs=2, join=True)
+@pytest.mark.parametrize("device, backend", places(2))
+def test_add2_and_gemm_write_in_place_for_every_placement_and_reject_the_others(device, backend):
+    spawn(check_inplace, 2, device, backend)
 
 
-def test_colwise_rowwise_mlp_of_cuops_linears_trains_as_unsharded():
-    """Forward and backward of Linear(16 -> 32) colwise, ReLU, Linear(32 -> 12) rowwise, float32."""
-    mp.spawn(check_mlp, args=(2, free_port()), nprocs=2, join=True)
+@pytest.mark.parametrize("device, backend", places(2))
+def test_colwise_rowwise_mlp_of_cuops_linears_trains_as_unsharded(device, backend, tmp_path):
+    """Forward and backward of Linear(16 -> 32) colwise, ReLU, Linear(32 -> 12) rowwise: float32 to 1e-5;
+    bfloat16 within aten's error on the same MLP."""
+    spawn(check_mlp, 2, device, backend, str(tmp_path / "bf16.json"))
+    report_bf16(tmp_path / "bf16.json", f"MLP on 2 processes ({device}, {backend})")
 
 
-def test_tensor_parallel_transformer_block_of_cuops_linears_trains_as_unsharded():
-    """Attention (heads split over 2 processes) and MLP on cuops Linears, one AdamW step, float32."""
-    mp.spawn(check_block, args=(2, free_port()), nprocs=2, join=True)
+@pytest.mark.parametrize("device, backend", places(2))
+def test_tensor_parallel_transformer_block_of_cuops_linears_trains_as_unsharded(device, backend, tmp_path):
+    """Attention (heads split over 2 processes) and MLP on cuops Linears: one AdamW step, float32 to
+    1e-5; bfloat16 forward and backward within aten's error on the same block."""
+    spawn(check_block, 2, device, backend, str(tmp_path / "bf16.json"))
+    report_bf16(tmp_path / "bf16.json", f"transformer block on 2 processes ({device}, {backend})")
