@@ -44,6 +44,26 @@ class LlamaBench:
     rounds: int = GRAPH_ROUNDS
 
 
+@dataclass(frozen=True)
+class GptTrainBench:
+    """The gpt_train section: the GPT-style decoder of the training-shape issue (8 layers, width 1024,
+    8 x 1024 tokens; shapes.py's gpt-1024 Linears plus a vocabulary head), its timing and loss check."""
+    layers: int = 8
+    width: int = 1024
+    heads: int = 16
+    ffn: int = 4096
+    vocab: int = 32768
+    batch: int = 8
+    seq: int = 1024
+    steps: int = 10        # back-to-back steps a timed round
+    rounds: int = 6        # rounds a side, alternating
+    loss_steps: int = 20   # steps from the common start whose losses are compared
+    modes: tuple = ("eager", "compile")
+    lr: float = 3e-4
+    seed: int = 0
+    autocast: bool = True  # bf16 autocast (cuops registers AutocastCUDA only: the cpu run is float32)
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -51,6 +71,7 @@ class Config:
     gemm_odd: list       # (M, K, N)
     shapes: ShapeSuite = field(default_factory=ShapeSuite)
     llama: LlamaBench = field(default_factory=LlamaBench)
+    gpt_train: GptTrainBench = field(default_factory=GptTrainBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -67,7 +88,10 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
              shapes=ShapeSuite(models=("gpt-2",), variants=("bfloat16", "tf32"), tokens=(1, 128), scale=8,
                                rounds=2, compile_mode="default"),
              llama=LlamaBench(model=LlamaConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=224, vocab=128),
-                              prefill_tokens=16, prompt=8, steps=4, batches=(1, 8), rounds=2))
+                              prefill_tokens=16, prompt=8, steps=4, batches=(1, 8), rounds=2),
+             # eager only: inductor's C++ build of a training graph takes minutes on CI's 2 cores
+             gpt_train=GptTrainBench(layers=2, width=64, heads=4, ffn=256, vocab=128, batch=2, seq=16, steps=2,
+                                     rounds=2, loss_steps=3, modes=("eager",), autocast=False))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None) -> Config:

@@ -133,6 +133,7 @@ def table_lines(results: dict) -> list[str]:
         lines = [HEAD, "-" * len(HEAD)] + lines
     lines += shape_lines(results)
     lines += llama_lines(results)
+    lines += gpt_train_lines(results)
     return lines
 
 
@@ -244,6 +245,34 @@ def llama_lines(results: dict) -> list[str]:
                      f"{r['cuops_tokens_per_s']:>11.0f} {b.get('tokens_per_s') or 0:>11.0f}  "
                      f"{fmt_frac(check.get('argmax_agreement')):>7} {check.get('max_rel_diff', 0):>8.4f} "
                      f"{prefix_text:>9}".rstrip())
+    return lines
+
+
+GPT_HEAD = f"{'mode':<8} {'tokens':>6} {'cuops':>9} {'torch':>9} {'ratio':>7} {'cuops tok/s':>11} {'torch tok/s':>11} {'max dloss':>9}"
+
+
+def gpt_train_lines(results: dict) -> list[str]:
+    """The training step's rows: time per step (eager, compiled), tokens per second, and the largest
+    relative loss difference over the first steps from the common start (sections/gpt_train.py)."""
+    rows = [r for r in results["rows"] if r["family"] == "gpt_train"]
+    if not rows:
+        return []
+    cfg = (results.get("gpt_train") or {}).get("config") or {}
+    lines = ["", f"gpt_train ({cfg.get('layers')} layers, width {cfg.get('width')}, FFN {cfg.get('ffn')}, vocab "
+             f"{cfg.get('vocab')}, {cfg.get('batch')} x {cfg.get('seq')} tokens, "
+             f"{'bf16 autocast' if cfg.get('autocast') else 'float32'}, AdamW): ratio = nn.Linear "
+             "step time / CuopsLinear step time; max dloss = largest |loss difference| / loss over the first "
+             f"{cfg.get('loss_steps')} steps from the same weights", GPT_HEAD, "-" * len(GPT_HEAD)]
+    for r in rows:
+        lead = f"{r['mode']:<8} {r['tokens']:>6}"
+        if r.get("status") != "ok":
+            why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
+            lines.append(f"{lead} {r.get('status', '?').upper()} {why}"[:150])
+            continue
+        b = r["baselines"]["torch"]
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {fmt_time(b.get('ms')):>9} {fmt_ratio(r.get('ratio')):>7} "
+                     f"{r['cuops_tokens_per_s']:>11.0f} {b.get('tokens_per_s') or 0:>11.0f} "
+                     f"{(r.get('check') or {}).get('max_rel_loss_diff', 0):>9.4f}")
     return lines
 
 

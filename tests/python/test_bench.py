@@ -41,11 +41,12 @@ def test_cpu_smoke_run(tmp_path):
 @pytest.mark.skipif(HAS_CUDA, reason="the harness's CPU smoke run: CI runs it; on a GPU machine bench/run.py is "
                                      "the real run")
 def test_cpu_smoke_shapes_and_llama(tmp_path):
-    """The sections a run measures only when named (the shape suite, the Llama-style model), at the cpu
-    config's tiny sizes: every row runs, the class summary and the model's agreement checks are filled."""
+    """The sections a run measures only when named (the shape suite, the Llama-style model, the GPT
+    training step), at the cpu config's tiny sizes: every row runs, the class summary and the models'
+    agreement checks are filled."""
     library = str(LIBRARY.absolute())
-    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama", "--out", tmp_path], tmp_path,
-               CUOPS_LIBRARY=library)
+    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train", "--out", tmp_path],
+               tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
     assert "section_errors" not in results, results["section_errors"]
@@ -68,6 +69,12 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     lines = proc.stdout.splitlines()
     assert any(ln.startswith("decode   bf16 gpt-2") for ln in lines), proc.stdout
     assert any(ln.startswith("prefill ") for ln in lines) and any(ln.startswith("decode       8") for ln in lines)
+    # The training step (eager on the cpu): both models from the same weights, float32 there, so the
+    # first steps' losses agree closely.
+    train = [r for r in results["rows"] if r["family"] == "gpt_train"]
+    assert [r["mode"] for r in train] == ["eager"] and train[0]["status"] == "ok", train
+    assert train[0]["ratio"] > 0 and train[0]["check"]["max_rel_loss_diff"] < 1e-4, train[0]["check"]
+    assert any(ln.startswith("eager ") for ln in lines), proc.stdout
 
 
 def test_check_reads_committed_results():
