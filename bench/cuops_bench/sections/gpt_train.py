@@ -110,7 +110,7 @@ def make_step(model, opt, device_type: str, autocast: bool):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
     return step
 
 
