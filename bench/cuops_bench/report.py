@@ -154,13 +154,18 @@ SHAPE_HEAD = (f"{'class':<8} {'dtype':<4} {'model':<13} {'linear':<12} {'kind':<
               f"{'frac':>5} {'t.frac':>6} {'flushed':>7}")
 
 
+def not_run_line(lead: str, r: dict) -> str:
+    """A row that did not run: its lead columns, ERROR or SKIPPED, and why."""
+    why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
+    return f"{lead} {r.get('status', '?').upper()} {why}"[:150]
+
+
 def shape_row_line(r: dict) -> str:
     kind = {"forward": "fwd", "input_grad": "dgrad", "weight_grad": "wgrad"}.get(r["kind"], r["kind"])
     lead = (f"{r['class']:<8} {variant_label(r):<4} {r['model'][:13]:<13} {r['linear'][:12]:<12} {kind:<5} "
             f"{r['tokens']:>5} {r['size']:<17}")
     if r.get("status") != "ok":
-        why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
-        return f"{lead} {r.get('status', '?').upper()} {why}"[:150]
+        return not_run_line(lead, r)
     torch_b = (r.get("baselines") or {}).get("torch", {})
     comp = (r.get("baselines") or {}).get("compiled")
     comp_ms = fmt_time(comp.get("ms")) if comp and "ms" in comp else ("ERROR" if comp else "-")
@@ -234,8 +239,7 @@ def llama_lines(results: dict) -> list[str]:
         n = r.get("tokens") if r["op"] == "prefill" else r.get("steps")
         lead = f"{r['op']:<8} {r['batch']:>5} {n:>6}"
         if r.get("status") != "ok":
-            why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
-            lines.append(f"{lead} {r.get('status', '?').upper()} {why}"[:150])
+            lines.append(not_run_line(lead, r))
             continue
         b = r["baselines"]["torch"]
         check = r.get("check") or {}
@@ -266,8 +270,7 @@ def gpt_train_lines(results: dict) -> list[str]:
     for r in rows:
         lead = f"{r['mode']:<8} {r['tokens']:>6}"
         if r.get("status") != "ok":
-            why = r.get("error") if r.get("status") == "error" else r.get("skip_reason", "")
-            lines.append(f"{lead} {r.get('status', '?').upper()} {why}"[:150])
+            lines.append(not_run_line(lead, r))
             continue
         b = r["baselines"]["torch"]
         lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {fmt_time(b.get('ms')):>9} {fmt_ratio(r.get('ratio')):>7} "
