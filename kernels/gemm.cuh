@@ -23,6 +23,7 @@ struct GemmProblem {
   void* c;
   int64_t ldc;
   float alpha, beta;
+  double alpha64, beta64;  // the same scalars unrounded, for the float64 kernel
 };
 
 // Linear block id -> (tile row, tile column), in groups of kGroup tile rows that walk down the
@@ -57,7 +58,7 @@ template <int kElem> __device__ __forceinline__ void copy_chunk(void* smem, cons
     cp_async16(smem, gmem, 16);
     return;
   }
-  using R = std::conditional_t<kElem == 4, uint32_t, uint16_t>;
+  using R = std::conditional_t<kElem == 8, uint64_t, std::conditional_t<kElem == 4, uint32_t, uint16_t>>;
   R e[kPer];
   const R* src = static_cast<const R*>(gmem);
 #pragma unroll
@@ -117,7 +118,9 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
 #define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0, COL0, K0, TID)        \
   do {                                                                                                            \
     constexpr int kPerS_ = 16 / static_cast<int>(sizeof(T));                                                      \
-    _Pragma("unroll") for (int i_ = 0; i_ < (BM) * (BK) / kPerS_ / (THREADS); ++i_) {                            \
+    constexpr int kAChunks_ = (BM) * (BK) / kPerS_;  /* fewer than THREADS in float64's 16-row tile */           \
+    _Pragma("unroll") for (int i_ = 0; i_ < (kAChunks_ + (THREADS) - 1) / (THREADS); ++i_) {                     \
+      if (kAChunks_ % (THREADS) != 0 && (TID) + i_ * (THREADS) >= kAChunks_) break;                               \
       if constexpr (AK) {                                                                                         \
         CUOPS_STAGE_CHUNK(T, AS, ALD, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS), ROW0, (P).m, K0, (P).k);   \
       } else {                                                                                                    \
@@ -252,6 +255,62 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
   return cudaGetLastError();
 }
 
+// The k-split kernels' finish (gemm_simt.cu, gemm_f64.cu): each of the cluster's `split` CTAs has
+// staged its partial BM x BN tile of A (float or double) in its own shared memory at `part`, rows `ld`
+// elements apart (ld even). After a cluster barrier, CTA r sums the pairs r, r + split, ... (in units
+// of THREADS) over the CTAs in rank order through distributed shared memory and hands each sum to
+// store(row, col, v0, v1): the same bits on every run, no workspace, nothing to reset for a graph. The
+// last barrier keeps every CTA resident while another may still read its shared memory.
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ float2 ld_cluster_pair(const float* local, uint32_t rank) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+__device__ __forceinline__ double2 ld_cluster_pair(const double* local, uint32_t rank) {
+  double2 v;
+  asm volatile("ld.shared::cluster.v2.f64 {%0,%1}, [%2];\n" : "=d"(v.x), "=d"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+template <int BM, int BN, int THREADS, typename A, typename Store>
+__device__ __forceinline__ void reduce_cluster_tile(const A* part, int ld, int split, int tid, Store&& store) {
+  cluster_sync();  // every CTA's partial staged
+  const uint32_t rank = cluster_rank();
+  for (int e = tid + static_cast<int>(rank) * THREADS; e < BM * BN / 2; e += THREADS * split) {
+    const int r = e / (BN / 2), c = 2 * (e % (BN / 2));
+    auto v = ld_cluster_pair(part + r * ld + c, 0);
+    for (int s = 1; s < split; ++s) {
+      const auto w = ld_cluster_pair(part + r * ld + c, static_cast<uint32_t>(s));
+      v.x += w.x, v.y += w.y;
+    }
+    store(r, c, v.x, v.y);
+  }
+  cluster_sync();
+}
+#endif
+
+// `blocks` x `cluster` blocks of `threads` in clusters of `cluster` along y (the k-split instances:
+// gemm_simt.cu, gemm_f64.cu), with `smem` bytes of dynamic shared memory. At most 8 (a portable
+// cluster).
+template <typename K, typename... Args>
+cudaError_t launch_cluster_y(K kernel, int64_t blocks, int cluster, int threads, int smem, cudaStream_t stream,
+                             const Args&... args) {
+  if (!grid_fits(blocks) || cluster < 2 || cluster > 8) return cudaErrorInvalidConfiguration;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(cluster));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(cluster), attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // The fast kernels' launchers: the instance the plan names (its tile, layouts and grid), or
 // cudaErrorInvalidValue when no such instance is compiled.
 cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
@@ -259,6 +318,10 @@ cudaError_t launch_gemm_mma_tf32(const GemmPlan& plan, const GemmProblem& p, cud
 cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+// Whether the float64 tensor-core kernel runs on device `dev`: compute capability 8.0 and up, and the
+// image the runtime picks there holds DMMA code (kernels/gemm_f64.cu).
+bool dmma_runs_on(int dev);
 // Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny.cu).
 bool skinny_clusters_on(int dev);
 // Whether its streaming form (TMA) runs on device `dev`: the above, and the driver's tensor-map encoder.

@@ -4,7 +4,8 @@
 // | problem                                        | plan                                    | why |
 // |------------------------------------------------|-----------------------------------------|-----|
 // | m or n is 0                                    | nothing                                 | no element of c to write |
-// | float64                                        | general                                 | no float64 fast kernel yet |
+// | float64 without FP64 tensor cores (before      | general                                 | DMMA is sm_80's; the general kernel is correct on |
+// |   sm_80, GemmDevice::dmma)                     |                                         |   every GPU |
 // | c neither row- nor column-major                | general                                 | the fast epilogues write pairs along c's rows |
 // | c column-major                                 | the product c^T = b^T a^T               | one storage order for the fast kernels |
 // | an operand not readable in place: no unit      | copy it into 16-byte padded rows when   | copying b costs ~500 / m of the product's time (a: |
@@ -46,6 +47,11 @@
 // | float32 "highest", fewer 128 x 128 tiles than  | 128 x 128, k split over a cluster of    | M = 128-512 products ran 64 x 64 tiles at 0.54-0.70x |
 // |   SMs, k >= 1024, clusters                     |   min(2 SMs / tiles, 8, k / 512) CTAs   |   cuBLAS (few tiles, each a long k)                |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
+// | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace (a DMMA is 64 cycles of |
+// |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   its sub-partition): the time is the busiest SM's  |
+// |                                                |   over a cluster of 2-8, whichever      |   tile work, its tiles' k plus a fill each (and a   |
+// |                                                |   leaves the busiest SM the least work, |   reduction when split), at the rate L2 feeds that  |
+// |                                                |   smaller tiles counted at 75 and 33 %  |   tile. A first model, to measure (NOTES, float64)  |
 #include "gemm_plan.h"
 
 #include <algorithm>
@@ -268,6 +274,40 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
 }
 
+// The float64 kernel's tiles, with the rate each is counted at (percent of the FP64 pipe's 67 TFLOPS:
+// what L2 can feed at ~5.5 TB/s, since a bm x bn tile reads (bm + bn) doubles per bm * bn FMAs: 16 FLOP
+// per byte for 128 x 128, 8 for 64 x 64, 3.6 for 16 x 128, the tile of few-row products, bound by the
+// weight's bytes from memory there anyway; first guesses, to measure), and the cost model's terms in k-steps
+// of a tile: a CTA's fill and drain (its ring's first slices, the epilogue), and a split tile's
+// reduction through the cluster's shared memory. Slices of k shorter than kF64MinSlice are not split.
+struct F64Tile {
+  int bm, bn;
+  int64_t rate;
+};
+constexpr F64Tile kF64Tiles[] = {{128, 128, 100}, {64, 64, 75}, {16, 128, 33}};
+constexpr int64_t kF64FillK = 64, kF64ReduceK = 32, kF64MinSlice = 128, kF64MaxSplit = 8;
+
+void plan_f64(GemmPlan& p, const GemmDevice& dev) {
+  const int64_t k = p.req.k;
+  p.kernel = GemmKernel::MmaF64;
+  int64_t best = -1;
+  for (const F64Tile& t : kF64Tiles) {
+    const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
+    const int64_t most = dev.clusters ? kF64MaxSplit : 1;
+    for (int64_t split = 1; split <= most; ++split) {
+      if (split > 1 && cdiv(k, split) < kF64MinSlice) break;
+      // The busiest SM's work: its whole CTAs, each a bm x bn tile over its slice of k.
+      const int64_t cost = cdiv(n_tiles * split, dev.sms) * t.bm * t.bn *
+                           (cdiv(k, split) + kF64FillK + (split > 1 ? kF64ReduceK : 0)) * 100 / t.rate;
+      if (best >= 0 && cost >= best) continue;
+      best = cost;
+      tiles(p, t.bm, t.bn, 16);
+      p.split_k = static_cast<int>(split);
+    }
+  }
+  p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split over a cluster" : "float64 on FP64 tensor cores";
+}
+
 }  // namespace
 
 const char* kernel_name(GemmKernel k) {
@@ -279,6 +319,7 @@ const char* kernel_name(GemmKernel k) {
     case GemmKernel::MmaHalf: return "mma_half";
     case GemmKernel::Wgmma: return "wgmma";
     case GemmKernel::Skinny: return "skinny";
+    case GemmKernel::MmaF64: return "mma_f64";
   }
   return "?";
 }
@@ -293,7 +334,7 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
     p.why = "c is empty";
     return p;
   }
-  if (r.dtype == DType::Float64) return general(p, "float64: no fast kernel");
+  if (r.dtype == DType::Float64 && !dev.dmma) return general(p, "float64 without FP64 tensor cores");
   const int64_t es = element_size(r.dtype), unit = 16 / es;
   int64_t ldc = 0;
   const bool c_row = row_major(r.m, r.n, r.c_stride0, r.c_stride1, 1, ldc);
@@ -323,6 +364,10 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   }
   if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16)) return general(p, "an operand's base not 16-byte aligned");
 
+  if (r.dtype == DType::Float64) {
+    plan_f64(p, dev);
+    return p;
+  }
   if (plan_skinny(p, dev)) return p;
   const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
   if ((r.dtype != DType::Float32 || tf32) && dev.wgmma) {

@@ -16,10 +16,12 @@ using cuops::kernels::GemmRequest;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
 
-const GemmDevice kH100{132, true, 66, true, true};
+const GemmDevice kH100{132, true, 66, true, true, true};
 // Hopper without the small-M kernel's streaming form (no tensor-map encoder): its per-lane form.
-const GemmDevice kH100Lanes{132, true, 66, true, false};
-const GemmDevice kA100{108, false, 0, false, false};
+const GemmDevice kH100Lanes{132, true, 66, true, false, true};
+const GemmDevice kA100{108, false, 0, false, false, true};
+// A GPU without FP64 tensor cores (before sm_80), or a build without code for them.
+const GemmDevice kNoDmma{80, false, 0, false, false, false};
 
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -46,8 +48,61 @@ TEST(GemmPlan, EmptyOutputRunsNothing) {
   EXPECT_EQ(plan_gemm(row_major(DType::Float32, 5, 0, 7), kH100).kernel, GemmKernel::None);
 }
 
-TEST(GemmPlan, Float64RunsTheGeneralKernel) {
-  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 4096, 4096, 4096), kH100).kernel, GemmKernel::General);
+TEST(GemmPlan, Float64RunsOnTheFp64TensorCoresWhereTheyExist) {
+  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 4096, 4096, 4096), kNoDmma).kernel, GemmKernel::General);
+  for (const GemmDevice& dev : {kH100, kA100}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        GemmRequest r = row_major(DType::Float64, 4096, 4096, 4096);
+        if (ta) r = transposed_a(r);
+        if (tb) r = transposed_b(r);
+        const GemmPlan p = plan_gemm(r, dev);
+        EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+        EXPECT_EQ(p.a_kmajor, !ta);
+        EXPECT_EQ(p.b_nmajor, !tb);
+        // 1024 tiles of 128 x 128 fill every SM for several waves: the wide tile, k whole.
+        EXPECT_EQ(p.bm, 128);
+        EXPECT_EQ(p.bn, 128);
+        EXPECT_EQ(p.split_k, 1);
+        EXPECT_EQ(p.grid, 32 * 32);
+      }
+    }
+  }
+}
+
+TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
+  // 1024^3: 64 tiles of 128 x 128 on 132 SMs; two slices of k each fill 128.
+  GemmPlan p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.split_k, 2);
+  EXPECT_EQ(p.grid, 64);
+  // A weight gradient, 1024 x 1024 over k = 8192: the same split, each slice 4096 long.
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 8192), kH100);
+  EXPECT_EQ(p.split_k, 2);
+  // Without clusters (A100) k stays whole.
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kA100);
+  EXPECT_EQ(p.split_k, 1);
+  // k too short to split: slices would be under kF64MinSlice.
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 200), kH100);
+  EXPECT_EQ(p.split_k, 1);
+  // 16 tokens against a 4096 x 14336 weight (decode): the 16-row tile, 32 of them, k split to fill the SMs.
+  p = plan_gemm(transposed_b(row_major(DType::Float64, 16, 4096, 14336)), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+  EXPECT_EQ(p.bm, 16);
+  EXPECT_EQ(p.bn, 128);
+  EXPECT_EQ(p.split_k, 4);
+  // 512 rows: the 16-row tile would read the weight 32 times over from L2.
+  EXPECT_NE(plan_gemm(row_major(DType::Float64, 512, 4096, 4096), kH100).bm, 16);
+}
+
+TEST(GemmPlan, Float64OperandRowsNotWholeSixteenBytesAreCopiedOrRunGeneral) {
+  GemmRequest r = row_major(DType::Float64, 1000, 1000, 333);  // a's rows 333 doubles apart
+  GemmPlan p = plan_gemm(r, kH100);
+  EXPECT_EQ(p.copy_a, OperandCopy::RowMajor);
+  r = row_major(DType::Float64, 1000, 100, 333);  // too narrow a product to pay for the copy
+  p = plan_gemm(r, kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::General);
 }
 
 TEST(GemmPlan, OutputNeitherRowNorColumnMajorRunsTheGeneralKernelWithoutCopies) {
@@ -299,8 +354,8 @@ TEST(GemmPlan, FewTokensTakeTheSmallMKernelInEveryFloatType) {
       EXPECT_NE(plan_gemm(r, kH100).kernel, GemmKernel::Skinny);
     }
   }
-  // float64 has no small-M form yet.
-  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, 1, 4096, 4096), kH100).kernel, GemmKernel::General);
+  // float64 has no small-M form yet: the DMMA kernel's small tiles, k split.
+  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, 1, 4096, 4096), kH100).kernel, GemmKernel::MmaF64);
 }
 
 TEST(GemmPlan, SmallMTokensMayBeTheColumnsOfC) {

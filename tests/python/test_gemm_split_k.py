@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import REDUCTION_TOL, make, ops, rel_error, requires_cuda
+from conftest import REDUCTION_TOL, assert_repeatable_and_graph_safe, make, ops, rel_error, requires_cuda
 from test_ops import cuda_kernel_names, matmul_precision
 
 # (m, n, k): the planner's split on a 132-SM H100 (min(2 x SMs / 128-tiles, 8, k / 512)) in brackets.
@@ -72,16 +72,4 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
     (no workspace, no counters)."""
     a, b = operands(128, 4096, 4096, a_major, b_major)
     with matmul_precision("highest"):
-        first = ops.mm(a, b)
-        for _ in range(3):
-            assert torch.equal(ops.mm(a, b), first)
-        out = torch.full_like(first, float("nan"))
-        ops.gemm(out, a, b, 1.0, 0.0)  # warm-up outside the capture
-        g = torch.cuda.CUDAGraph()
-        out.fill_(float("nan"))
-        with torch.cuda.graph(g):
-            ops.gemm(out, a, b, 1.0, 0.0)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-    assert torch.equal(out, first)
+        assert_repeatable_and_graph_safe(a, b)

@@ -1,0 +1,214 @@
+// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k16 on sm_90
+// (eight m8n8k4 on sm_80-89, which lack that shape). Block tile BM x BN x 16, 8 warps: 2 x 4 for the
+// 128 x 128 and 64 x 64 tiles, 1 x 8 for the 16 x 128 tile of few-row products (decode: the weight
+// streamed, the tensor pipe mostly idle). Operands come in by cp.async over a 4-stage shared-memory
+// ring, each laid out as it is in global memory, so every layout is a straight 16-byte copy.
+//
+// Why this shape: a DMMA m16n8k16 is 2048 FMAs, 64 cycles of its sub-partition's FP64 tensor pipe (the
+// H100's 67 TFLOPS: 128 FP64 FMAs per clock per SM), so the pipe, not the issue slots or shared memory,
+// sets the pace: a warp's 16 MMAs per 16-deep slice take ~1000 cycles against 48 shared loads and a
+// barrier. What matters is that every SM's pipe always has independent MMAs waiting: 8 warps of 16
+// each, and the ring's 3 slices in flight (~6000 cycles) to cover the loads from L2.
+//
+// k split (kSplit, sm_90): the CTAs of a cluster along y each multiply a slice of k, stage their
+// partial tile in the drained ring, and sum the partials in rank order through the cluster's shared
+// memory (as kernels/gemm_simt.cu's): the same bits on every run, no workspace.
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail {
+namespace {
+
+constexpr int kF64Threads = 256, kF64BK = 16;
+
+// One stage's operands. Rows are padded by 4 doubles: the fragment reads are 8-byte loads, served half
+// a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read element (g, t) of a
+// block whose rows are ld apart, or (t, g): 8-byte slots g * ld + t (or t * ld + g) are 16 distinct
+// slots of the 32 banks when ld = 4 (mod 16). Row pitches stay 16-byte multiples for cp.async.
+template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
+  static constexpr int kALd = AK ? kF64BK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd = BNM ? BN + 4 : kF64BK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static_assert(kALd % 16 == 4 && kBLd % 16 == 4, "conflict-free fragment reads");
+  static constexpr int kA = AK ? BM * kALd : kF64BK * kALd;
+  static constexpr int kB = BNM ? kF64BK * kBLd : BN * kBLd;
+  static constexpr int kStage = kA + kB;  // doubles
+  // The split instances stage their BM x BN partial in the drained ring, rows padded by 8 doubles so
+  // the 16-byte stores of a quarter warp (lanes g = 0..1, t = 0..3) fill the 32 banks once.
+  static constexpr int kPartLd = BN + 8;
+  static constexpr int kStages = 4;  // 160 KB for 128 x 128 (one block per SM), 80 and 92 KB for the others (two)
+  static constexpr int kBytes = std::max(kStages * kStage, BM * kPartLd) * 8;
+  __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
+  __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
+};
+
+// d += a b for one 16 x 8 x 16 block. Fragments (lane = 4 g + t): a[v0 + 2 v1] = A[g + 8 v0][t + 4 v1],
+// b[v] = B[t + 4 v][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j]
+// of an 8 x 8 x 4 block, so the sm_80 form is the same product in eight pieces (k order kept).
+__device__ __forceinline__ void mma_f64(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
+      "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]),
+        "d"(b[1]), "d"(b[2]), "d"(b[3]));
+#elif __CUDA_ARCH__ >= 800
+#pragma unroll
+  for (int v = 0; v < 4; ++v)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                   : "+d"(d[2 * h]), "+d"(d[2 * h + 1])
+                   : "d"(a[h + 2 * v]), "d"(b[v]));
+#else
+  __trap();  // the planner runs this kernel only where dmma_runs_on says the image has DMMA code
+#endif
+}
+
+// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
+// pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
+__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col, double v0, double v1) {
+  if (r >= p.m || col >= p.n) return;
+  double* dst = static_cast<double*>(p.c) + r * p.ldc + col;
+  v0 *= p.alpha64;
+  v1 *= p.alpha64;
+  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    if (p.beta64 != 0.0) {
+      const double2 old = *reinterpret_cast<const double2*>(dst);
+      v0 = fma(p.beta64, old.x, v0);
+      v1 = fma(p.beta64, old.y, v1);
+    }
+    *reinterpret_cast<double2*>(dst) = make_double2(v0, v1);
+    return;
+  }
+  if (p.beta64 != 0.0) v0 = fma(p.beta64, dst[0], v0);
+  dst[0] = v0;
+  if (col + 1 < p.n) {
+    if (p.beta64 != 0.0) v1 = fma(p.beta64, dst[1], v1);
+    dst[1] = v1;
+  }
+}
+
+// MINB: one block of the 128 x 128 tile per SM (its 64 accumulators are 128 registers a thread, and
+// its ring 160 KB); two of the 64 x 64 and 16 x 128 (under 128 registers, rings of 80 and 92 KB). A
+// 64 x 128 tile, two blocks per SM, spilled ~220 bytes at the 128-register cap (its 32 x 32 warp tile
+// holds 32 accumulators and 24 fragment doubles) and was dropped.
+template <int BM, int BN, bool AK, bool BNM, bool kSplit>
+__global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm_mma(const GemmProblem whole) {
+  using S = F64Smem<BM, BN, AK, BNM>;
+  constexpr int WM = BM >= 64 ? 2 : 1, WN = 8 / WM;  // warps along m and n
+  constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
+  static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
+  extern __shared__ __align__(16) double smem_f64[];
+  GemmProblem p = whole;
+  int split = 1;
+  if constexpr (kSplit) {
+    // This CTA's slice of k: whole 16-deep slices, the last CTA's possibly shorter (or empty).
+    split = static_cast<int>(gridDim.y);
+    const int64_t slice = (p.k + split * int64_t{kF64BK} - 1) / (split * int64_t{kF64BK}) * kF64BK;
+    const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
+    p.k = min(p.k, kb + slice) - kb;
+    p.a = static_cast<const double*>(p.a) + kb * (AK ? 1 : p.lda);
+    p.b = static_cast<const double*>(p.b) + kb * (BNM ? p.ldb : 1);
+  }
+  const double* A = static_cast<const double*>(p.a);
+  const double* B = static_cast<const double*>(p.b);
+  int64_t tm, tn;
+  tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
+  const int64_t row0 = tm * BM, col0 = tn * BN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm0 = (warp / WN) * (BM / WM), wn0 = (warp % WN) * (BN / WN);  // the warp tile's corner
+  const int64_t ktiles = (p.k + kF64BK - 1) / kF64BK;
+
+  auto load_stage = [&](int stage, int64_t kt) {
+    const int64_t k0 = kt * kF64BK;
+    double* as = smem_f64 + stage * S::kStage;
+    double* bs = as + S::kA;
+    CUOPS_STAGE_OPERANDS(double, BM, BN, kF64BK, kF64Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
+                         k0, tid);
+  };
+
+  double acc[MI][NI][4] = {};
+  cp_async_ring<S::kStages>(ktiles, load_stage, [&](int64_t kt) {
+    const double* as = smem_f64 + (kt % S::kStages) * S::kStage;
+    const double* bs = as + S::kA;
+    double bf[NI][4];
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) bf[ni][v] = S::b(bs, t + 4 * v, wn0 + ni * 8 + g);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      double af[8];
+#pragma unroll
+      for (int v = 0; v < 8; ++v) af[v] = S::a(as, wm0 + mi * 16 + g + 8 * (v % 2), t + 4 * (v / 2));
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) mma_f64(acc[mi][ni], af, bf[ni]);
+    }
+  });
+
+  // f(row, col, v0, v1) for each pair of the thread's results: acc[mi][ni][2 h + j] is element
+  // (wm0 + 16 mi + g + 8 h, wn0 + 8 ni + 2 t + j) of the tile.
+  auto each_pair = [&](auto f) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+  };
+  if constexpr (!kSplit) {
+    each_pair([&](int r, int c, double v0, double v1) { store_pair_f64(p, row0 + r, col0 + c, v0, v1); });
+  } else {
+#if __CUDA_ARCH__ >= 900
+    __syncthreads();  // every warp is done reading the ring (cp_async_ring drained its copies)
+    double* part = smem_f64;  // [BM][kPartLd]: this CTA's partial tile
+    each_pair([&](int r, int c, double v0, double v1) {
+      *reinterpret_cast<double2*>(part + r * S::kPartLd + c) = make_double2(v0, v1);
+    });
+    reduce_cluster_tile<BM, BN, kF64Threads>(part, S::kPartLd, split, tid, [&](int r, int c, double v0, double v1) {
+      store_pair_f64(p, row0 + r, col0 + c, v0, v1);
+    });
+#else
+    __trap();  // the planner splits k only where clusters run (GemmDevice::clusters)
+#endif
+  }
+}
+
+template <int BM, int BN, bool AK, bool BNM>
+cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes;
+  if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, kF64Threads, smem, stream, p);
+  return launch_cluster_y(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, kF64Threads, smem, stream, p);
+}
+
+}  // namespace
+
+cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+    constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+    if (plan.bm == 128 && plan.bn == 128) return launch_f64<128, 128, AK, BNM>(plan, p, stream);
+    if (plan.bm == 64 && plan.bn == 64) return launch_f64<64, 64, AK, BNM>(plan, p, stream);
+    if (plan.bm == 16 && plan.bn == 128) return launch_f64<16, 128, AK, BNM>(plan, p, stream);
+    return cudaErrorInvalidValue;
+  });
+}
+
+bool dmma_runs_on(int dev) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 8) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  // The code the runtime picks for this GPU must be sm_80 or later (a build for older archs only
+  // holds the trapping body).
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, dgemm_mma<64, 64, true, true, false>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.binaryVersion >= 80;
+}
+
+}  // namespace cuops::kernels::detail
