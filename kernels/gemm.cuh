@@ -260,8 +260,8 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
 // elements apart (ld even). After a cluster barrier, CTA r sums the pairs r, r + split, ... (in units
 // of THREADS) over the CTAs in rank order through distributed shared memory and hands each sum to
 // store(row, col, v0, v1): the same bits on every run, no workspace, nothing to reset for a graph. The
-// last barrier keeps every CTA resident while another may still read its shared memory.
-#if __CUDA_ARCH__ >= 900
+// last barrier keeps every CTA resident while another may still read its shared memory. sm_90 PTX, as
+// common.cuh's cluster primitives: call it only from code compiled for sm_90 and up.
 __device__ __forceinline__ float2 ld_cluster_pair(const float* local, uint32_t rank) {
   float2 v;
   asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
@@ -287,7 +287,6 @@ __device__ __forceinline__ void reduce_cluster_tile(const A* part, int ld, int s
   }
   cluster_sync();
 }
-#endif
 
 // `blocks` x `cluster` blocks of `threads` in clusters of `cluster` along y (the k-split instances:
 // gemm_simt.cu, gemm_f64.cu), with `smem` bytes of dynamic shared memory. At most 8 (a portable

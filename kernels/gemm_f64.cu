@@ -89,7 +89,8 @@ __device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, 
 }
 
 // MINB: one block of the 128 x 128 tile per SM (its 64 accumulators are 128 registers a thread, and
-// its ring 160 KB); two of the 64 x 64 and 16 x 128 (under 128 registers, rings of 80 and 92 KB). A
+// its ring 160 KB); two of the 64 x 64 and 16 x 128 (under 128 registers, rings of 80 and 92 KB: two
+// of the latter fit the H100's 228 KB per SM, one the A100's 164). A
 // 64 x 128 tile, two blocks per SM, spilled ~220 bytes at the 128-register cap (its 32 x 32 warp tile
 // holds 32 accumulators and 24 fragment doubles) and was dropped.
 template <int BM, int BN, bool AK, bool BNM, bool kSplit>
@@ -196,19 +197,24 @@ cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cuda
 }
 
 bool dmma_runs_on(int dev) {
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 8) {
+  // The 128 x 128 tile's 160 KB of shared memory: the A100's and H100's opt-in (163 and 227 KB), not
+  // the 99 KB of sm_86/89/120 GPUs, whose FP64 tensor path is a fraction of a percent of theirs anyway.
+  int major = 0, smem_optin = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || major < 8 ||
+      smem_optin < F64Smem<128, 128, true, false>::kBytes) {
     (void)cudaGetLastError();
     return false;
   }
-  // The code the runtime picks for this GPU must be sm_80 or later (a build for older archs only
-  // holds the trapping body).
+  // The code the runtime runs here must have been compiled for sm_80 or later: ptxVersion, not
+  // binaryVersion (code JIT-compiled from older PTX reports the GPU's binary version, but holds the
+  // trapping body).
   cudaFuncAttributes attr{};
   if (cudaFuncGetAttributes(&attr, dgemm_mma<64, 64, true, true, false>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return attr.binaryVersion >= 80;
+  return attr.ptxVersion >= 80;
 }
 
 }  // namespace cuops::kernels::detail

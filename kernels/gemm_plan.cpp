@@ -35,6 +35,11 @@
 // | wgmma, >= one 128 x 256 tile per SM            | 128 x 256; pairs along m (>= 2 rows)    | pairs multicast B: a third less L2 traffic, +1-2 % |
 // | wgmma, fewer tiles                             | 128 x 128 or 128 x 64, fewer waves x    | 1024^3: 64 tiles of 128 x 128 leave half the SMs |
 // |                                                |   (BN + 32) (A and the fill per tile)   |   idle; 128 x 64 took 0.74x to 0.89x |
+// | wgmma, fewer tiles, k long enough              | 128 x 128 tiles, k split over a cluster | c_attn dW (3072 x 1024 over 8192) ran 0.56x cuBLAS |
+// |                                                |   of 2-8 (one tile per cluster), where  |   and M = 128-512 forwards 0.7-0.9x: few tiles,    |
+// |                                                |   the busiest SM's work (tiles x split, |   each a long k. The split sums its partials in    |
+// |                                                |   each (bn + 32) x (its k + 256)) is    |   rank order through the cluster's shared memory. A |
+// |                                                |   least                                 |   first model, to measure                          |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -61,6 +66,11 @@ namespace cuops::kernels {
 namespace {
 
 constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two consumers of 64
+// The wgmma k split: at most a portable cluster; slices of at least kWgMinSlice k (8 k-tiles of
+// 16-bit types: shorter ones spend their time filling the ring); a split tile's reduction (staging
+// 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more k. First
+// guesses, to measure (bench/NOTES.md).
+constexpr int64_t kWgMaxSplit = 8, kWgMinSlice = 512, kWgSplitReduceK = 256;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -153,12 +163,29 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     wgmma_tile(p, 256, tiles_m >= 2 ? 2 : 1, dev);
     p.why = "wgmma: a 128 x 256 tile for every SM";
   } else {
-    auto cost = [&](int64_t bn) { return cdiv(tiles_m * cdiv(p.n, bn), dev.sms) * (bn + 32); };
-    wgmma_tile(p, cost(64) < cost(128) ? 64 : 128, 1, dev);
+    // The busiest SM's work: its CTAs (tiles, or tiles x split), each (bn + 32) columns' worth (A and
+    // the fill per tile) over its k, plus a split tile's reduction.
+    auto cost = [&](int64_t bn, int64_t split) {
+      return cdiv(tiles_m * cdiv(p.n, bn) * split, dev.sms) * (bn + 32) *
+             (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0));
+    };
+    const int bn = cost(64, 1) < cost(128, 1) ? 64 : 128;
+    wgmma_tile(p, bn, 1, dev);
     p.why = "wgmma: fewer tiles than SMs at 128 x 256";
+    // 128 x 128 tiles with k split over a cluster, where that leaves the busiest SM less work.
+    int64_t best = cost(bn, 1), split = 1;
+    for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; ++s) {
+      if (cost(128, s) < best) best = cost(128, s), split = s;
+    }
+    if (split > 1) {
+      wgmma_tile(p, 128, 1, dev);
+      p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
+      p.split_k = static_cast<int>(split);
+      p.why = "wgmma: fewer tiles than SMs, k split over a cluster";
+    }
   }
-  p.tma_store = !tf32 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 &&
-                tma_describes(p.n, p.m, p.ldc);
+  p.tma_store = !tf32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) &&
+                (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
   return true;
 }
 
@@ -425,6 +452,7 @@ GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) 
 }
 
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev) {
+  plan.split_k = 1;
   if (plan.kernel == GemmKernel::Wgmma) {
     wgmma_tile(plan, bn, cluster_m, dev);
     plan.bm = bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check

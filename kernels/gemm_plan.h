@@ -100,9 +100,9 @@ struct GemmPlan {
   // and the grid in blocks (a persistent kernel's is below its tile count).
   int bm = 0, bn = 0, bk = 0, cluster_m = 1;
   int64_t grid = 0;
-  // k split over a cluster of split_k CTAs along the grid's y (the SIMT and float64 kernels; > 1 only
-  // where GemmDevice::clusters): their partial tiles are summed in rank order in the cluster's shared
-  // memory.
+  // k split over a cluster of split_k CTAs (> 1 only where GemmDevice::clusters): along the grid's y
+  // for the SIMT and float64 kernels (grid: the tiles), along x for wgmma (grid: the tiles, each a
+  // cluster); their partial tiles are summed in rank order in the cluster's shared memory.
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
@@ -127,7 +127,7 @@ struct GemmPlan {
 GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
 
 // For experiments (bench/sweep): `plan` with another tile (block rows and columns, the SIMT kernel's
-// k-slice, CTAs per cluster along m) and the grid the planner would give that tile. launch_gemm then
+// k-slice, CTAs per cluster along m), k unsplit, and the grid the planner would give that tile. launch_gemm then
 // runs it if the library compiles that instance, else answers cudaErrorInvalidValue.
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev);
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sweep_gemm_util.cuh"
@@ -73,12 +74,12 @@ int main() {
     char label[96];
     snprintf(label, sizeof label, "pick: %s %dx%d split %d", kernel_name(plan.kernel), plan.bm, plan.bn, plan.split_k);
     report(label, plan);
-    for (int bm : {128, 64}) {
+    for (const auto [bm, bn] : {std::pair{128, 128}, std::pair{64, 64}, std::pair{16, 128}}) {
       for (int split : {1, 2, 3, 4, 8}) {
         if (plan.kernel != GemmKernel::MmaF64 || !all || (split > 1 && !dev.clusters)) break;
-        GemmPlan q = with_tile(plan, bm, bm, 16, 1, dev);
+        GemmPlan q = with_tile(plan, bm, bn, 16, 1, dev);
         q.split_k = split;
-        snprintf(label, sizeof label, "%dx%d split %d", bm, bm, split);
+        snprintf(label, sizeof label, "%dx%d split %d", bm, bn, split);
         report(label, q);
       }
     }

@@ -15,6 +15,7 @@ using cuops::kernels::GemmPlan;
 using cuops::kernels::GemmRequest;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
+using cuops::kernels::with_tile;
 
 const GemmDevice kH100{132, true, 66, true, true, true};
 // Hopper without the small-M kernel's streaming form (no tensor-map encoder): its per-lane form.
@@ -168,6 +169,36 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   const GemmPlan v = plan_gemm(row_major(DType::BFloat16, 1, 4096, 4096), kH100);
   EXPECT_EQ(v.bn, 64);
   EXPECT_EQ(v.grid, 64);
+}
+
+TEST(GemmPlan, FewTilesOverALongKSplitKOverACluster) {
+  // A GPT-style c_attn weight gradient, 3072 x 1024 over k = 8192: 192 tiles of 128 x 128 take 2 waves
+  // (2 x 160 x 8192), 384 of 128 x 64 three (3 x 96 x 8192); split in two, 384 CTAs of half the k take
+  // 3 x 160 x (4096 + 256), the least.
+  GemmPlan p = plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+  EXPECT_EQ(p.bn, 128);
+  EXPECT_EQ(p.cluster_m, 1);
+  EXPECT_EQ(p.split_k, 2);
+  EXPECT_EQ(p.grid, 192);  // one cluster per tile
+  EXPECT_FALSE(p.tma_store);
+  // 128 rows: 32 tiles; four slices of k fill 128 SMs.
+  p = plan_gemm(row_major(DType::Float16, 128, 4096, 4096), kH100);
+  EXPECT_EQ(p.split_k, 4);
+  EXPECT_EQ(p.grid, 32);
+  // TF32, the transposed problem (b row-major): 16 tiles over k = 8192, split in 8.
+  p = plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+  EXPECT_TRUE(p.c_trans);
+  EXPECT_EQ(p.split_k, 8);
+  // Short k (1024^3: slices under 512 pay less than their reduction), many tiles, or no clusters:
+  // unsplit.
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 1024, 1024, 1024), kH100).split_k, 1);
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100).split_k, 1);
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), GemmDevice{132, true, 66, false, false, true}).split_k,
+            1);
+  // A sweep's tile override is unsplit.
+  EXPECT_EQ(with_tile(plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100), 128, 128, 0, 1, kH100).split_k, 1);
 }
 
 TEST(GemmPlan, BetaOrAnUnalignedOutputKeepsTheDirectEpilogue) {
