@@ -36,10 +36,10 @@
 // | wgmma, fewer tiles                             | 128 x 128 or 128 x 64, fewer waves x    | 1024^3: 64 tiles of 128 x 128 leave half the SMs |
 // |                                                |   (BN + 32) (A and the fill per tile)   |   idle; 128 x 64 took 0.74x to 0.89x |
 // | wgmma, fewer tiles, k long enough              | 128 x 128 tiles, k split over a cluster | c_attn dW (3072 x 1024 over 8192) ran 0.56x cuBLAS |
-// |                                                |   of 2-8 (one tile per cluster), where  |   and M = 128-512 forwards 0.7-0.9x: few tiles,    |
-// |                                                |   the busiest SM's work (tiles x split, |   each a long k. The split sums its partials in    |
-// |                                                |   each (bn + 32) x (its k + 256)) is    |   rank order through the cluster's shared memory. A |
-// |                                                |   least                                 |   first model, to measure                          |
+// |                                                |   of 2, 4 or 8 (one tile per cluster),  |   and M = 128-512 forwards 0.7-0.9x: few tiles,    |
+// |                                                |   where the waves of clusters that fit  |   each a long k. The split sums its partials in    |
+// |                                                |   x 160 x (k / split + 256) are least   |   rank order through the cluster's shared memory. A |
+// |                                                |                                         |   first model, to measure                          |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -141,6 +141,14 @@ void wgmma_tile(GemmPlan& p, int bn, int cm, const GemmDevice& dev) {
   p.grid = balanced(units, std::max<int64_t>(most, 1)) * cm;
 }
 
+// 16-bit outputs leave by TMA store where beta is 0, TMA describes c, and k is not split (a split
+// tile's sums meet in the cluster's shared memory and leave by the direct epilogue).
+void wgmma_tma_store(GemmPlan& p) {
+  const GemmRequest& r = p.req;
+  p.tma_store = r.dtype != DType::Float32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) &&
+                (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
+}
+
 bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   const GemmRequest& r = p.req;
   if (p.m > INT32_MAX || p.n > INT32_MAX || r.k > INT32_MAX) return false;
@@ -163,19 +171,21 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     wgmma_tile(p, 256, tiles_m >= 2 ? 2 : 1, dev);
     p.why = "wgmma: a 128 x 256 tile for every SM";
   } else {
-    // The busiest SM's work: its CTAs (tiles, or tiles x split), each (bn + 32) columns' worth (A and
-    // the fill per tile) over its k, plus a split tile's reduction.
-    auto cost = [&](int64_t bn, int64_t split) {
-      return cdiv(tiles_m * cdiv(p.n, bn) * split, dev.sms) * (bn + 32) *
-             (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0));
-    };
-    const int bn = cost(64, 1) < cost(128, 1) ? 64 : 128;
+    // The busiest SM's work: its tiles, each (bn + 32) columns' worth (A and the fill per tile) over k.
+    auto cost = [&](int64_t bn) { return cdiv(tiles_m * cdiv(p.n, bn), dev.sms) * (bn + 32) * r.k; };
+    const int bn = cost(64) < cost(128) ? 64 : 128;
     wgmma_tile(p, bn, 1, dev);
     p.why = "wgmma: fewer tiles than SMs at 128 x 256";
-    // 128 x 128 tiles with k split over a cluster, where that leaves the busiest SM less work.
-    int64_t best = cost(bn, 1), split = 1;
-    for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; ++s) {
-      if (cost(128, s) < best) best = cost(128, s), split = s;
+    // 128 x 128 tiles with k split over a cluster of 2, 4 or 8, where that leaves the busiest SM less
+    // work. A cluster of s CTAs (one per SM) needs s free SMs of one GPC: pairs as the device counts
+    // them, at most SMs / s of the larger ones (a split of 3 or 5-7 would strand SMs).
+    auto split_cost = [&](int64_t s) {
+      const int64_t fit = s == 2 && dev.pair_clusters > 0 ? dev.pair_clusters : std::max<int64_t>(1, dev.sms / s);
+      return cdiv(tiles_m * cdiv(p.n, 128), fit) * (128 + 32) * (cdiv(r.k, s) + kWgSplitReduceK);
+    };
+    int64_t best = cost(bn), split = 1;
+    for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
+      if (split_cost(s) < best) best = split_cost(s), split = s;
     }
     if (split > 1) {
       wgmma_tile(p, 128, 1, dev);
@@ -184,8 +194,7 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
       p.why = "wgmma: fewer tiles than SMs, k split over a cluster";
     }
   }
-  p.tma_store = !tf32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) &&
-                (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
+  wgmma_tma_store(p);
   return true;
 }
 
@@ -455,6 +464,7 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
   plan.split_k = 1;
   if (plan.kernel == GemmKernel::Wgmma) {
     wgmma_tile(plan, bn, cluster_m, dev);
+    wgmma_tma_store(plan);
     plan.bm = bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check
   } else {
     tiles(plan, bm, bn, bk);

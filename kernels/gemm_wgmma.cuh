@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   static_assert(!kSplit || kCM == 1, "a k split's cluster is its own: no multicast pairs");
-  static_assert(kWgBM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes, "the partial tile fits the ring");
+  static_assert(!kSplit || kWgBM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes, "the partial tile fits the ring");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -353,6 +353,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
                                        static_cast<int>(tn * BN), kt0, ktiles, base_s, full_s, empty_s, rank, ring);
       }
+    }
+    if constexpr (kSplit) {
+      // The producer warps pass the two cluster barriers of the consumers' reduce_cluster_tile (below),
+      // here, inside their branch: nothing of the split runs after the branches join, so the code
+      // each runs stays within its setmaxnreg budget. Lane 0 left the load loop alone: reconverge.
+      __syncwarp();
+      wg::cluster_sync();
+      wg::cluster_sync();
     }
   } else {
     wg::setmaxnreg_inc<kConsumerRegs>();
@@ -426,17 +434,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
     }
-  }
-  // No CTA of a pair leaves while the peer may still arrive on its barriers.
-  if constexpr (kCM > 1) wg::cluster_sync();
-  if constexpr (kSplit) {
-    // The consumers sum the cluster's partials and store; the producer warps (40 registers after
-    // setmaxnreg) only pass the two cluster barriers reduce_cluster_tile holds. A grid of whole
-    // clusters, one unit each (launch_wg), so first_unit is this cluster's tile.
-    if (threadIdx.x < 128) {
-      wg::cluster_sync();
-      wg::cluster_sync();
-    } else {
+    if constexpr (kSplit) {
+      // The cluster's partials summed in rank order and stored (the direct epilogue's stores). The grid
+      // is whole clusters, one unit each (launch_wg), so first_unit is this cluster's tile.
       int64_t um, tn;
       tile_coords<8>(first_unit, units_m, tiles_n, um, tn);
       const int64_t row0 = um * kWgBM, col0 = tn * BN;
@@ -449,6 +449,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                                           });
     }
   }
+  // No CTA of a pair leaves while the peer may still arrive on its barriers.
+  if constexpr (kCM > 1) wg::cluster_sync();
 }
 
 // ---- host side
