@@ -121,10 +121,10 @@ GemmDevice current_gemm_device() {
         d.wgmma = wgmma_runs_on(dev, d.pair_clusters);
         d.clusters = skinny_clusters_on(dev);
         d.skinny_tma = d.clusters && skinny_tma_on(dev);
-        d.dmma = dmma_runs_on(dev);
+        d.dmma = dmma_runs_on(dev, d.dmma_wide);
         return d;
       },
-      GemmDevice{1, false, 0, false, false, false});
+      GemmDevice{1, false, 0, false, false, false, false});
 }
 
 namespace {

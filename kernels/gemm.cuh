@@ -255,35 +255,64 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
   return cudaGetLastError();
 }
 
-// The k-split kernels' finish (gemm_simt.cu, gemm_f64.cu): each of the cluster's `split` CTAs has
-// staged its partial BM x BN tile of A (float or double) in its own shared memory at `part`, rows `ld`
-// elements apart (ld even). After a cluster barrier, CTA r sums the pairs r, r + split, ... (in units
-// of THREADS) over the CTAs in rank order through distributed shared memory and hands each sum to
-// store(row, col, v0, v1): the same bits on every run, no workspace, nothing to reset for a graph. The
-// last barrier keeps every CTA resident while another may still read its shared memory. sm_90 PTX, as
-// common.cuh's cluster primitives: call it only from code compiled for sm_90 and up.
-__device__ __forceinline__ float2 ld_cluster_pair(const float* local, uint32_t rank) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
+// The k-split kernels' finish (gemm_simt.cu, gemm_f64.cu, gemm_wgmma.cuh): each of the cluster's
+// `split` CTAs has staged its partial BM x BN tile of A (float or double) in its own shared memory at
+// `part`, rows `ld` elements apart (a 16-byte multiple). After a cluster barrier, CTA r sums the
+// 16-byte chunks r, r + split, ... (in units of THREADS) over the CTAs in rank order through
+// distributed shared memory and hands each pair of sums to store(row, col, v0, v1): the same bits on
+// every run, no workspace, nothing to reset for a graph. A thread keeps kInFlight chunks' loads in
+// flight per rank: the first version loaded one pair at a time, a round trip (~1 us per 128 x 128
+// tile and rank) each, which made every wgmma split slower than no split (bench/NOTES.md, session 17).
+// The last barrier keeps every CTA resident while another may still read its shared memory. sm_90
+// PTX, as common.cuh's cluster primitives: call it only from code compiled for sm_90 and up.
+__device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(map_cluster(smem_addr(local), rank)));
   return v;
 }
-__device__ __forceinline__ double2 ld_cluster_pair(const double* local, uint32_t rank) {
+__device__ __forceinline__ double2 ld_cluster16(const double* local, uint32_t rank) {
   double2 v;
   asm volatile("ld.shared::cluster.v2.f64 {%0,%1}, [%2];\n" : "=d"(v.x), "=d"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
   return v;
 }
+__device__ __forceinline__ void add16(float4& v, const float4& w) { v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w; }
+__device__ __forceinline__ void add16(double2& v, const double2& w) { v.x += w.x, v.y += w.y; }
 template <int BM, int BN, int THREADS, typename A, typename Store>
 __device__ __forceinline__ void reduce_cluster_tile(const A* part, int ld, int split, int tid, Store&& store) {
+  using V = std::conditional_t<std::is_same_v<A, float>, float4, double2>;
+  constexpr int kPer = 16 / static_cast<int>(sizeof(A)), kRowChunks = BN / kPer, kChunks = BM * kRowChunks;
+  constexpr int kInFlight = 4;
+  static_assert(BN % kPer == 0, "whole 16-byte chunks per row");
   cluster_sync();  // every CTA's partial staged
-  const uint32_t rank = cluster_rank();
-  for (int e = tid + static_cast<int>(rank) * THREADS; e < BM * BN / 2; e += THREADS * split) {
-    const int r = e / (BN / 2), c = 2 * (e % (BN / 2));
-    auto v = ld_cluster_pair(part + r * ld + c, 0);
-    for (int s = 1; s < split; ++s) {
-      const auto w = ld_cluster_pair(part + r * ld + c, static_cast<uint32_t>(s));
-      v.x += w.x, v.y += w.y;
+  const int stride = THREADS * split;
+  for (int e0 = tid + static_cast<int>(cluster_rank()) * THREADS; e0 < kChunks; e0 += kInFlight * stride) {
+    V v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int e = e0 + u * stride;
+      if (e < kChunks) v[u] = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * kPer, 0);
     }
-    store(r, c, v.x, v.y);
+    for (int s = 1; s < split; ++s) {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int e = e0 + u * stride;
+        if (e < kChunks) add16(v[u], ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * kPer, s));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int e = e0 + u * stride;
+      if (e >= kChunks) break;
+      const int r = e / kRowChunks, c = (e % kRowChunks) * kPer;
+      if constexpr (std::is_same_v<A, float>) {
+        store(r, c, v[u].x, v[u].y);
+        store(r, c + 2, v[u].z, v[u].w);
+      } else {
+        store(r, c, v[u].x, v[u].y);
+      }
+    }
   }
   cluster_sync();
 }
@@ -320,7 +349,7 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
 cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 // Whether the float64 tensor-core kernel runs on device `dev`: compute capability 8.0 and up, and the
 // image the runtime picks there holds DMMA code (kernels/gemm_f64.cu).
-bool dmma_runs_on(int dev);
+bool dmma_runs_on(int dev, bool& wide);
 // Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny.cu).
 bool skinny_clusters_on(int dev);
 // Whether its streaming form (TMA) runs on device `dev`: the above, and the driver's tensor-map encoder.

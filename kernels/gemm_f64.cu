@@ -18,47 +18,78 @@
 namespace cuops::kernels::detail {
 namespace {
 
-constexpr int kF64Threads = 256, kF64BK = 16;
+constexpr int kF64Threads = 256;
 
 // One stage's operands. Rows are padded by 4 doubles: the fragment reads are 8-byte loads, served half
 // a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read element (g, t) of a
 // block whose rows are ld apart, or (t, g): 8-byte slots g * ld + t (or t * ld + g) are 16 distinct
 // slots of the 32 banks when ld = 4 (mod 16). Row pitches stay 16-byte multiples for cp.async.
+// Stage depth: the 128 x 128 tile takes 32 k a stage (3 stages, 216 KB: one barrier per 32 DMMAs of a
+// warp; at 16 deep it ran 0.73x cuBLAS), the smaller tiles 16 (4 stages, two blocks per SM).
 template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
-  static constexpr int kALd = AK ? kF64BK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
-  static constexpr int kBLd = BNM ? BN + 4 : kF64BK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static constexpr int kBK = BM * BN >= 128 * 128 ? 32 : 16;
+  static constexpr int kALd = AK ? kBK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd = BNM ? BN + 4 : kBK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
   static_assert(kALd % 16 == 4 && kBLd % 16 == 4, "conflict-free fragment reads");
-  static constexpr int kA = AK ? BM * kALd : kF64BK * kALd;
-  static constexpr int kB = BNM ? kF64BK * kBLd : BN * kBLd;
+  static constexpr int kA = AK ? BM * kALd : kBK * kALd;
+  static constexpr int kB = BNM ? kBK * kBLd : BN * kBLd;
   static constexpr int kStage = kA + kB;  // doubles
   // The split instances stage their BM x BN partial in the drained ring, rows padded by 8 doubles so
   // the 16-byte stores of a quarter warp (lanes g = 0..1, t = 0..3) fill the 32 banks once.
   static constexpr int kPartLd = BN + 8;
-  static constexpr int kStages = 4;  // 160 KB for 128 x 128 (one block per SM), 80 and 92 KB for the others (two)
+  static constexpr int kStages = kBK == 32 ? 3 : 4;  // 216 KB for 128 x 128 (one block per SM), 80 and 92 KB (two)
   static constexpr int kBytes = std::max(kStages * kStage, BM * kPartLd) * 8;
   __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
   __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
 };
 
-// d += a b for one 16 x 8 x 16 block. Fragments (lane = 4 g + t): a[v0 + 2 v1] = A[g + 8 v0][t + 4 v1],
-// b[v] = B[t + 4 v][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j]
-// of an 8 x 8 x 4 block, so the sm_80 form is the same product in eight pieces (k order kept).
-__device__ __forceinline__ void mma_f64(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
+// The 16-byte copies of one operand's stage when the whole stage lies inside the matrix: OUTER
+// stored rows of INNER doubles, ld apart in global memory, kLd apart in the stage. A thread's chunks
+// are kRowsPerPass rows apart, so its addresses are one pointer and one stride, set once: an interior
+// stage costs ~3 instructions a chunk instead of the ~45 of CUOPS_STAGE_OPERANDS's bounds, edge and
+// 64-bit index arithmetic (which, issued by the warps that also feed the DMMAs, held the first
+// version at 0.62x cuBLAS; bench/NOTES.md, session 17). Edge tiles and a ragged last slice keep the
+// checked copy.
+template <int OUTER, int INNER, int kLd> struct F64StageCopy {
+  static constexpr int kRowChunks = INNER / 2, kChunks = OUTER * kRowChunks;
+  static constexpr int kRowsPerPass = kF64Threads / kRowChunks;
+  static constexpr int kPasses = (kChunks + kF64Threads - 1) / kF64Threads;
+  static_assert(kF64Threads % kRowChunks == 0 && (kChunks % kF64Threads == 0 || kChunks < kF64Threads),
+                "whole passes, or one partial pass");
+  const double* src;  // this thread's first chunk at slice 0
+  int64_t pass_step;  // elements between its chunks in global memory
+  int dst;            // its first chunk's offset in the stage (doubles)
+  bool active;
+  __device__ F64StageCopy(const double* tile, int64_t ld, int tid) {
+    const int r = tid / kRowChunks, c = (tid % kRowChunks) * 2;
+    src = tile + r * ld + c;
+    pass_step = kRowsPerPass * ld;
+    dst = r * kLd + c;
+    active = kChunks % kF64Threads == 0 || tid < kChunks;
+  }
+  // advance: elements from slice 0 to this slice (16 along a stored row, or 16 rows).
+  __device__ __forceinline__ void copy(double* stage, int64_t advance) const {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) cp_async16(stage + dst + i * kRowsPerPass * kLd, src + advance + i * pass_step, 16);
+  }
+};
+
+// d += a b for one 16 x 8 x 4 block. Fragments (lane = 4 g + t): a0 = A[g][t], a1 = A[g + 8][t],
+// b = B[t][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j] of an
+// 8 x 8 x 4 block, so the sm_80-89 form (no m16n8k4 there) is the same product in two halves.
+__device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1, double b) {
 #if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
-      "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
-      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]),
-        "d"(b[1]), "d"(b[2]), "d"(b[3]));
+  asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a0), "d"(a1), "d"(b));
 #elif __CUDA_ARCH__ >= 800
-#pragma unroll
-  for (int v = 0; v < 4; ++v)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
-                   : "+d"(d[2 * h]), "+d"(d[2 * h + 1])
-                   : "d"(a[h + 2 * v]), "d"(b[v]));
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a0), "d"(b));
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+d"(d[2]), "+d"(d[3])
+               : "d"(a1), "d"(b));
 #else
   __trap();  // the planner runs this kernel only where dmma_runs_on says the image has DMMA code
 #endif
@@ -105,7 +136,7 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
   if constexpr (kSplit) {
     // This CTA's slice of k: whole 16-deep slices, the last CTA's possibly shorter (or empty).
     split = static_cast<int>(gridDim.y);
-    const int64_t slice = (p.k + split * int64_t{kF64BK} - 1) / (split * int64_t{kF64BK}) * kF64BK;
+    const int64_t slice = (p.k + split * int64_t{S::kBK} - 1) / (split * int64_t{S::kBK}) * S::kBK;
     const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
     p.k = min(p.k, kb + slice) - kb;
     p.a = static_cast<const double*>(p.a) + kb * (AK ? 1 : p.lda);
@@ -119,13 +150,25 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm0 = (warp / WN) * (BM / WM), wn0 = (warp % WN) * (BN / WN);  // the warp tile's corner
-  const int64_t ktiles = (p.k + kF64BK - 1) / kF64BK;
+  const int64_t ktiles = (p.k + S::kBK - 1) / S::kBK;
+
+  // Interior tiles copy every whole 16-deep slice unchecked (F64StageCopy); the rest, checked.
+  const int64_t fast_ktiles = row0 + BM <= p.m && col0 + BN <= p.n ? p.k / S::kBK : 0;
+  using CopyA = std::conditional_t<AK, F64StageCopy<BM, S::kBK, S::kALd>, F64StageCopy<S::kBK, BM, S::kALd>>;
+  using CopyB = std::conditional_t<BNM, F64StageCopy<S::kBK, BN, S::kBLd>, F64StageCopy<BN, S::kBK, S::kBLd>>;
+  const CopyA copy_a(AK ? A + row0 * p.lda : A + row0, p.lda, tid);
+  const CopyB copy_b(BNM ? B + col0 : B + col0 * p.ldb, p.ldb, tid);
 
   auto load_stage = [&](int stage, int64_t kt) {
-    const int64_t k0 = kt * kF64BK;
+    const int64_t k0 = kt * S::kBK;
     double* as = smem_f64 + stage * S::kStage;
     double* bs = as + S::kA;
-    CUOPS_STAGE_OPERANDS(double, BM, BN, kF64BK, kF64Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
+    if (kt < fast_ktiles) {
+      copy_a.copy(as, AK ? k0 : k0 * p.lda);
+      copy_b.copy(bs, BNM ? k0 * p.ldb : k0);
+      return;
+    }
+    CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kF64Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
                          k0, tid);
   };
 
@@ -133,18 +176,27 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
   cp_async_ring<S::kStages>(ktiles, load_stage, [&](int64_t kt) {
     const double* as = smem_f64 + (kt % S::kStages) * S::kStage;
     const double* bs = as + S::kA;
-    double bf[NI][4];
+    // The stage in 4-deep steps (m16n8k4), software-pipelined: step s + 1's fragments (12 loads) come
+    // in while step s's 16 DMMAs run, so no warp waits on shared memory between its DMMAs. A warp's
+    // k16 form loaded a slice's 48 fragments, then multiplied: 0.80x cuBLAS at 4096^3.
+    constexpr int kSteps = S::kBK / 4;
+    double fa[2][MI][2], fb[2][NI];
+    auto load_step = [&](int buf, int ks) {
 #pragma unroll
-    for (int ni = 0; ni < NI; ++ni)
+      for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-      for (int v = 0; v < 4; ++v) bf[ni][v] = S::b(bs, t + 4 * v, wn0 + ni * 8 + g);
+        for (int h = 0; h < 2; ++h) fa[buf][mi][h] = S::a(as, wm0 + mi * 16 + g + 8 * h, ks + t);
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-      double af[8];
+      for (int ni = 0; ni < NI; ++ni) fb[buf][ni] = S::b(bs, ks + t, wn0 + ni * 8 + g);
+    };
+    load_step(0, 0);
 #pragma unroll
-      for (int v = 0; v < 8; ++v) af[v] = S::a(as, wm0 + mi * 16 + g + 8 * (v % 2), t + 4 * (v / 2));
+    for (int st = 0; st < kSteps; ++st) {
+      if (st + 1 < kSteps) load_step((st + 1) % 2, 4 * (st + 1));
 #pragma unroll
-      for (int ni = 0; ni < NI; ++ni) mma_f64(acc[mi][ni], af, bf[ni]);
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma_f64_k4(acc[mi][ni], fa[st % 2][mi][0], fa[st % 2][mi][1], fb[st % 2][ni]);
     }
   });
 
@@ -196,13 +248,15 @@ cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cuda
   });
 }
 
-bool dmma_runs_on(int dev) {
-  // The 128 x 128 tile's 160 KB of shared memory: the A100's and H100's opt-in (163 and 227 KB), not
-  // the 99 KB of sm_86/89/120 GPUs, whose FP64 tensor path is a fraction of a percent of theirs anyway.
+bool dmma_runs_on(int dev, bool& wide) {
+  // At least 160 KB of opt-in shared memory: the A100 (163 KB) and H100 (227 KB), not the 99 KB of
+  // sm_86/89/120 GPUs, whose FP64 tensor path is a fraction of a percent of theirs anyway. The
+  // 128 x 128 tile's 216 KB: the H100's.
   int major = 0, smem_optin = 0;
+  wide = false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || major < 8 ||
-      smem_optin < F64Smem<128, 128, true, false>::kBytes) {
+      smem_optin < 160 * 1024) {
     (void)cudaGetLastError();
     return false;
   }
@@ -214,6 +268,7 @@ bool dmma_runs_on(int dev) {
     (void)cudaGetLastError();
     return false;
   }
+  wide = smem_optin >= F64Smem<128, 128, true, false>::kBytes && attr.ptxVersion >= 80;
   return attr.ptxVersion >= 80;
 }
 

@@ -32,14 +32,12 @@
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
 // |   < 2^31; operands TMA can describe            |   transposed problem, B^T from registers)|   at 8192^3 (bf16, fp16), 0.95-0.99x TF32 |
-// | wgmma, >= one 128 x 256 tile per SM            | 128 x 256; pairs along m (>= 2 rows)    | pairs multicast B: a third less L2 traffic, +1-2 % |
-// | wgmma, fewer tiles                             | 128 x 128 or 128 x 64, fewer waves x    | 1024^3: 64 tiles of 128 x 128 leave half the SMs |
-// |                                                |   (BN + 32) (A and the fill per tile)   |   idle; 128 x 64 took 0.74x to 0.89x |
-// | wgmma, fewer tiles, k long enough              | 128 x 128 tiles, k split over a cluster | c_attn dW (3072 x 1024 over 8192) ran 0.56x cuBLAS |
-// |                                                |   of 2, 4 or 8 (one tile per cluster),  |   and M = 128-512 forwards 0.7-0.9x: few tiles,    |
-// |                                                |   where the waves of clusters that fit  |   each a long k. The split sums its partials in    |
-// |                                                |   x 160 x (k / split + 256) are least   |   rank order through the cluster's shared memory. A |
-// |                                                |                                         |   first model, to measure                          |
+// | wgmma tile and k split                         | of 128 x 256 (pairs along m when >= 2   | one model for every shape: a partial last wave of  |
+// |                                                |   tile rows), 128 x 128, 128 x 64, and  |   wide tiles cost 1024 x 6144 x 4096 0.82x where   |
+// |                                                |   128 x 128 with k split over a cluster |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
+// |                                                |   of 2, 4 or 8 (k / split >= 512), the  |   ran 0.99x where 128 x 128 ran 0.81x; few tiles   |
+// |                                                |   least waves x (bn + 32) x (k / split  |   over a long k (c_attn dW, M = 128 forwards) want |
+// |                                                |   + 256 if split); pairs multicast B    |   the split, summed in rank order over DSMEM       |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -166,33 +164,37 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
                     (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
   if (!maps) return false;
   p.kernel = GemmKernel::Wgmma;
+  // One cost for every choice: the busiest SM's work, its waves of tiles (or split CTAs) times each
+  // one's (bn + 32) columns' worth (A and the fill per tile) over its k. Waves count what runs at once:
+  // 128 x 256 tiles go in pairs along m (B multicast) when there are two tile rows, and a cluster of
+  // s split CTAs needs s free SMs of one GPC (pairs as the device counts them, at most SMs / s of the
+  // larger ones; a split of 3 or 5-7 would strand SMs). Ties go to the wider tile.
   const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
-  if (tiles_m * cdiv(p.n, 256) >= dev.sms) {
-    wgmma_tile(p, 256, tiles_m >= 2 ? 2 : 1, dev);
-    p.why = "wgmma: a 128 x 256 tile for every SM";
+  const int64_t pairs = dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2;
+  auto cost = [&](int64_t bn, int64_t split) {
+    const int64_t tiles = tiles_m * cdiv(p.n, bn);
+    int64_t at_once = dev.sms;  // CTAs
+    if (bn == 256 && tiles_m >= 2) at_once = 2 * pairs;
+    if (split == 2) at_once = 2 * pairs;
+    if (split > 2) at_once = dev.sms / split * split;
+    return cdiv(tiles * split, std::max<int64_t>(at_once, 1)) * (bn + 32) *
+           (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0));
+  };
+  int64_t bn = 256, split = 1, best = cost(256, 1);
+  for (const int64_t w : {int64_t{128}, int64_t{64}}) {
+    if (cost(w, 1) < best) best = cost(w, 1), bn = w;
+  }
+  for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
+    if (cost(128, s) < best) best = cost(128, s), bn = 128, split = s;
+  }
+  if (split > 1) {
+    wgmma_tile(p, 128, 1, dev);
+    p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
+    p.split_k = static_cast<int>(split);
+    p.why = "wgmma: k split over a cluster (fewer tiles than SMs, k long)";
   } else {
-    // The busiest SM's work: its tiles, each (bn + 32) columns' worth (A and the fill per tile) over k.
-    auto cost = [&](int64_t bn) { return cdiv(tiles_m * cdiv(p.n, bn), dev.sms) * (bn + 32) * r.k; };
-    const int bn = cost(64) < cost(128) ? 64 : 128;
-    wgmma_tile(p, bn, 1, dev);
-    p.why = "wgmma: fewer tiles than SMs at 128 x 256";
-    // 128 x 128 tiles with k split over a cluster of 2, 4 or 8, where that leaves the busiest SM less
-    // work. A cluster of s CTAs (one per SM) needs s free SMs of one GPC: pairs as the device counts
-    // them, at most SMs / s of the larger ones (a split of 3 or 5-7 would strand SMs).
-    auto split_cost = [&](int64_t s) {
-      const int64_t fit = s == 2 && dev.pair_clusters > 0 ? dev.pair_clusters : std::max<int64_t>(1, dev.sms / s);
-      return cdiv(tiles_m * cdiv(p.n, 128), fit) * (128 + 32) * (cdiv(r.k, s) + kWgSplitReduceK);
-    };
-    int64_t best = cost(bn), split = 1;
-    for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
-      if (split_cost(s) < best) best = split_cost(s), split = s;
-    }
-    if (split > 1) {
-      wgmma_tile(p, 128, 1, dev);
-      p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
-      p.split_k = static_cast<int>(split);
-      p.why = "wgmma: fewer tiles than SMs, k split over a cluster";
-    }
+    wgmma_tile(p, static_cast<int>(bn), bn == 256 && tiles_m >= 2 ? 2 : 1, dev);
+    p.why = bn == 256 ? "wgmma: 128 x 256 tiles" : "wgmma: narrower tiles, fewer waves";
   }
   wgmma_tma_store(p);
   return true;
@@ -328,6 +330,7 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   p.kernel = GemmKernel::MmaF64;
   int64_t best = -1;
   for (const F64Tile& t : kF64Tiles) {
+    if (t.bm == 128 && !dev.dmma_wide) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     const int64_t most = dev.clusters ? kF64MaxSplit : 1;
     for (int64_t split = 1; split <= most; ++split) {

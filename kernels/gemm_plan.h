@@ -48,6 +48,9 @@ struct GemmDevice {
   // Whether the float64 kernel runs: FP64 tensor cores (DMMA, compute capability 8.0 and up) and
   // this build's code for them.
   bool dmma = false;
+  // Whether its 128 x 128 tile's 216 KB ring fits a block's shared memory (H100; an A100's 163 KB
+  // runs the 64 x 64 and 16 x 128 tiles).
+  bool dmma_wide = false;
 };
 
 enum class GemmKernel : int {

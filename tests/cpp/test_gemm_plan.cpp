@@ -17,9 +17,9 @@ using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
 using cuops::kernels::with_tile;
 
-const GemmDevice kH100{132, true, 66, true, true, true};
+const GemmDevice kH100{132, true, 66, true, true, true, true};
 // Hopper without the small-M kernel's streaming form (no tensor-map encoder): its per-lane form.
-const GemmDevice kH100Lanes{132, true, 66, true, false, true};
+const GemmDevice kH100Lanes{132, true, 66, true, false, true, true};
 const GemmDevice kA100{108, false, 0, false, false, true};
 // A GPU without FP64 tensor cores (before sm_80), or a build without code for them.
 const GemmDevice kNoDmma{80, false, 0, false, false, false};
@@ -61,11 +61,13 @@ TEST(GemmPlan, Float64RunsOnTheFp64TensorCoresWhereTheyExist) {
         EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
         EXPECT_EQ(p.a_kmajor, !ta);
         EXPECT_EQ(p.b_nmajor, !tb);
-        // 1024 tiles of 128 x 128 fill every SM for several waves: the wide tile, k whole.
-        EXPECT_EQ(p.bm, 128);
-        EXPECT_EQ(p.bn, 128);
+        // 1024 tiles of 128 x 128 fill every SM for several waves: the wide tile, k whole, where its
+        // 216 KB ring fits (not an A100: 64 x 64).
+        const int tile = dev.dmma_wide ? 128 : 64;
+        EXPECT_EQ(p.bm, tile);
+        EXPECT_EQ(p.bn, tile);
         EXPECT_EQ(p.split_k, 1);
-        EXPECT_EQ(p.grid, 32 * 32);
+        EXPECT_EQ(p.grid, (4096 / tile) * (4096 / tile));
       }
     }
   }
@@ -145,8 +147,8 @@ TEST(GemmPlan, HalfTypesOnHopperTakeWgmmaPairsFromOneTilePerSm) {
   }
   // 256 units: 4 waves of 66 pairs, or of 64.
   EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100).grid, 128);
-  // Fewer pairs fit (60): 1024 units take 18 waves, of 57 pairs.
-  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 8192, 8192, 8192), GemmDevice{132, true, 60}).grid, 114);
+  // Fewer pairs fit (62): 1024 units take 17 waves, of 61 pairs.
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 8192, 8192, 8192), GemmDevice{132, true, 62}).grid, 122);
 }
 
 TEST(GemmPlan, OneTileRowOfWideTilesRunsSingleCtas) {
@@ -163,8 +165,18 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   EXPECT_EQ(p.bn, 64);
   EXPECT_EQ(p.cluster_m, 1);
   EXPECT_EQ(p.grid, 128);
-  // 2048^3: 256 tiles of 128 x 128 (2 waves: 320) against 512 of 128 x 64 (4 waves: 384).
-  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 128);
+  // 2048^3: 128 tiles of 128 x 256 (one wave: 288) against 256 of 128 x 128 (2 waves: 320) and 512 of
+  // 128 x 64 (4 waves: 384).
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 256);
+  // More than a wave of wide tiles, but a partial last one: 1024 x 6144 x 4096 is 192 tiles of
+  // 128 x 256 (2 waves of pairs: 576) or 384 of 128 x 128 (3 waves: 480), which ran 0.97x cuBLAS
+  // against 0.82x.
+  const GemmPlan q = plan_gemm(row_major(DType::BFloat16, 1024, 6144, 4096), kH100);
+  EXPECT_EQ(q.bn, 128);
+  EXPECT_EQ(q.split_k, 1);
+  // Fewer wide tiles than SMs that still finish first: 1024 x 4096 x 28672, 128 tiles of 128 x 256
+  // (0.99x) against 256 of 128 x 128 (0.81x).
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 1024, 4096, 28672), kH100).bn, 256);
   // One row of output (decode): 16 tiles of 128 x 256 are too few, 64 of 128 x 64 one wave.
   const GemmPlan v = plan_gemm(row_major(DType::BFloat16, 1, 4096, 4096), kH100);
   EXPECT_EQ(v.bn, 64);
