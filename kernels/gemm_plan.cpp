@@ -35,9 +35,9 @@
 // | wgmma tile and k split                         | of 128 x 256 (pairs along m when >= 2   | one model for every shape: a partial last wave of  |
 // |                                                |   tile rows), 128 x 128, 128 x 64, and  |   wide tiles cost 1024 x 6144 x 4096 0.82x where   |
 // |                                                |   128 x 128 with k split over a cluster |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
-// |                                                |   of 2, 4 or 8 (k / split >= 512), the  |   ran 0.99x where 128 x 128 ran 0.81x; few tiles   |
-// |                                                |   least waves x (bn + 32) x (k / split  |   over a long k (c_attn dW, M = 128 forwards) want |
-// |                                                |   + 256 if split); pairs multicast B    |   the split, summed in rank order over DSMEM       |
+// |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. The split   |
+// |                                                |   least waves x (bn + 32) x (k / split  |   (one tile per cluster) measured slower than the  |
+// |                                                |   + 256 if split); pairs multicast B    |   best unsplit tile everywhere: off (NOTES, s. 17) |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -64,11 +64,14 @@ namespace cuops::kernels {
 namespace {
 
 constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two consumers of 64
-// The wgmma k split: at most a portable cluster; slices of at least kWgMinSlice k (8 k-tiles of
-// 16-bit types: shorter ones spend their time filling the ring); a split tile's reduction (staging
-// 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more k. First
-// guesses, to measure (bench/NOTES.md).
-constexpr int64_t kWgMaxSplit = 8, kWgMinSlice = 512, kWgSplitReduceK = 256;
+// The wgmma k split: slices of at least kWgMinSlice k (8 k-tiles of 16-bit types), a split tile's
+// reduction (staging 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more
+// k. Measured on the H100 (bench/NOTES.md, session 17) the split instance (one tile per cluster, not
+// persistent) lost to the best unsplit tile on every shape tried, by 3-30 %: each of its CTAs costs
+// ~10 us more than its k (not the reduction: loading 16 bytes per round trip instead of 8 changed
+// nothing), and only 30 clusters of 4 fit. So the planner does not split (kWgMaxSplit 1) until that
+// is found; the instance stays for the sweep (wgmma_lib_sweep shapes).
+constexpr int64_t kWgMaxSplit = 1, kWgMinSlice = 512, kWgSplitReduceK = 256;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
