@@ -7,7 +7,8 @@ One line per target: its measured value and PASS / FAIL / MISSING. The memory-bo
 count. The GEMM and call-overhead targets belong to later issues: they print as INFO lines (with what
 they would be) unless --gemm / --overhead makes them count. So do the decode-class targets of the
 shape suite (issue 23; results of `--only gemm_shapes`, e.g. bench/results/decode/h100_decode.json),
-unless --shapes. Exit status 1 when any counted target
+unless --shapes; likewise the training-shape classes (issue 24) and float64's (issue 27) unless
+--classes. Exit status 1 when any counted target
 fails or has no measurement, 2 when the file cannot be read.
 
 The row schema is in bench/PROTOCOL.md; this file looks rows up by
@@ -77,6 +78,8 @@ def main() -> int:
     parser.add_argument("--gemm", action="store_true", help="count the GEMM targets instead of printing them as INFO")
     parser.add_argument("--overhead", action="store_true", help="count the call-overhead targets")
     parser.add_argument("--shapes", action="store_true", help="count the shape suite's decode-class targets")
+    parser.add_argument("--classes", action="store_true",
+                        help="count the shape suite's mid/training/large targets (and float64's in every class)")
     args = parser.parse_args()
     try:
         with open(args.results) as f:
@@ -165,6 +168,22 @@ def main() -> int:
             c.target(f"{label} worst row vs F.linear max-autotune", (compiled.get("worst") or {}).get("ratio"), ">=",
                      1.00, args.shapes)
             c.target(f"{label} least fraction of copy, weights >= 64 MB", frac.get("min"), ">=", 0.95, args.shapes)
+
+    # Training shapes (issue 24): the mid, training and large classes, ratios to torch.mm: bf16, fp16 and
+    # TF32 geomean >= 1.00, no row below 0.90; float32 "highest" >= 0.97, none below 0.85. float64
+    # (issue 27): every class, decode included, >= 0.95, none below 0.80. Checked where the results hold
+    # the class; counted with --classes.
+    class_targets = {v: (1.00, 0.90) for v in ("bfloat16", "float16", "tf32")}
+    class_targets["float32"] = (0.97, 0.85)
+    for variant, (geo, low) in list(class_targets.items()) + [("float64", (0.95, 0.80))]:
+        for cls in ("decode", "mid", "training", "large") if variant == "float64" else ("mid", "training", "large"):
+            k = classes.get((cls, variant))
+            if k is None and not args.classes:
+                continue
+            k = k or {}
+            c.target(f"{cls} {variant} geomean vs torch.mm", k.get("geomean_ratio"), ">=", geo, args.classes)
+            c.target(f"{cls} {variant} worst row vs torch.mm", (k.get("worst") or {}).get("ratio"), ">=", low,
+                     args.classes)
 
     print(f"counted targets: {c.counted_pass} pass, {c.counted_fail} fail or missing; {c.info} info-only")
     return 1 if c.counted_fail else 0

@@ -8,7 +8,7 @@
     python3 bench/run.py --only llama                 # the Llama-style model, prefill and greedy decode
 
 The library comes from $CUOPS_LIBRARY, else $CUOPS_BUILD_DIR/libcuops.so, else <repo>/build/libcuops.so.
-A run restricted with --quick, --only, --gemm-squares, --shapes-* or --device cpu writes to
+A run restricted with --quick, --only, --gemm-squares, --gemm-dtypes, --shapes-* or --device cpu writes to
 bench/results/tmp/ (git-ignored) unless --out is given, so it never overwrites the committed full
 results. Without --only, the run measures the default sections (sections.DEFAULT); the shape suite
 (gemm_shapes) and the model (llama) run when named, or with --only all.
@@ -30,7 +30,7 @@ if str(BENCH) not in sys.path:  # `python3 bench/run.py` puts it first; runpy, -
 import torch  # noqa: E402
 
 from cuops_bench import report  # noqa: E402
-from cuops_bench.context import SHAPE_CLASSES, SHAPE_COMPILE, SHAPE_VARIANTS, Run, config_for  # noqa: E402
+from cuops_bench.context import GEMM_VARIANTS, SHAPE_CLASSES, SHAPE_COMPILE, SHAPE_VARIANTS, Run, config_for  # noqa: E402
 from cuops_bench.harness import Bench, CopyCeiling, error_text, log  # noqa: E402
 from cuops_bench.library import load_library  # noqa: E402
 from cuops_bench.sections import DEFAULT, SECTIONS  # noqa: E402
@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gemm-squares", default=None,
                         help="comma list of square GEMM sizes instead of the configured ones (no odd shapes), "
                              "for a quick look at a few rows; the results go to bench/results/tmp")
+    parser.add_argument("--gemm-dtypes", default=None,
+                        help=f"comma list of {','.join(GEMM_VARIANTS)}: the square GEMM rows' dtypes (tf32: float32 "
+                             "with TF32 on; float32: 'highest'; default: all)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: exercise the harness without a GPU (tiny sizes, wall clock; timings meaningless)")
     shapes = parser.add_argument_group("shape suite (--only gemm_shapes)")
@@ -86,8 +89,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ("classes", comma_list(args.shapes_classes, SHAPE_CLASSES, "--shapes-classes", parser)),
         ("variants", comma_list(args.shapes_dtypes, tuple(SHAPE_VARIANTS), "--shapes-dtypes", parser)),
         ("compile", args.shapes_compile)) if value is not None}
+    args.gemm_dtypes = comma_list(args.gemm_dtypes, GEMM_VARIANTS, "--gemm-dtypes", parser)
     partial = (args.quick or set(args.only) != set(DEFAULT) or args.device == "cpu" or args.gemm_squares is not None
-               or bool(args.shapes))
+               or bool(args.shapes) or args.gemm_dtypes is not None)
     args.out = args.out or (BENCH / "results" / ("tmp" if partial else ""))
     return args
 
@@ -110,7 +114,7 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/run.py: no CUDA device (use --device cpu to smoke-test the harness)", file=sys.stderr)
         return 2
-    cfg = config_for(args.device, args.quick, args.gemm_squares, args.shapes)
+    cfg = config_for(args.device, args.quick, args.gemm_squares, args.shapes, args.gemm_dtypes)
     bench = Bench.for_device(args.device)
     library = load_library()
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 // launch_gemm: runs a plan (gemm_plan.h) on the kernel it names. Also the general kernel, which takes
-// what no fast kernel does (float64, any strides, misaligned slices): shared-memory tiling (64x64
+// what no fast kernel does (any strides, misaligned slices, float64 before sm_80): shared-memory tiling (64x64
 // block tile, 16-deep k slices, 4x4 register blocking) reading operands through their strides, so it
 // needs no copy and is correct for every shape.
 #include "gemm.cuh"
@@ -121,9 +121,10 @@ GemmDevice current_gemm_device() {
         d.wgmma = wgmma_runs_on(dev, d.pair_clusters);
         d.clusters = skinny_clusters_on(dev);
         d.skinny_tma = d.clusters && skinny_tma_on(dev);
+        d.dmma = dmma_runs_on(dev, d.dmma_wide);
         return d;
       },
-      GemmDevice{1, false, 0, false, false});
+      GemmDevice{1, false, 0, false, false, false, false});
 }
 
 namespace {
@@ -136,7 +137,7 @@ GemmProblem fast_problem(const GemmPlan& plan) {
   const void* b = plan.swap_ab ? r.a.ptr : r.b.ptr;
   if (plan.c_trans) std::swap(a, b);
   return GemmProblem{plan.m, plan.n, r.k, a, plan.lda, b, plan.ldb, r.c, plan.ldc,
-                     static_cast<float>(r.alpha), static_cast<float>(r.beta)};
+                     static_cast<float>(r.alpha), static_cast<float>(r.beta), r.alpha, r.beta};
 }
 
 cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
@@ -163,6 +164,7 @@ cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream) {
     case GemmKernel::MmaHalf: return launch_gemm_mma_half(plan, fast_problem(plan), stream);
     case GemmKernel::Wgmma: return launch_gemm_wgmma(plan, fast_problem(plan), stream);
     case GemmKernel::Skinny: return launch_gemm_skinny(plan, fast_problem(plan), stream);
+    case GemmKernel::MmaF64: return launch_gemm_mma_f64(plan, fast_problem(plan), stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -23,6 +23,7 @@ struct GemmProblem {
   void* c;
   int64_t ldc;
   float alpha, beta;
+  double alpha64, beta64;  // the same scalars unrounded, for the float64 kernel
 };
 
 // Linear block id -> (tile row, tile column), in groups of kGroup tile rows that walk down the
@@ -57,7 +58,7 @@ template <int kElem> __device__ __forceinline__ void copy_chunk(void* smem, cons
     cp_async16(smem, gmem, 16);
     return;
   }
-  using R = std::conditional_t<kElem == 4, uint32_t, uint16_t>;
+  using R = std::conditional_t<kElem == 8, uint64_t, std::conditional_t<kElem == 4, uint32_t, uint16_t>>;
   R e[kPer];
   const R* src = static_cast<const R*>(gmem);
 #pragma unroll
@@ -117,7 +118,9 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
 #define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0, COL0, K0, TID)        \
   do {                                                                                                            \
     constexpr int kPerS_ = 16 / static_cast<int>(sizeof(T));                                                      \
-    _Pragma("unroll") for (int i_ = 0; i_ < (BM) * (BK) / kPerS_ / (THREADS); ++i_) {                            \
+    constexpr int kAChunks_ = (BM) * (BK) / kPerS_;  /* fewer than THREADS in float64's 16-row tile */           \
+    _Pragma("unroll") for (int i_ = 0; i_ < (kAChunks_ + (THREADS) - 1) / (THREADS); ++i_) {                     \
+      if (kAChunks_ % (THREADS) != 0 && (TID) + i_ * (THREADS) >= kAChunks_) break;                               \
       if constexpr (AK) {                                                                                         \
         CUOPS_STAGE_CHUNK(T, AS, ALD, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS), ROW0, (P).m, K0, (P).k);   \
       } else {                                                                                                    \
@@ -252,6 +255,90 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
   return cudaGetLastError();
 }
 
+// The k-split kernels' finish (gemm_simt.cu, gemm_f64.cu, gemm_wgmma.cuh): each of the cluster's
+// `split` CTAs has staged its partial BM x BN tile of A (float or double) in its own shared memory at
+// `part`, rows `ld` elements apart (a 16-byte multiple). After a cluster barrier, CTA r sums the
+// 16-byte chunks r, r + split, ... (in units of THREADS) over the CTAs in rank order through
+// distributed shared memory and hands each pair of sums to store(row, col, v0, v1): the same bits on
+// every run, no workspace, nothing to reset for a graph. A thread keeps kInFlight chunks' loads in
+// flight per rank: the first version loaded one pair at a time, a round trip (~1 us per 128 x 128
+// tile and rank) each, which made every wgmma split slower than no split (bench/NOTES.md, session 17).
+// The last barrier keeps every CTA resident while another may still read its shared memory. sm_90
+// PTX, as common.cuh's cluster primitives: call it only from code compiled for sm_90 and up.
+__device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+__device__ __forceinline__ double2 ld_cluster16(const double* local, uint32_t rank) {
+  double2 v;
+  asm volatile("ld.shared::cluster.v2.f64 {%0,%1}, [%2];\n" : "=d"(v.x), "=d"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+__device__ __forceinline__ void add16(float4& v, const float4& w) { v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w; }
+__device__ __forceinline__ void add16(double2& v, const double2& w) { v.x += w.x, v.y += w.y; }
+template <int BM, int BN, int THREADS, typename A, typename Store>
+__device__ __forceinline__ void reduce_cluster_tile(const A* part, int ld, int split, int tid, Store&& store) {
+  using V = std::conditional_t<std::is_same_v<A, float>, float4, double2>;
+  constexpr int kPer = 16 / static_cast<int>(sizeof(A)), kRowChunks = BN / kPer, kChunks = BM * kRowChunks;
+  constexpr int kInFlight = 4;
+  static_assert(BN % kPer == 0, "whole 16-byte chunks per row");
+  cluster_sync();  // every CTA's partial staged
+  const int stride = THREADS * split;
+  for (int e0 = tid + static_cast<int>(cluster_rank()) * THREADS; e0 < kChunks; e0 += kInFlight * stride) {
+    V v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int e = e0 + u * stride;
+      if (e < kChunks) v[u] = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * kPer, 0);
+    }
+    for (int s = 1; s < split; ++s) {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int e = e0 + u * stride;
+        if (e < kChunks) add16(v[u], ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * kPer, s));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int e = e0 + u * stride;
+      if (e >= kChunks) break;
+      const int r = e / kRowChunks, c = (e % kRowChunks) * kPer;
+      if constexpr (std::is_same_v<A, float>) {
+        store(r, c, v[u].x, v[u].y);
+        store(r, c + 2, v[u].z, v[u].w);
+      } else {
+        store(r, c, v[u].x, v[u].y);
+      }
+    }
+  }
+  cluster_sync();
+}
+
+// `blocks` x `cluster` blocks of `threads` in clusters of `cluster` along y (the k-split instances:
+// gemm_simt.cu, gemm_f64.cu), with `smem` bytes of dynamic shared memory. At most 8 (a portable
+// cluster).
+template <typename K, typename... Args>
+cudaError_t launch_cluster_y(K kernel, int64_t blocks, int cluster, int threads, int smem, cudaStream_t stream,
+                             const Args&... args) {
+  if (!grid_fits(blocks) || cluster < 2 || cluster > 8) return cudaErrorInvalidConfiguration;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(cluster));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(cluster), attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // The fast kernels' launchers: the instance the plan names (its tile, layouts and grid), or
 // cudaErrorInvalidValue when no such instance is compiled.
 cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
@@ -259,6 +346,10 @@ cudaError_t launch_gemm_mma_tf32(const GemmPlan& plan, const GemmProblem& p, cud
 cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+// Whether the float64 tensor-core kernel runs on device `dev`: compute capability 8.0 and up, and the
+// image the runtime picks there holds DMMA code (kernels/gemm_f64.cu).
+bool dmma_runs_on(int dev, bool& wide);
 // Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny.cu).
 bool skinny_clusters_on(int dev);
 // Whether its streaming form (TMA) runs on device `dev`: the above, and the driver's tensor-map encoder.

@@ -4,7 +4,8 @@
 // | problem                                        | plan                                    | why |
 // |------------------------------------------------|-----------------------------------------|-----|
 // | m or n is 0                                    | nothing                                 | no element of c to write |
-// | float64                                        | general                                 | no float64 fast kernel yet |
+// | float64 without FP64 tensor cores (before      | general                                 | DMMA is sm_80's; the general kernel is correct on |
+// |   sm_80, GemmDevice::dmma)                     |                                         |   every GPU |
 // | c neither row- nor column-major                | general                                 | the fast epilogues write pairs along c's rows |
 // | c column-major                                 | the product c^T = b^T a^T               | one storage order for the fast kernels |
 // | an operand not readable in place: no unit      | copy it into 16-byte padded rows when   | copying b costs ~500 / m of the product's time (a: |
@@ -31,9 +32,12 @@
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
 // |   < 2^31; operands TMA can describe            |   transposed problem, B^T from registers)|   at 8192^3 (bf16, fp16), 0.95-0.99x TF32 |
-// | wgmma, >= one 128 x 256 tile per SM            | 128 x 256; pairs along m (>= 2 rows)    | pairs multicast B: a third less L2 traffic, +1-2 % |
-// | wgmma, fewer tiles                             | 128 x 128 or 128 x 64, fewer waves x    | 1024^3: 64 tiles of 128 x 128 leave half the SMs |
-// |                                                |   (BN + 32) (A and the fill per tile)   |   idle; 128 x 64 took 0.74x to 0.89x |
+// | wgmma tile and k split                         | of 128 x 256 (pairs along m when >= 2   | one model for every shape: a partial last wave of  |
+// |                                                |   tile rows), 128 x 128, 128 x 64, and  |   wide tiles cost 1024 x 6144 x 4096 0.82x where   |
+// |                                                |   128 x 128 with k split over a cluster |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
+// |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. The split   |
+// |                                                |   least waves x (bn + 32) x (k / split  |   (one tile per cluster) measured slower than the  |
+// |                                                |   + 256 if split); pairs multicast B    |   best unsplit tile everywhere: off (NOTES, s. 17) |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -46,6 +50,11 @@
 // | float32 "highest", fewer 128 x 128 tiles than  | 128 x 128, k split over a cluster of    | M = 128-512 products ran 64 x 64 tiles at 0.54-0.70x |
 // |   SMs, k >= 1024, clusters                     |   min(2 SMs / tiles, 8, k / 512) CTAs   |   cuBLAS (few tiles, each a long k)                |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
+// | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace (a DMMA is 64 cycles of |
+// |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   its sub-partition): the time is the busiest SM's  |
+// |                                                |   over a cluster of 2-8, whichever      |   tile work, its tiles' k plus a fill each (and a   |
+// |                                                |   leaves the busiest SM the least work, |   reduction when split), at the rate L2 feeds that  |
+// |                                                |   smaller tiles counted at 75 and 33 %  |   tile. A first model, to measure (NOTES, float64)  |
 #include "gemm_plan.h"
 
 #include <algorithm>
@@ -55,6 +64,14 @@ namespace cuops::kernels {
 namespace {
 
 constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two consumers of 64
+// The wgmma k split: slices of at least kWgMinSlice k (8 k-tiles of 16-bit types), a split tile's
+// reduction (staging 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more
+// k. Measured on the H100 (bench/NOTES.md, session 17) the split instance (one tile per cluster, not
+// persistent) lost to the best unsplit tile on every shape tried, by 3-30 %: each of its CTAs costs
+// ~10 us more than its k (not the reduction: loading 16 bytes per round trip instead of 8 changed
+// nothing), and only 30 clusters of 4 fit. So the planner does not split (kWgMaxSplit 1) until that
+// is found; the instance stays for the sweep (wgmma_lib_sweep shapes).
+constexpr int64_t kWgMaxSplit = 1, kWgMinSlice = 512, kWgSplitReduceK = 256;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -125,6 +142,14 @@ void wgmma_tile(GemmPlan& p, int bn, int cm, const GemmDevice& dev) {
   p.grid = balanced(units, std::max<int64_t>(most, 1)) * cm;
 }
 
+// 16-bit outputs leave by TMA store where beta is 0, TMA describes c, and k is not split (a split
+// tile's sums meet in the cluster's shared memory and leave by the direct epilogue).
+void wgmma_tma_store(GemmPlan& p) {
+  const GemmRequest& r = p.req;
+  p.tma_store = r.dtype != DType::Float32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) &&
+                (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
+}
+
 bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   const GemmRequest& r = p.req;
   if (p.m > INT32_MAX || p.n > INT32_MAX || r.k > INT32_MAX) return false;
@@ -142,17 +167,39 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
                     (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
   if (!maps) return false;
   p.kernel = GemmKernel::Wgmma;
+  // One cost for every choice: the busiest SM's work, its waves of tiles (or split CTAs) times each
+  // one's (bn + 32) columns' worth (A and the fill per tile) over its k. Waves count what runs at once:
+  // 128 x 256 tiles go in pairs along m (B multicast) when there are two tile rows, and a cluster of
+  // s split CTAs needs s free SMs of one GPC (pairs as the device counts them, at most SMs / s of the
+  // larger ones; a split of 3 or 5-7 would strand SMs). Ties go to the wider tile.
   const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
-  if (tiles_m * cdiv(p.n, 256) >= dev.sms) {
-    wgmma_tile(p, 256, tiles_m >= 2 ? 2 : 1, dev);
-    p.why = "wgmma: a 128 x 256 tile for every SM";
-  } else {
-    auto cost = [&](int64_t bn) { return cdiv(tiles_m * cdiv(p.n, bn), dev.sms) * (bn + 32); };
-    wgmma_tile(p, cost(64) < cost(128) ? 64 : 128, 1, dev);
-    p.why = "wgmma: fewer tiles than SMs at 128 x 256";
+  const int64_t pairs = dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2;
+  auto cost = [&](int64_t bn, int64_t split) {
+    const int64_t tiles = tiles_m * cdiv(p.n, bn);
+    int64_t at_once = dev.sms;  // CTAs
+    if (bn == 256 && tiles_m >= 2) at_once = 2 * pairs;
+    if (split == 2) at_once = 2 * pairs;
+    if (split > 2) at_once = dev.sms / split * split;
+    return cdiv(tiles * split, std::max<int64_t>(at_once, 1)) * (bn + 32) *
+           (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0));
+  };
+  int64_t bn = 256, split = 1, best = cost(256, 1);
+  for (const int64_t w : {int64_t{128}, int64_t{64}}) {
+    if (cost(w, 1) < best) best = cost(w, 1), bn = w;
   }
-  p.tma_store = !tf32 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 &&
-                tma_describes(p.n, p.m, p.ldc);
+  for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
+    if (cost(128, s) < best) best = cost(128, s), bn = 128, split = s;
+  }
+  if (split > 1) {
+    wgmma_tile(p, 128, 1, dev);
+    p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
+    p.split_k = static_cast<int>(split);
+    p.why = "wgmma: k split over a cluster (fewer tiles than SMs, k long)";
+  } else {
+    wgmma_tile(p, static_cast<int>(bn), bn == 256 && tiles_m >= 2 ? 2 : 1, dev);
+    p.why = bn == 256 ? "wgmma: 128 x 256 tiles" : "wgmma: narrower tiles, fewer waves";
+  }
+  wgmma_tma_store(p);
   return true;
 }
 
@@ -268,6 +315,41 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
 }
 
+// The float64 kernel's tiles, with the rate each is counted at (percent of the FP64 pipe's 67 TFLOPS:
+// what L2 can feed at ~5.5 TB/s, since a bm x bn tile reads (bm + bn) doubles per bm * bn FMAs: 16 FLOP
+// per byte for 128 x 128, 8 for 64 x 64, 3.6 for 16 x 128, the tile of few-row products, bound by the
+// weight's bytes from memory there anyway; first guesses, to measure), and the cost model's terms in k-steps
+// of a tile: a CTA's fill and drain (its ring's first slices, the epilogue), and a split tile's
+// reduction through the cluster's shared memory. Slices of k shorter than kF64MinSlice are not split.
+struct F64Tile {
+  int bm, bn;
+  int64_t rate;
+};
+constexpr F64Tile kF64Tiles[] = {{128, 128, 100}, {64, 64, 75}, {16, 128, 33}};
+constexpr int64_t kF64FillK = 64, kF64ReduceK = 32, kF64MinSlice = 128, kF64MaxSplit = 8;
+
+void plan_f64(GemmPlan& p, const GemmDevice& dev) {
+  const int64_t k = p.req.k;
+  p.kernel = GemmKernel::MmaF64;
+  int64_t best = -1;
+  for (const F64Tile& t : kF64Tiles) {
+    if (t.bm == 128 && !dev.dmma_wide) continue;
+    const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
+    const int64_t most = dev.clusters ? kF64MaxSplit : 1;
+    for (int64_t split = 1; split <= most; ++split) {
+      if (split > 1 && cdiv(k, split) < kF64MinSlice) break;
+      // The busiest SM's work: its whole CTAs, each a bm x bn tile over its slice of k.
+      const int64_t cost = cdiv(n_tiles * split, dev.sms) * t.bm * t.bn *
+                           (cdiv(k, split) + kF64FillK + (split > 1 ? kF64ReduceK : 0)) * 100 / t.rate;
+      if (best >= 0 && cost >= best) continue;
+      best = cost;
+      tiles(p, t.bm, t.bn, 16);
+      p.split_k = static_cast<int>(split);
+    }
+  }
+  p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split over a cluster" : "float64 on FP64 tensor cores";
+}
+
 }  // namespace
 
 const char* kernel_name(GemmKernel k) {
@@ -279,6 +361,7 @@ const char* kernel_name(GemmKernel k) {
     case GemmKernel::MmaHalf: return "mma_half";
     case GemmKernel::Wgmma: return "wgmma";
     case GemmKernel::Skinny: return "skinny";
+    case GemmKernel::MmaF64: return "mma_f64";
   }
   return "?";
 }
@@ -293,7 +376,7 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
     p.why = "c is empty";
     return p;
   }
-  if (r.dtype == DType::Float64) return general(p, "float64: no fast kernel");
+  if (r.dtype == DType::Float64 && !dev.dmma) return general(p, "float64 without FP64 tensor cores");
   const int64_t es = element_size(r.dtype), unit = 16 / es;
   int64_t ldc = 0;
   const bool c_row = row_major(r.m, r.n, r.c_stride0, r.c_stride1, 1, ldc);
@@ -323,6 +406,10 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   }
   if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16)) return general(p, "an operand's base not 16-byte aligned");
 
+  if (r.dtype == DType::Float64) {
+    plan_f64(p, dev);
+    return p;
+  }
   if (plan_skinny(p, dev)) return p;
   const bool tf32 = r.dtype == DType::Float32 && r.allow_tf32;
   if ((r.dtype != DType::Float32 || tf32) && dev.wgmma) {
@@ -380,8 +467,10 @@ GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) 
 }
 
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev) {
+  plan.split_k = 1;
   if (plan.kernel == GemmKernel::Wgmma) {
     wgmma_tile(plan, bn, cluster_m, dev);
+    wgmma_tma_store(plan);
     plan.bm = bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check
   } else {
     tiles(plan, bm, bn, bk);

@@ -45,6 +45,12 @@ struct GemmDevice {
   // Whether the small-M kernel's streaming form runs: the sm_90 code above and the driver's
   // tensor-map encoder (the weight and x arrive by TMA).
   bool skinny_tma = false;
+  // Whether the float64 kernel runs: FP64 tensor cores (DMMA, compute capability 8.0 and up) and
+  // this build's code for them.
+  bool dmma = false;
+  // Whether its 128 x 128 tile's 216 KB ring fits a block's shared memory (H100; an A100's 163 KB
+  // runs the 64 x 64 and 16 x 128 tiles).
+  bool dmma_wide = false;
 };
 
 enum class GemmKernel : int {
@@ -55,6 +61,7 @@ enum class GemmKernel : int {
   MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
   Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
   Skinny,   // kernels/gemm_skinny.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
+  MmaF64,   // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
 };
 
 // The small-M kernel (kernels/gemm_skinny.cu) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
@@ -96,8 +103,9 @@ struct GemmPlan {
   // and the grid in blocks (a persistent kernel's is below its tile count).
   int bm = 0, bn = 0, bk = 0, cluster_m = 1;
   int64_t grid = 0;
-  // k split over a cluster of split_k CTAs along the grid's y (the SIMT kernel; > 1 only where
-  // GemmDevice::clusters): their partial tiles are summed in rank order in the cluster's shared memory.
+  // k split over a cluster of split_k CTAs (> 1 only where GemmDevice::clusters): along the grid's y
+  // for the SIMT and float64 kernels (grid: the tiles), along x for wgmma (grid: the tiles, each a
+  // cluster); their partial tiles are summed in rank order in the cluster's shared memory.
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
@@ -122,7 +130,7 @@ struct GemmPlan {
 GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
 
 // For experiments (bench/sweep): `plan` with another tile (block rows and columns, the SIMT kernel's
-// k-slice, CTAs per cluster along m) and the grid the planner would give that tile. launch_gemm then
+// k-slice, CTAs per cluster along m), k unsplit, and the grid the planner would give that tile. launch_gemm then
 // runs it if the library compiles that instance, else answers cudaErrorInvalidValue.
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev);
 

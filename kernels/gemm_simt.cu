@@ -53,16 +53,8 @@ template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&
 // MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):
 // the 128 x 128 and 64 x 64 tiles the library compiles (256 x 128 needed ~250 registers, one block).
 // k split over a cluster (plan.split_k CTAs along y, sm_90): each CTA multiplies its slice of k
-// (whole BK slices), stages its partial tile in dynamic shared memory, and after a cluster barrier
-// finishes a share of the tile's pairs by summing the CTAs' partials in rank order through the
-// cluster's shared memory: the same bits on every run, no workspace, nothing to reset for a graph.
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ float2 ld_cluster2(const float* local, uint32_t rank) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
-  return v;
-}
-#endif
+// (whole BK slices), stages its partial tile in dynamic shared memory, and the cluster sums the
+// partials in rank order (gemm.cuh's reduce_cluster_tile).
 
 // kSplit: the instance launched in clusters (its own, so the unsplit loop keeps the problem in
 // parameter space: moving a, b and k into registers spilled at the 128-register cap).
@@ -264,18 +256,9 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
 #pragma unroll
       for (int j = 0; j < TN; j += 2)
         *reinterpret_cast<float2*>(part + row_of(i) * BN + col_of(j)) = make_float2(acc[i][j], acc[i][j + 1]);
-    cluster_sync();  // every CTA's partial staged
-    const uint32_t rank = cluster_rank();
-    for (int e = tid + static_cast<int>(rank) * kSimtThreads; e < BM * BN / 2; e += kSimtThreads * split) {
-      const int r = e / (BN / 2), c = 2 * (e % (BN / 2));
-      float2 v = ld_cluster2(part + r * BN + c, 0);
-      for (int s = 1; s < split; ++s) {
-        const float2 w = ld_cluster2(part + r * BN + c, static_cast<uint32_t>(s));
-        v.x += w.x, v.y += w.y;
-      }
-      store_pair(p, row0 + r, col0 + c, v.x, v.y);
-    }
-    cluster_sync();  // no CTA leaves while another may still read its shared memory
+    reduce_cluster_tile<BM, BN, kSimtThreads>(part, BN, split, tid, [&](int r, int c, float v0, float v1) {
+      store_pair(p, row0 + r, col0 + c, v0, v1);
+    });
 #else
     __trap();  // the planner splits k only where clusters run (GemmDevice::clusters)
 #endif
@@ -284,36 +267,22 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
 
 }  // namespace
 
-// The tiles in clusters of plan.split_k along y (k split), each CTA with its partial tile's
-// BM x BN floats of dynamic shared memory.
+// The tiles in clusters of plan.split_k along y (k split), each CTA with its partial tile's floats
+// (`elems`) of dynamic shared memory.
 template <typename K>
-cudaError_t launch_split(K kernel, const GemmPlan& plan, int bm, int bn, const GemmProblem& p, cudaStream_t stream) {
-  const int split = plan.split_k, smem = bm * bn * 4;
-  if (!grid_fits(plan.grid) || split < 2 || split > 8) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
-  cfg.gridDim = dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split));
-  cfg.blockDim = dim3(kSimtThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(split), attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+cudaError_t launch_split(K kernel, const GemmPlan& plan, int elems, const GemmProblem& p, cudaStream_t stream) {
+  return launch_cluster_y(kernel, plan.grid, plan.split_k, kSimtThreads, elems * 4, stream, p);
 }
 
 cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
     if (plan.bm == 128 && plan.bn == 128 && plan.bk == 8) {
-      if (plan.split_k > 1) return launch_split(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan, 128, 128, p, stream);
+      if (plan.split_k > 1) return launch_split(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan, 128 * 128, p, stream);
       return launch_blocks(sgemm_simt<128, 128, 8, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0, stream, p);
     }
     if (plan.bm == 64 && plan.bn == 64 && plan.bk == 16) {
-      if (plan.split_k > 1) return launch_split(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan, 64, 64, p, stream);
+      if (plan.split_k > 1) return launch_split(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan, 64 * 64, p, stream);
       return launch_blocks(sgemm_simt<64, 64, 16, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0, stream, p);
     }
     return cudaErrorInvalidValue;

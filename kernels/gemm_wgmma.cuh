@@ -76,12 +76,12 @@ template <int kStages> struct WgRing {
   }
 };
 
-// The producer thread: every k-tile of the unit whose tile starts at (row0, col0), each into the next
-// free stage (waited on with the parity of the use before: for a fresh barrier that preceding phase
-// counts as complete, so the first kStages waits return at once).
+// The producer thread: k-tiles kt0 .. kt0 + ktiles - 1 of the unit whose tile starts at (row0, col0),
+// each into the next free stage (waited on with the parity of the use before: for a fresh barrier that
+// preceding phase counts as complete, so the first kStages waits return at once).
 template <typename T, int BN, bool AK, bool BNM, int kCM>
 __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b, int row0, int col0,
-                                          int ktiles, uint32_t base_s, uint32_t full_s, uint32_t empty_s,
+                                          int kt0, int ktiles, uint32_t base_s, uint32_t full_s, uint32_t empty_s,
                                           uint32_t rank, WgRing<WgCfg<T, BN>::kStages>& ring) {
   using Cfg = WgCfg<T, BN>;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
@@ -89,7 +89,7 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     wg::mbar_wait(empty_s + 8 * ring.stage, ring.phase ^ 1);
     const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * ring.stage;
     wg::mbar_expect_tx(bar, Cfg::kStageBytes);
-    const int k0 = kt * Cfg::kBK;
+    const int k0 = (kt0 + kt) * Cfg::kBK;
     if constexpr (AK) {
       wg::tma_load(sa, &map_a, k0, row0, bar);
     } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
@@ -269,16 +269,41 @@ __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const fl
   }
 }
 
+// The k split's partial tile: 128 x BN floats in the drained ring, rows padded by 8 floats so the
+// 8-byte stores of a half warp (4 rows x 4 column pairs) fill the 32 banks once.
+template <int BN> constexpr int kWgPartLd = BN + 8;
+
+// A consumer's 64 rows of partial sums into the CTA's partial tile `part` (the rows its accumulator
+// fragments hold: store_unit_direct's).
+template <int BN, bool kRS>
+__device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN / 2], int cw, int warp, int lane) {
+  const int r = cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
+  const int r8 = cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int c = j * 8 + 2 * (lane % 4);
+    *reinterpret_cast<float2*>(part + r * kWgPartLd<BN> + c) = make_float2(d[4 * j], d[4 * j + 1]);
+    *reinterpret_cast<float2*>(part + r8 * kWgPartLd<BN> + c) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
 // (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
 // result (i, j) goes to c[j * ldc + i].
-template <typename T, int BN, bool AK, bool BNM, int kCM>
+// kSplit (kCM = 1): k split over a cluster of S CTAs along x, one tile per cluster (not persistent:
+// the split serves products with fewer tiles than SMs). CTA r multiplies the r-th of S runs of
+// k-tiles, both consumers stage their sums in the drained ring, and the cluster adds the S partial
+// tiles in rank order through distributed shared memory (gemm.cuh's reduce_cluster_tile), applying
+// alpha/beta as the direct epilogue does: the same bits on every run, no workspace.
+template <typename T, int BN, bool AK, bool BNM, int kCM, bool kSplit>
 __global__ void __launch_bounds__(kWgThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans) {
   using Cfg = WgCfg<T, BN>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
+  static_assert(!kSplit || kCM == 1, "a k split's cluster is its own: no multicast pairs");
+  static_assert(!kSplit || kWgBM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes, "the partial tile fits the ring");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -292,9 +317,18 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM, tiles_n = (p.n + BN - 1) / BN;
   const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
-  const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
+  // Under kSplit a cluster (split CTAs) shares one unit; rank is then this CTA's slice of k, not a
+  // tile of a pair (kCM = 1 keeps the tile rank 0).
+  const int split = kSplit ? static_cast<int>(wg::cluster_ctas()) : 1;
+  const int64_t first_unit = blockIdx.x / (kCM * split), unit_step = gridDim.x / (kCM * split);
   const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();
-  const int ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
+  const int ktiles_all = static_cast<int>((p.k + kBK - 1) / kBK);
+  int kt0 = 0, ktiles = ktiles_all;
+  if constexpr (kSplit) {
+    const int per = (ktiles_all + split - 1) / split;
+    kt0 = min(ktiles_all, static_cast<int>(wg::cluster_rank()) * per);
+    ktiles = min(ktiles_all, kt0 + per) - kt0;
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       wg::mbar_init(&full[s], 1);             // the producer's expect_tx arrival, plus the bytes
@@ -317,8 +351,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
         load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
-                                       static_cast<int>(tn * BN), ktiles, base_s, full_s, empty_s, rank, ring);
+                                       static_cast<int>(tn * BN), kt0, ktiles, base_s, full_s, empty_s, rank, ring);
       }
+    }
+    if constexpr (kSplit) {
+      // The producer warps pass the two cluster barriers of the consumers' reduce_cluster_tile (below),
+      // here, inside their branch: nothing of the split runs after the branches join, so the code
+      // each runs stays within its setmaxnreg budget. Lane 0 left the load loop alone: reconverge.
+      __syncwarp();
+      wg::cluster_sync();
+      wg::cluster_sync();
     }
   } else {
     wg::setmaxnreg_inc<kConsumerRegs>();
@@ -373,6 +415,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       } else {
         mma_unit_shared<T, BN, AK, BNM>(d, ktiles, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
       }
+      if constexpr (kSplit) {
+        // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
+        // done with it: then it holds the partial tile, finished below with the cluster's.
+        wg::named_sync(3, 256);
+        stage_partial<BN, kRS>(reinterpret_cast<float*>(base), d, cw, warp, lane);
+        continue;
+      }
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
           store_unit_tma<T, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / 2), p.alpha, tm, tn, cw, tid, warp,
@@ -384,6 +433,20 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
+    }
+    if constexpr (kSplit) {
+      // The cluster's partials summed in rank order and stored (the direct epilogue's stores). The grid
+      // is whole clusters, one unit each (launch_wg), so first_unit is this cluster's tile.
+      int64_t um, tn;
+      tile_coords<8>(first_unit, units_m, tiles_n, um, tn);
+      const int64_t row0 = um * kWgBM, col0 = tn * BN;
+      reduce_cluster_tile<kWgBM, BN, 256>(reinterpret_cast<const float*>(base), kWgPartLd<BN>, split,
+                                          static_cast<int>(threadIdx.x) - 128, [&](int r, int c, float v0, float v1) {
+                                            if constexpr (std::is_same_v<T, float>) {
+                                              if (c_trans) return store_pair_transposed(p, row0 + r, col0 + c, v0, v1);
+                                            }
+                                            store_pair_t<T>(p, row0 + r, col0 + c, v0, v1);
+                                          });
     }
   }
   // No CTA of a pair leaves while the peer may still arrive on its barriers.
@@ -413,7 +476,7 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-template <typename T, int BN, bool AK, bool BNM, int kCM>
+template <typename T, int BN, bool AK, bool BNM, int kCM, bool kSplit = false>
 cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   using Cfg = WgCfg<T, BN>;
   CUtensorMap ma, mb, mc{};
@@ -425,14 +488,19 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
                          : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM)) &&
                     (!plan.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
   if (!maps) return cudaErrorInvalidValue;
-  const bool tma_store = Cfg::kTmaStore && plan.tma_store;
-  constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM>;
+  const bool tma_store = Cfg::kTmaStore && plan.tma_store && !kSplit;
+  constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM, kSplit>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
   // device is whichever the op's guard selected.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
   if (err != cudaSuccess) return err;
   if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
-  if constexpr (kCM == 1) {
+  if constexpr (kSplit) {
+    // plan.grid: the tiles, each a cluster of plan.split_k CTAs along x.
+    if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k)) return cudaErrorInvalidConfiguration;
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, Cfg::kSmem, stream);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans);
+  } else if constexpr (kCM == 1) {
     kernel<<<static_cast<unsigned>(plan.grid), kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
                                                                                   plan.c_trans);
     return cudaGetLastError();
@@ -442,13 +510,15 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   }
 }
 
-// The instance of the plan's tile and cluster, for 16-bit types in all four layouts and TF32 with B
-// k-major (the planner's transposed problem makes every other TF32 layout that).
+// The instance of the plan's tile and cluster (and k split: 128 x 128 tiles only), for 16-bit types in
+// all four layouts and TF32 with B k-major (the planner's transposed problem makes every other TF32
+// layout that).
 template <typename T, bool AK, bool BNM>
 cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   if (plan.bm != kWgBM) return cudaErrorInvalidValue;
   if (plan.bn == 256 && plan.cluster_m == 2) return launch_wg<T, 256, AK, BNM, 2>(plan, p, stream);
   if (plan.bn == 256 && plan.cluster_m == 1) return launch_wg<T, 256, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k > 1) return launch_wg<T, 128, AK, BNM, 1, true>(plan, p, stream);
   if (plan.bn == 128 && plan.cluster_m == 1) return launch_wg<T, 128, AK, BNM, 1>(plan, p, stream);
   if (plan.bn == 64 && plan.cluster_m == 1) return launch_wg<T, 64, AK, BNM, 1>(plan, p, stream);
   return cudaErrorInvalidValue;

@@ -18,7 +18,7 @@ bool wgmma_runs_on(int dev, int& pair_clusters) {
   pair_clusters = 0;
   if (disabled) return false;
   int major = 0, minor = 0, sms = 0;
-  constexpr auto pair = gemm_wgmma<__nv_bfloat16, 256, true, true, 2>;
+  constexpr auto pair = gemm_wgmma<__nv_bfloat16, 256, true, true, 2, false>;
   cudaFuncAttributes attr{};
   const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&

@@ -2,8 +2,8 @@
 # Checks that libcuops.so holds machine code for every CUDA arch it was configured with, and that each
 # arch's code contains every kernel family (elementwise, the norm's two stages, gemm): a build whose
 # .cu files compiled to nothing for an arch (wrong flags, an arch list torch rewrote) fails here
-# instead of at the first launch on that GPU ("no kernel image is available"). With 90 it also checks
-# the sm_90a wgmma GEMM (see the end).
+# instead of at the first launch on that GPU ("no kernel image is available"). From 80 the float64
+# GEMM's DMMA instructions; with 90 also the sm_90a wgmma GEMM (see the end).
 #   bash tools/check_binary.sh [path/to/libcuops.so]
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -30,10 +30,15 @@ for arch in $archs; do
     echo "FAIL $sm: no machine code for this arch"; status=1; continue
   fi
   functions=$("$cuobjdump" -res-usage -arch "$sm" "$lib" 2>/dev/null | grep -o "Function [^:]*")
-  for family in elementwise_kernel sum_sq_diff_partials finish_norm gemm_tiled sgemm_simt sgemm_tf32 hgemm_mma; do
+  for family in elementwise_kernel sum_sq_diff_partials finish_norm gemm_tiled sgemm_simt sgemm_tf32 hgemm_mma dgemm_mma; do
     count=$(grep -c "$family" <<<"$functions")
     if [ "$count" -eq 0 ]; then echo "FAIL $sm: no $family kernels"; status=1; fi
   done
+  # From sm_80 the float64 GEMM must run on the FP64 tensor cores (DMMA); below, it holds a trap.
+  if [ "$arch" -ge 80 ] 2>/dev/null; then
+    dmma=$("$cuobjdump" -sass -arch "$sm" "$lib" 2>/dev/null | grep -c "DMMA")
+    if [ "$dmma" -eq 0 ]; then echo "FAIL $sm: no DMMA instructions (the float64 GEMM lost its tensor cores)"; status=1; fi
+  fi
   echo "ok   $sm: $(grep -c cuops <<<"$functions") cuops kernels"
 done
 # With 90 in the list, the Hopper GEMM is built for sm_90a alone: its cubin must be there, and its

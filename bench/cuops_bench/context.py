@@ -11,8 +11,10 @@ from .shapes import DECODE_M, LARGE_M, MID_M, MODELS
 SHAPE_CLASSES = ("decode", "mid", "training", "large")
 # The shape suite's dtype variants: (dtype, float32 matmul precision). "float32" is true FP32.
 SHAPE_VARIANTS = {"bfloat16": ("bfloat16", None), "float16": ("float16", None), "tf32": ("float32", "high"),
-                  "float32": ("float32", "highest")}
+                  "float32": ("float32", "highest"), "float64": ("float64", None)}
 SHAPE_COMPILE = ("none", "decode1", "decode")
+# The square-GEMM section's variants, in its order (names as SHAPE_VARIANTS).
+GEMM_VARIANTS = ("float32", "tf32", "bfloat16", "float16", "float64")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class Config:
     sizes: list          # elements per operand of the memory-bound rows
     gemm_squares: list   # M = K = N
     gemm_odd: list       # (M, K, N)
+    gemm_variants: tuple = GEMM_VARIANTS
     shapes: ShapeSuite = field(default_factory=ShapeSuite)
     llama: LlamaBench = field(default_factory=LlamaBench)
     gpt_train: GptTrainBench = field(default_factory=GptTrainBench)
@@ -94,12 +97,15 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
                                      rounds=2, loss_steps=3, modes=("eager",), autocast=False))
 
 
-def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None) -> Config:
+def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,
+               gemm_variants: tuple | None = None) -> Config:
     """gemm_squares (a comma list) replaces the square GEMM sizes and drops the odd shapes; shapes
-    (ShapeSuite fields) narrows the shape suite."""
+    (ShapeSuite fields) narrows the shape suite; gemm_variants narrows the square GEMM's dtypes."""
     cfg = CPU if device == "cpu" else QUICK if quick else FULL
     if shapes:
         cfg = dataclasses.replace(cfg, shapes=dataclasses.replace(cfg.shapes, **shapes))
+    if gemm_variants:
+        cfg = dataclasses.replace(cfg, gemm_variants=gemm_variants)
     if gemm_squares is None:
         return cfg
     return dataclasses.replace(cfg, gemm_squares=[int(x) for x in gemm_squares.split(",") if x.strip()], gemm_odd=[])

@@ -42,7 +42,7 @@ GRAPH_ROUND_MS = 10.0     # one round's replays span at least this long (and at 
 GRAPH_MAX_REPLAYS = 1000
 MIN_GRAPH_SETS = 2        # a weight alone larger than the pool still alternates with a second copy
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 class BudgetSpent(Exception):

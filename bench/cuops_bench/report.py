@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from .context import GEMM_VARIANTS, SHAPE_VARIANTS
 from .harness import DTYPES, Bench, error_text
 from .library import REPO
-from .sections.gemm_squares import VARIANTS as GEMM_VARIANTS
 
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -348,8 +348,9 @@ def bandwidth_figure(plt, rows: list, title: str):
 
 
 def gemm_figure(plt, rows: list, title: str):
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for ax, (dname, precision) in zip(axes.flat, GEMM_VARIANTS):
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    axes.flat[-1].axis("off")  # five variants on a 2 x 3 grid
+    for ax, (dname, precision) in zip(axes.flat, (SHAPE_VARIANTS[v] for v in GEMM_VARIANTS)):
         sel = [r for r in rows if r["family"] == "gemm" and r["dtype"] == dname
                and r["precision"] == precision and r["M"] == r["K"] == r["N"]]
         for op, color in (("gemm", "C0"), ("mm", "C2")):

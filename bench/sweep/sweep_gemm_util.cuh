@@ -33,6 +33,7 @@ inline cuops::kernels::GemmRequest sweep_request(cuops::kernels::DType t, int64_
 }
 
 inline __host__ __device__ float sweep_to_float(float x) { return x; }
+inline __host__ __device__ double sweep_to_float(double x) { return x; }  // float64 sweeps keep their digits
 inline __host__ __device__ float sweep_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Uniform in [-0.5, 0.5) from a hash of the index: the same inputs on every run.

@@ -3,7 +3,7 @@
 // Plans come from the library's planner; variants override the tile with with_tile (and the grid, in
 // power mode, with WG_CLUSTERS=n). Built by CMake as <build>/bench/sweep/wgmma_lib_sweep (needs a
 // build with arch 90); not part of the tests.
-//   wgmma_lib_sweep [quick | tf32 | big | power [M N K rounds secs]]
+//   wgmma_lib_sweep [quick | tf32 | big | shapes | power [M N K rounds secs]]
 #include <cublas_v2.h>
 
 #include <dlfcn.h>
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "sweep_gemm_util.cuh"
 
@@ -141,6 +142,79 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   if (S < 4096) report("wgmma 128x128", with_tile(plan, 128, 128, 0, 1, dev));
   report("wgmma 128x256", with_tile(plan, 128, 256, 0, 1, dev));
   report("wgmma 128x256, pairs", with_tile(plan, 128, 256, 0, 2, dev));
+}
+
+// Training and mid shapes (issue 24): cuBLAS, the library's pick and the 128 x 128 tile with k
+// split 1, 2, 4 and 8, each timed after an L2 flush as bench/run.py's do_bench does. Shapes from
+// SWEEP_SHAPES="m,n,k,ak,bn;..." (ak: a k-major, bn: b n-major; F.linear's forward is ak=1 bn=0, its
+// input gradient 1 1, its weight gradient 0 1), else the rows that ran under 0.90x.
+template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn, void* flush) {
+  Case<T> c(M, N, K, ak, bn);
+  const double flops = 2.0 * M * N * K;
+  const int reps = 30;
+  // SWEEP_NOFLUSH=1: steady state (operands hot in L2), to tell fixed per-CTA costs from traffic.
+  const bool no_flush = getenv("SWEEP_NOFLUSH") && atoi(getenv("SWEEP_NOFLUSH")) != 0;
+  const std::function<void()> before = [&] {
+    if (!no_flush) CK(cudaMemsetAsync(flush, 0, 256u << 20));
+  };
+  const float tb = median_ms([&] { c.cublas(h, 1.f, 0.f); }, reps, before);
+  printf("\n== %s %ld x %ld x %ld %s: cuBLAS %.1f us, %.1f TFLOP/s\n", name_of<T>(), (long)M, (long)N, (long)K,
+         layout_name(ak, bn), 1e3 * tb, flops / tb / 1e9);
+  const GemmDevice dev = current_gemm_device();
+  auto report = [&](const std::string& name, const GemmPlan& plan) {
+    CK(cudaMemset(c.C, 0xff, M * N * sizeof(T)));
+    const cudaError_t e = launch_gemm(plan, nullptr);
+    if (e != cudaSuccess) {
+      printf("%-40s not run: %s\n", name.c_str(), cudaGetErrorString(e));
+      (void)cudaGetLastError();
+      return;
+    }
+    CK(cudaDeviceSynchronize());
+    const double err = rel_err(c.C, c.R, M * N);
+    const float t = median_ms([&] { launch_gemm(plan, nullptr); }, reps, before);
+    printf("%-40s %8.1f us %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.1e%s\n", name.c_str(), 1e3 * t, flops / t / 1e9,
+           tb / t, err, err < 2e-2 ? "" : "  WRONG");
+    failures += !(err < 2e-2);
+  };
+  const GemmPlan plan = plan_gemm(c.request(1.f, 0.f), dev);
+  char label[128];
+  snprintf(label, sizeof label, "pick: %s %dx%d cm %d split %d grid %ld", kernel_name(plan.kernel), plan.bm, plan.bn,
+           plan.cluster_m, plan.split_k, (long)plan.grid);
+  report(label, plan);
+  if (plan.kernel != GemmKernel::Wgmma) return;
+  report("128x64", with_tile(plan, 128, 64, 0, 1, dev));
+  report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
+  const GemmPlan t128 = with_tile(plan, 128, 128, 0, 1, dev);
+  report("128x128", t128);
+  const int64_t tiles = (plan.m + 127) / 128 * ((plan.n + 127) / 128);  // the planner's (maybe transposed) problem
+  for (int s : {2, 4, 8}) {
+    GemmPlan q = t128;
+    q.split_k = s;
+    q.grid = tiles;
+    snprintf(label, sizeof label, "128x128 split %d (%ld CTAs)", s, (long)(tiles * s));
+    report(label, q);
+  }
+}
+
+void shapes(cublasHandle_t h) {
+  std::string list = "128,4096,4096,1,0;128,6144,4096,1,0;512,6144,4096,1,0;1024,6144,4096,1,0;128,4096,6144,1,1;"
+                     "128,14336,4096,1,0;3072,1024,8192,0,1;1024,1024,8192,0,1;1024,4096,28672,1,1";
+  if (const char* e = getenv("SWEEP_SHAPES")) list = e;
+  const bool tf32 = getenv("SWEEP_TF32") && atoi(getenv("SWEEP_TF32")) != 0;
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, 256u << 20));
+  for (size_t at = 0; at < list.size();) {
+    size_t end = list.find(';', at);
+    if (end == std::string::npos) end = list.size();
+    long m, n, k;
+    int ak, bn;
+    if (sscanf(list.substr(at, end - at).c_str(), "%ld,%ld,%ld,%d,%d", &m, &n, &k, &ak, &bn) == 5) {
+      if (tf32) shape_speed<float>(h, m, n, k, ak, bn, flush);
+      else shape_speed<__nv_bfloat16>(h, m, n, k, ak, bn, flush);
+    }
+    at = end + 1;
+  }
+  CK(cudaFree(flush));
 }
 
 // The board's energy counter (mJ) and SM clock through NVML, opened at run time (the toolkit here
@@ -287,6 +361,11 @@ int main(int argc, char** argv) {
     // power M N K rounds secs
     auto arg = [&](int i, double d) { return argc > i ? atof(argv[i]) : d; };
     power(h, int64_t(arg(2, 8192)), int64_t(arg(3, 8192)), int64_t(arg(4, 8192)), int(arg(5, 2)), arg(6, 2.5));
+    printf("\n%d failures\n", failures);
+    return failures != 0;
+  }
+  if (argc > 1 && !strcmp(argv[1], "shapes")) {  // issue 24's rows: the pick and the k splits
+    shapes(h);
     printf("\n%d failures\n", failures);
     return failures != 0;
   }

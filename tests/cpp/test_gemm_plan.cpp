@@ -15,11 +15,14 @@ using cuops::kernels::GemmPlan;
 using cuops::kernels::GemmRequest;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
+using cuops::kernels::with_tile;
 
-const GemmDevice kH100{132, true, 66, true, true};
+const GemmDevice kH100{132, true, 66, true, true, true, true};
 // Hopper without the small-M kernel's streaming form (no tensor-map encoder): its per-lane form.
-const GemmDevice kH100Lanes{132, true, 66, true, false};
-const GemmDevice kA100{108, false, 0, false, false};
+const GemmDevice kH100Lanes{132, true, 66, true, false, true, true};
+const GemmDevice kA100{108, false, 0, false, false, true};
+// A GPU without FP64 tensor cores (before sm_80), or a build without code for them.
+const GemmDevice kNoDmma{80, false, 0, false, false, false};
 
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -46,8 +49,63 @@ TEST(GemmPlan, EmptyOutputRunsNothing) {
   EXPECT_EQ(plan_gemm(row_major(DType::Float32, 5, 0, 7), kH100).kernel, GemmKernel::None);
 }
 
-TEST(GemmPlan, Float64RunsTheGeneralKernel) {
-  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 4096, 4096, 4096), kH100).kernel, GemmKernel::General);
+TEST(GemmPlan, Float64RunsOnTheFp64TensorCoresWhereTheyExist) {
+  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 4096, 4096, 4096), kNoDmma).kernel, GemmKernel::General);
+  for (const GemmDevice& dev : {kH100, kA100}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        GemmRequest r = row_major(DType::Float64, 4096, 4096, 4096);
+        if (ta) r = transposed_a(r);
+        if (tb) r = transposed_b(r);
+        const GemmPlan p = plan_gemm(r, dev);
+        EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+        EXPECT_EQ(p.a_kmajor, !ta);
+        EXPECT_EQ(p.b_nmajor, !tb);
+        // 1024 tiles of 128 x 128 fill every SM for several waves: the wide tile, k whole, where its
+        // 216 KB ring fits (not an A100: 64 x 64).
+        const int tile = dev.dmma_wide ? 128 : 64;
+        EXPECT_EQ(p.bm, tile);
+        EXPECT_EQ(p.bn, tile);
+        EXPECT_EQ(p.split_k, 1);
+        EXPECT_EQ(p.grid, (4096 / tile) * (4096 / tile));
+      }
+    }
+  }
+}
+
+TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
+  // 1024^3: 64 tiles of 128 x 128 on 132 SMs; two slices of k each fill 128.
+  GemmPlan p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.split_k, 2);
+  EXPECT_EQ(p.grid, 64);
+  // A weight gradient, 1024 x 1024 over k = 8192: the same split, each slice 4096 long.
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 8192), kH100);
+  EXPECT_EQ(p.split_k, 2);
+  // Without clusters (A100) k stays whole.
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kA100);
+  EXPECT_EQ(p.split_k, 1);
+  // k too short to split: slices would be under kF64MinSlice.
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 200), kH100);
+  EXPECT_EQ(p.split_k, 1);
+  // 16 tokens against a 4096 x 14336 weight (decode): the 16-row tile, 32 of them, k split to fill the SMs.
+  p = plan_gemm(transposed_b(row_major(DType::Float64, 16, 4096, 14336)), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+  EXPECT_EQ(p.bm, 16);
+  EXPECT_EQ(p.bn, 128);
+  EXPECT_EQ(p.split_k, 4);
+  // 512 rows: the 16-row tile would read the weight 32 times over from L2.
+  EXPECT_NE(plan_gemm(row_major(DType::Float64, 512, 4096, 4096), kH100).bm, 16);
+}
+
+TEST(GemmPlan, Float64OperandRowsNotWholeSixteenBytesAreCopiedOrRunGeneral) {
+  GemmRequest r = row_major(DType::Float64, 1000, 1000, 333);  // a's rows 333 doubles apart
+  GemmPlan p = plan_gemm(r, kH100);
+  EXPECT_EQ(p.copy_a, OperandCopy::RowMajor);
+  r = row_major(DType::Float64, 1000, 100, 333);  // too narrow a product to pay for the copy
+  p = plan_gemm(r, kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::General);
 }
 
 TEST(GemmPlan, OutputNeitherRowNorColumnMajorRunsTheGeneralKernelWithoutCopies) {
@@ -89,8 +147,8 @@ TEST(GemmPlan, HalfTypesOnHopperTakeWgmmaPairsFromOneTilePerSm) {
   }
   // 256 units: 4 waves of 66 pairs, or of 64.
   EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100).grid, 128);
-  // Fewer pairs fit (60): 1024 units take 18 waves, of 57 pairs.
-  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 8192, 8192, 8192), GemmDevice{132, true, 60}).grid, 114);
+  // Fewer pairs fit (62): 1024 units take 17 waves, of 61 pairs.
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 8192, 8192, 8192), GemmDevice{132, true, 62}).grid, 122);
 }
 
 TEST(GemmPlan, OneTileRowOfWideTilesRunsSingleCtas) {
@@ -107,12 +165,42 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   EXPECT_EQ(p.bn, 64);
   EXPECT_EQ(p.cluster_m, 1);
   EXPECT_EQ(p.grid, 128);
-  // 2048^3: 256 tiles of 128 x 128 (2 waves: 320) against 512 of 128 x 64 (4 waves: 384).
-  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 128);
+  // 2048^3: 128 tiles of 128 x 256 (one wave: 288) against 256 of 128 x 128 (2 waves: 320) and 512 of
+  // 128 x 64 (4 waves: 384).
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 256);
+  // More than a wave of wide tiles, but a partial last one: 1024 x 6144 x 4096 is 192 tiles of
+  // 128 x 256 (2 waves of pairs: 576) or 384 of 128 x 128 (3 waves: 480), which ran 0.97x cuBLAS
+  // against 0.82x.
+  const GemmPlan q = plan_gemm(row_major(DType::BFloat16, 1024, 6144, 4096), kH100);
+  EXPECT_EQ(q.bn, 128);
+  EXPECT_EQ(q.split_k, 1);
+  // Fewer wide tiles than SMs that still finish first: 1024 x 4096 x 28672, 128 tiles of 128 x 256
+  // (0.99x) against 256 of 128 x 128 (0.81x).
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 1024, 4096, 28672), kH100).bn, 256);
   // One row of output (decode): 16 tiles of 128 x 256 are too few, 64 of 128 x 64 one wave.
   const GemmPlan v = plan_gemm(row_major(DType::BFloat16, 1, 4096, 4096), kH100);
   EXPECT_EQ(v.bn, 64);
   EXPECT_EQ(v.grid, 64);
+}
+
+TEST(GemmPlan, FewTilesOverALongKStayUnsplitOnWgmma) {
+  // The wgmma split lost to the best unsplit tile everywhere it was measured (kWgMaxSplit): a GPT-style
+  // c_attn weight gradient, 3072 x 1024 over k = 8192, takes 96 tiles of 128 x 256 in pairs (one wave,
+  // 0.80x cuBLAS; split in two 0.58x).
+  GemmPlan p = plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+  EXPECT_EQ(p.bn, 256);
+  EXPECT_EQ(p.cluster_m, 2);
+  EXPECT_EQ(p.split_k, 1);
+  // 128 rows over k = 4096: 64 tiles of 128 x 64 in one wave (0.89x; split in four 0.61x).
+  p = plan_gemm(row_major(DType::Float16, 128, 4096, 4096), kH100);
+  EXPECT_EQ(p.bn, 64);
+  EXPECT_EQ(p.split_k, 1);
+  p = plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100);
+  EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+  EXPECT_EQ(p.split_k, 1);
+  // A sweep's tile override is unsplit.
+  EXPECT_EQ(with_tile(plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100), 128, 128, 0, 1, kH100).split_k, 1);
 }
 
 TEST(GemmPlan, BetaOrAnUnalignedOutputKeepsTheDirectEpilogue) {
@@ -299,8 +387,8 @@ TEST(GemmPlan, FewTokensTakeTheSmallMKernelInEveryFloatType) {
       EXPECT_NE(plan_gemm(r, kH100).kernel, GemmKernel::Skinny);
     }
   }
-  // float64 has no small-M form yet.
-  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, 1, 4096, 4096), kH100).kernel, GemmKernel::General);
+  // float64 has no small-M form yet: the DMMA kernel's small tiles, k split.
+  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, 1, 4096, 4096), kH100).kernel, GemmKernel::MmaF64);
 }
 
 TEST(GemmPlan, SmallMTokensMayBeTheColumnsOfC) {

@@ -85,3 +85,21 @@ def make(shape, dtype, device, layout="contiguous", generator=None, scale=1.0):
             n *= s
         return randn((n + 1,))[1:].view(shape)
     raise ValueError(layout)
+
+
+def assert_repeatable_and_graph_safe(a, b):
+    """mm(a, b) gives the same bits on every run, and gemm into a NaN-poisoned c gives them again from a
+    CUDA-graph replay (a product that splits k: its partials meet in a fixed order, no workspace)."""
+    first = ops.mm(a, b)
+    for _ in range(3):
+        assert torch.equal(ops.mm(a, b), first)
+    out = torch.full_like(first, float("nan"))
+    ops.gemm(out, a, b, 1.0, 0.0)  # warm-up outside the capture
+    g = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(g):
+        ops.gemm(out, a, b, 1.0, 0.0)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)

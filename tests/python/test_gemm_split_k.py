@@ -1,5 +1,6 @@
-"""k split over a cluster (kernels/gemm_simt.cu, float32 "highest"; kernels/gemm_plan.cpp): products with
-few output tiles over a long k, as a training step's mid-size and weight-gradient products run them.
+"""k split over a cluster (kernels/gemm_simt.cu, float32 "highest"; kernels/gemm_wgmma.cuh, bf16/fp16 and
+TF32 on Hopper; kernels/gemm_plan.cpp): products with few output tiles over a long k, as a training
+step's mid-size and weight-gradient products run them.
 Each CTA of a cluster multiplies a slice of k and the partial tiles are summed in rank order in the
 cluster's shared memory. Checked against float64 with poisoned outputs, in every layout, over k that
 no split divides, with alpha/beta, and for the same bits on every run and from a CUDA-graph replay."""
@@ -8,8 +9,8 @@ import re
 import pytest
 import torch
 
-from conftest import REDUCTION_TOL, make, ops, rel_error, requires_cuda
-from test_ops import cuda_kernel_names, matmul_precision
+from conftest import REDUCTION_TOL, assert_repeatable_and_graph_safe, make, ops, rel_error, requires_cuda
+from test_ops import cuda_kernel_names, fast_kernel_tol, matmul_precision, wgmma_runs_here
 
 # (m, n, k): the planner's split on a 132-SM H100 (min(2 x SMs / 128-tiles, 8, k / 512)) in brackets.
 # k = 1 and 17 run unsplit (too short): the same checks hold there.
@@ -72,16 +73,84 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
     (no workspace, no counters)."""
     a, b = operands(128, 4096, 4096, a_major, b_major)
     with matmul_precision("highest"):
-        first = ops.mm(a, b)
-        for _ in range(3):
-            assert torch.equal(ops.mm(a, b), first)
-        out = torch.full_like(first, float("nan"))
-        ops.gemm(out, a, b, 1.0, 0.0)  # warm-up outside the capture
-        g = torch.cuda.CUDAGraph()
-        out.fill_(float("nan"))
-        with torch.cuda.graph(g):
-            ops.gemm(out, a, b, 1.0, 0.0)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-    assert torch.equal(out, first)
+        assert_repeatable_and_graph_safe(a, b)
+
+
+# Few tiles over a long k on the wgmma kernel (Hopper): bf16, fp16 and TF32. The planner does not split
+# them (kernels/gemm_plan.cpp, kWgMaxSplit: the split instance measured slower than the best unsplit
+# tile on every shape); the products are checked whichever tile runs.
+WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 2
+             (128, 4096, 4096),   # 32 tiles: 4
+             (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or slice
+             (100, 130, 65537),   # 2 tiles, a long k: 8
+             (77, 300, 17)]       # too short to split: the same checks
+WG_CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "high")]
+
+
+def wg_operands(m, n, k, a_major, b_major, dtype):
+    a = make((m, k), dtype, "cuda") if a_major == "k" else make((k, m), dtype, "cuda").t()
+    b = make((k, n), dtype, "cuda") if b_major == "n" else make((n, k), dtype, "cuda").t()
+    return a, b
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", WG_CASES, ids=str)
+@pytest.mark.parametrize("m,n,k", WG_SHAPES, ids=str)
+@pytest.mark.parametrize("a_major,b_major", LAYOUTS, ids=str)
+def test_wgmma_split_k_products(dtype, precision, m, n, k, a_major, b_major):
+    a, b = wg_operands(m, n, k, a_major, b_major, dtype)
+    ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
+    tol = fast_kernel_tol(dtype, precision)
+    with matmul_precision(precision):
+        out = ops.mm(a, b)
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        ops.gemm(c, a, b, -1.5, 0.0)
+        c0 = make((m, n), dtype, "cuda")
+        cb = c0.clone()
+        ops.gemm(cb, a, b, 0.5, -2.0)
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
+    assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= 2 * tol
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,n,k,split", [(3072, 1024, 8192, False), (128, 4096, 4096, False),
+                                         (4096, 4096, 4096, False), (1024, 1024, 1024, False)], ids=str)
+def test_wgmma_split_k_kernel_choice(m, n, k, split):
+    """The split wgmma instance runs only where the planner splits: nowhere, until it pays (kWgMaxSplit)."""
+    if not wgmma_runs_here():
+        pytest.skip("no sm_90a wgmma kernel on this GPU (or CUOPS_DISABLE_WGMMA): the portable kernels do not split")
+    a, b = wg_operands(m, n, k, "k", "n", torch.bfloat16)
+    ops.mm(a, b)
+    names = [x for x in cuda_kernel_names(lambda: ops.mm(a, b)) if "gemm_wgmma" in x]
+    assert names, "the wgmma kernel ran"
+    assert any(re.search(r"gemm_wgmma<.*, 1, true>", x) for x in names) == split, names
+
+
+@pytest.mark.quick
+@requires_cuda
+@pytest.mark.parametrize("dtype,precision", WG_CASES, ids=str)
+def test_wgmma_split_k_is_bitwise_repeatable_and_graph_safe(dtype, precision):
+    a, b = wg_operands(3072, 1024, 8192, "m", "n", dtype)
+    with matmul_precision(precision):
+        assert_repeatable_and_graph_safe(a, b)
+
+
+@requires_cuda
+def test_split_k_under_compile_reduce_overhead():
+    """A model whose Linears split k (few rows, a long k: 128 tokens through 4096 -> 4096 -> 4096 in
+    float32 "highest", the SIMT kernel's split), compiled with mode="reduce-overhead" (its CUDA graphs
+    replay the split), matches eager bit for bit."""
+    torch._dynamo.reset()
+    w1, w2 = make((4096, 4096), torch.float32, "cuda", scale=0.02), make((4096, 4096), torch.float32, "cuda", scale=0.02)
+
+    def mlp(x):
+        return ops.mm(torch.relu(ops.mm(x, w1.t())), w2.t())
+
+    with matmul_precision("highest"):
+        names = cuda_kernel_names(lambda: mlp(make((128, 4096), torch.float32, "cuda")))
+        assert any(re.search(r"sgemm_simt<.*, true>", x) for x in names) == splits_here(), names
+        compiled = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
+        for _ in range(4):  # the later calls replay the graph
+            x = make((128, 4096), torch.float32, "cuda")
+            torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)

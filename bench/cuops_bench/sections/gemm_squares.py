@@ -6,10 +6,9 @@ import time
 
 import torch
 
-from ..context import Run
+from ..context import SHAPE_VARIANTS, Run
 from ..harness import DTYPES, Baseline, Bench, Rounds, guarded, log, rotating
 
-VARIANTS = [("float32", "highest"), ("float32", "high"), ("bfloat16", None), ("float16", None)]
 GEMM_SKIP_8192_MS = 500.0  # a 4096^3 cuops call slower than this means 8192^3 would take seconds a call
 
 
@@ -38,7 +37,8 @@ def run(ctx: Run) -> None:
     calls = op_calls()
     saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
     try:
-        for dname, precision in VARIANTS:
+        for variant in ctx.cfg.gemm_variants:
+            dname, precision = SHAPE_VARIANTS[variant]
             set_fp32_matmul(precision or "highest")
             one_variant(ctx, calls, dname, precision, shapes)
     finally:

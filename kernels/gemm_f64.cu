@@ -1,0 +1,275 @@
+// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k16 on sm_90
+// (eight m8n8k4 on sm_80-89, which lack that shape). Block tile BM x BN x 16, 8 warps: 2 x 4 for the
+// 128 x 128 and 64 x 64 tiles, 1 x 8 for the 16 x 128 tile of few-row products (decode: the weight
+// streamed, the tensor pipe mostly idle). Operands come in by cp.async over a 4-stage shared-memory
+// ring, each laid out as it is in global memory, so every layout is a straight 16-byte copy.
+//
+// Why this shape: a DMMA m16n8k16 is 2048 FMAs, 64 cycles of its sub-partition's FP64 tensor pipe (the
+// H100's 67 TFLOPS: 128 FP64 FMAs per clock per SM), so the pipe, not the issue slots or shared memory,
+// sets the pace: a warp's 16 MMAs per 16-deep slice take ~1000 cycles against 48 shared loads and a
+// barrier. What matters is that every SM's pipe always has independent MMAs waiting: 8 warps of 16
+// each, and the ring's 3 slices in flight (~6000 cycles) to cover the loads from L2.
+//
+// k split (kSplit, sm_90): the CTAs of a cluster along y each multiply a slice of k, stage their
+// partial tile in the drained ring, and sum the partials in rank order through the cluster's shared
+// memory (as kernels/gemm_simt.cu's): the same bits on every run, no workspace.
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail {
+namespace {
+
+constexpr int kF64Threads = 256;
+
+// One stage's operands. Rows are padded by 4 doubles: the fragment reads are 8-byte loads, served half
+// a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read element (g, t) of a
+// block whose rows are ld apart, or (t, g): 8-byte slots g * ld + t (or t * ld + g) are 16 distinct
+// slots of the 32 banks when ld = 4 (mod 16). Row pitches stay 16-byte multiples for cp.async.
+// Stage depth: the 128 x 128 tile takes 32 k a stage (3 stages, 216 KB: one barrier per 32 DMMAs of a
+// warp; at 16 deep it ran 0.73x cuBLAS), the smaller tiles 16 (4 stages, two blocks per SM).
+template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
+  static constexpr int kBK = BM * BN >= 128 * 128 ? 32 : 16;
+  static constexpr int kALd = AK ? kBK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd = BNM ? BN + 4 : kBK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static_assert(kALd % 16 == 4 && kBLd % 16 == 4, "conflict-free fragment reads");
+  static constexpr int kA = AK ? BM * kALd : kBK * kALd;
+  static constexpr int kB = BNM ? kBK * kBLd : BN * kBLd;
+  static constexpr int kStage = kA + kB;  // doubles
+  // The split instances stage their BM x BN partial in the drained ring, rows padded by 8 doubles so
+  // the 16-byte stores of a quarter warp (lanes g = 0..1, t = 0..3) fill the 32 banks once.
+  static constexpr int kPartLd = BN + 8;
+  static constexpr int kStages = kBK == 32 ? 3 : 4;  // 216 KB for 128 x 128 (one block per SM), 80 and 92 KB (two)
+  static constexpr int kBytes = std::max(kStages * kStage, BM * kPartLd) * 8;
+  __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
+  __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
+};
+
+// The 16-byte copies of one operand's stage when the whole stage lies inside the matrix: OUTER
+// stored rows of INNER doubles, ld apart in global memory, kLd apart in the stage. A thread's chunks
+// are kRowsPerPass rows apart, so its addresses are one pointer and one stride, set once: an interior
+// stage costs ~3 instructions a chunk instead of the ~45 of CUOPS_STAGE_OPERANDS's bounds, edge and
+// 64-bit index arithmetic (which, issued by the warps that also feed the DMMAs, held the first
+// version at 0.62x cuBLAS; bench/NOTES.md, session 17). Edge tiles and a ragged last slice keep the
+// checked copy.
+template <int OUTER, int INNER, int kLd> struct F64StageCopy {
+  static constexpr int kRowChunks = INNER / 2, kChunks = OUTER * kRowChunks;
+  static constexpr int kRowsPerPass = kF64Threads / kRowChunks;
+  static constexpr int kPasses = (kChunks + kF64Threads - 1) / kF64Threads;
+  static_assert(kF64Threads % kRowChunks == 0 && (kChunks % kF64Threads == 0 || kChunks < kF64Threads),
+                "whole passes, or one partial pass");
+  const double* src;  // this thread's first chunk at slice 0
+  int64_t pass_step;  // elements between its chunks in global memory
+  int dst;            // its first chunk's offset in the stage (doubles)
+  bool active;
+  __device__ F64StageCopy(const double* tile, int64_t ld, int tid) {
+    const int r = tid / kRowChunks, c = (tid % kRowChunks) * 2;
+    src = tile + r * ld + c;
+    pass_step = kRowsPerPass * ld;
+    dst = r * kLd + c;
+    active = kChunks % kF64Threads == 0 || tid < kChunks;
+  }
+  // advance: elements from slice 0 to this slice (16 along a stored row, or 16 rows).
+  __device__ __forceinline__ void copy(double* stage, int64_t advance) const {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) cp_async16(stage + dst + i * kRowsPerPass * kLd, src + advance + i * pass_step, 16);
+  }
+};
+
+// d += a b for one 16 x 8 x 4 block. Fragments (lane = 4 g + t): a0 = A[g][t], a1 = A[g + 8][t],
+// b = B[t][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j] of an
+// 8 x 8 x 4 block, so the sm_80-89 form (no m16n8k4 there) is the same product in two halves.
+__device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1, double b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a0), "d"(a1), "d"(b));
+#elif __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a0), "d"(b));
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+d"(d[2]), "+d"(d[3])
+               : "d"(a1), "d"(b));
+#else
+  __trap();  // the planner runs this kernel only where dmma_runs_on says the image has DMMA code
+#endif
+}
+
+// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
+// pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
+__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col, double v0, double v1) {
+  if (r >= p.m || col >= p.n) return;
+  double* dst = static_cast<double*>(p.c) + r * p.ldc + col;
+  v0 *= p.alpha64;
+  v1 *= p.alpha64;
+  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    if (p.beta64 != 0.0) {
+      const double2 old = *reinterpret_cast<const double2*>(dst);
+      v0 = fma(p.beta64, old.x, v0);
+      v1 = fma(p.beta64, old.y, v1);
+    }
+    *reinterpret_cast<double2*>(dst) = make_double2(v0, v1);
+    return;
+  }
+  if (p.beta64 != 0.0) v0 = fma(p.beta64, dst[0], v0);
+  dst[0] = v0;
+  if (col + 1 < p.n) {
+    if (p.beta64 != 0.0) v1 = fma(p.beta64, dst[1], v1);
+    dst[1] = v1;
+  }
+}
+
+// MINB: one block of the 128 x 128 tile per SM (its 64 accumulators are 128 registers a thread, and
+// its ring 160 KB); two of the 64 x 64 and 16 x 128 (under 128 registers, rings of 80 and 92 KB: two
+// of the latter fit the H100's 228 KB per SM, one the A100's 164). A
+// 64 x 128 tile, two blocks per SM, spilled ~220 bytes at the 128-register cap (its 32 x 32 warp tile
+// holds 32 accumulators and 24 fragment doubles) and was dropped.
+template <int BM, int BN, bool AK, bool BNM, bool kSplit>
+__global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm_mma(const GemmProblem whole) {
+  using S = F64Smem<BM, BN, AK, BNM>;
+  constexpr int WM = BM >= 64 ? 2 : 1, WN = 8 / WM;  // warps along m and n
+  constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
+  static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
+  extern __shared__ __align__(16) double smem_f64[];
+  GemmProblem p = whole;
+  int split = 1;
+  if constexpr (kSplit) {
+    // This CTA's slice of k: whole 16-deep slices, the last CTA's possibly shorter (or empty).
+    split = static_cast<int>(gridDim.y);
+    const int64_t slice = (p.k + split * int64_t{S::kBK} - 1) / (split * int64_t{S::kBK}) * S::kBK;
+    const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
+    p.k = min(p.k, kb + slice) - kb;
+    p.a = static_cast<const double*>(p.a) + kb * (AK ? 1 : p.lda);
+    p.b = static_cast<const double*>(p.b) + kb * (BNM ? p.ldb : 1);
+  }
+  const double* A = static_cast<const double*>(p.a);
+  const double* B = static_cast<const double*>(p.b);
+  int64_t tm, tn;
+  tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
+  const int64_t row0 = tm * BM, col0 = tn * BN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm0 = (warp / WN) * (BM / WM), wn0 = (warp % WN) * (BN / WN);  // the warp tile's corner
+  const int64_t ktiles = (p.k + S::kBK - 1) / S::kBK;
+
+  // Interior tiles copy every whole 16-deep slice unchecked (F64StageCopy); the rest, checked.
+  const int64_t fast_ktiles = row0 + BM <= p.m && col0 + BN <= p.n ? p.k / S::kBK : 0;
+  using CopyA = std::conditional_t<AK, F64StageCopy<BM, S::kBK, S::kALd>, F64StageCopy<S::kBK, BM, S::kALd>>;
+  using CopyB = std::conditional_t<BNM, F64StageCopy<S::kBK, BN, S::kBLd>, F64StageCopy<BN, S::kBK, S::kBLd>>;
+  const CopyA copy_a(AK ? A + row0 * p.lda : A + row0, p.lda, tid);
+  const CopyB copy_b(BNM ? B + col0 : B + col0 * p.ldb, p.ldb, tid);
+
+  auto load_stage = [&](int stage, int64_t kt) {
+    const int64_t k0 = kt * S::kBK;
+    double* as = smem_f64 + stage * S::kStage;
+    double* bs = as + S::kA;
+    if (kt < fast_ktiles) {
+      copy_a.copy(as, AK ? k0 : k0 * p.lda);
+      copy_b.copy(bs, BNM ? k0 * p.ldb : k0);
+      return;
+    }
+    CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kF64Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
+                         k0, tid);
+  };
+
+  double acc[MI][NI][4] = {};
+  cp_async_ring<S::kStages>(ktiles, load_stage, [&](int64_t kt) {
+    const double* as = smem_f64 + (kt % S::kStages) * S::kStage;
+    const double* bs = as + S::kA;
+    // The stage in 4-deep steps (m16n8k4), software-pipelined: step s + 1's fragments (12 loads) come
+    // in while step s's 16 DMMAs run, so no warp waits on shared memory between its DMMAs. A warp's
+    // k16 form loaded a slice's 48 fragments, then multiplied: 0.80x cuBLAS at 4096^3.
+    constexpr int kSteps = S::kBK / 4;
+    double fa[2][MI][2], fb[2][NI];
+    auto load_step = [&](int buf, int ks) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) fa[buf][mi][h] = S::a(as, wm0 + mi * 16 + g + 8 * h, ks + t);
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) fb[buf][ni] = S::b(bs, ks + t, wn0 + ni * 8 + g);
+    };
+    load_step(0, 0);
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      if (st + 1 < kSteps) load_step((st + 1) % 2, 4 * (st + 1));
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma_f64_k4(acc[mi][ni], fa[st % 2][mi][0], fa[st % 2][mi][1], fb[st % 2][ni]);
+    }
+  });
+
+  // f(row, col, v0, v1) for each pair of the thread's results: acc[mi][ni][2 h + j] is element
+  // (wm0 + 16 mi + g + 8 h, wn0 + 8 ni + 2 t + j) of the tile.
+  auto each_pair = [&](auto f) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+  };
+  if constexpr (!kSplit) {
+    each_pair([&](int r, int c, double v0, double v1) { store_pair_f64(p, row0 + r, col0 + c, v0, v1); });
+  } else {
+#if __CUDA_ARCH__ >= 900
+    __syncthreads();  // every warp is done reading the ring (cp_async_ring drained its copies)
+    double* part = smem_f64;  // [BM][kPartLd]: this CTA's partial tile
+    each_pair([&](int r, int c, double v0, double v1) {
+      *reinterpret_cast<double2*>(part + r * S::kPartLd + c) = make_double2(v0, v1);
+    });
+    reduce_cluster_tile<BM, BN, kF64Threads>(part, S::kPartLd, split, tid, [&](int r, int c, double v0, double v1) {
+      store_pair_f64(p, row0 + r, col0 + c, v0, v1);
+    });
+#else
+    __trap();  // the planner splits k only where clusters run (GemmDevice::clusters)
+#endif
+  }
+}
+
+template <int BM, int BN, bool AK, bool BNM>
+cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes;
+  if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, kF64Threads, smem, stream, p);
+  return launch_cluster_y(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, kF64Threads, smem, stream, p);
+}
+
+}  // namespace
+
+cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
+    constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
+    if (plan.bm == 128 && plan.bn == 128) return launch_f64<128, 128, AK, BNM>(plan, p, stream);
+    if (plan.bm == 64 && plan.bn == 64) return launch_f64<64, 64, AK, BNM>(plan, p, stream);
+    if (plan.bm == 16 && plan.bn == 128) return launch_f64<16, 128, AK, BNM>(plan, p, stream);
+    return cudaErrorInvalidValue;
+  });
+}
+
+bool dmma_runs_on(int dev, bool& wide) {
+  // At least 160 KB of opt-in shared memory: the A100 (163 KB) and H100 (227 KB), not the 99 KB of
+  // sm_86/89/120 GPUs, whose FP64 tensor path is a fraction of a percent of theirs anyway. The
+  // 128 x 128 tile's 216 KB: the H100's.
+  int major = 0, smem_optin = 0;
+  wide = false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || major < 8 ||
+      smem_optin < 160 * 1024) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  // The code the runtime runs here must have been compiled for sm_80 or later: ptxVersion, not
+  // binaryVersion (code JIT-compiled from older PTX reports the GPU's binary version, but holds the
+  // trapping body).
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, dgemm_mma<64, 64, true, true, false>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  wide = smem_optin >= F64Smem<128, 128, true, false>::kBytes && attr.ptxVersion >= 80;
+  return attr.ptxVersion >= 80;
+}
+
+}  // namespace cuops::kernels::detail
