@@ -50,11 +50,11 @@
 // | float32 "highest", fewer 128 x 128 tiles than  | 128 x 128, k split over a cluster of    | M = 128-512 products ran 64 x 64 tiles at 0.54-0.70x |
 // |   SMs, k >= 1024, clusters                     |   min(2 SMs / tiles, 8, k / 512) CTAs   |   cuBLAS (few tiles, each a long k)                |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
-// | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace (a DMMA is 64 cycles of |
-// |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   its sub-partition): the time is the busiest SM's  |
-// |                                                |   over a cluster of 2-8, whichever      |   tile work, its tiles' k plus a fill each (and a   |
-// |                                                |   leaves the busiest SM the least work, |   reduction when split), at the rate L2 feeds that  |
-// |                                                |   smaller tiles counted at 75 and 33 %  |   tile. A first model, to measure (NOTES, float64)  |
+// | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace: the time is the busiest|
+// |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   SM's waves of CTAs, each its slice of k at the   |
+// |                                                |   over a cluster of 2-8, whichever      |   tile's rate (L2 bytes per FMA) plus a fill and   |
+// |                                                |   leaves the busiest SM the least work  |   epilogue; clusters > 2 fill 91 % of the SMs. Fit |
+// |                                                |   (plan_f64)                            |   to the sweep: the best of 12 shapes (NOTES s. 18)|
 #include "gemm_plan.h"
 
 #include <algorithm>
@@ -315,18 +315,31 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
 }
 
-// The float64 kernel's tiles, with the rate each is counted at (percent of the FP64 pipe's 67 TFLOPS:
-// what L2 can feed at ~5.5 TB/s, since a bm x bn tile reads (bm + bn) doubles per bm * bn FMAs: 16 FLOP
-// per byte for 128 x 128, 8 for 64 x 64, 3.6 for 16 x 128, the tile of few-row products, bound by the
-// weight's bytes from memory there anyway; first guesses, to measure), and the cost model's terms in k-steps
-// of a tile: a CTA's fill and drain (its ring's first slices, the epilogue), and a split tile's
-// reduction through the cluster's shared memory. Slices of k shorter than kF64MinSlice are not split.
+// The float64 kernel's tiles and the cost model that picks one and a k split, fitted to the H100
+// sweep (bench/results/f64/h100_f64_sweep.txt: 12 shapes, every tile x split 1-8; the model picks
+// the fastest measured on every one, bench/NOTES.md session 18). A CTA's time is bm x bn x (its slice
+// of k at the tile's rate, plus a fixed kF64CtaK at the full rate: the ring's fill and the epilogue's
+// bm x bn stores, which decide products of short k, 6144 x 4096 x 16 ran 64 x 64 at 1.05x cuBLAS and
+// 128 x 128 at 0.77x); the busiest SM runs cdiv(CTAs, slots) of them. Rates, percent of the 128 x 128
+// tile's: 64 x 64 reads twice the bytes from L2 per FMA (75), 16 x 128 is the few-row tile (25; it is
+// bound by the weight's bytes from memory there anyway). A split's reduction through the cluster's
+// shared memory did not show in the fit (it reads one tile of partials a CTA, a few % of a slice).
 struct F64Tile {
   int bm, bn;
   int64_t rate;
 };
-constexpr F64Tile kF64Tiles[] = {{128, 128, 100}, {64, 64, 75}, {16, 128, 33}};
-constexpr int64_t kF64FillK = 64, kF64ReduceK = 32, kF64MinSlice = 128, kF64MaxSplit = 8;
+constexpr F64Tile kF64Tiles[] = {{128, 128, 100}, {64, 64, 75}, {16, 128, 25}};
+constexpr int64_t kF64CtaK = 256, kF64MinSlice = 128;
+// The splits the sweep measured (clusters of 5-7 pack the GPCs worse than the 91 % below assumes).
+constexpr int64_t kF64Splits[] = {1, 2, 3, 4, 8};
+
+// CTAs that run at once in clusters of `size`: a cluster takes SMs of one GPC, and the H100's GPCs,
+// not all multiples of 4 SMs, hold 30 clusters of 4 (cudaOccupancyMaxActiveClusters, bench/NOTES.md
+// session 17), 91 % of its SMs. So above pairs count 91 % of the SMs in whole clusters: 32 tiles x
+// split 4 of a decode product run in two waves, x 3 in one (1 x 4096 x 4096: 1.06x against 0.99x).
+int64_t cluster_slots(const GemmDevice& dev, int64_t size) {
+  return size <= 2 ? dev.sms : std::max<int64_t>(dev.sms * 91 / 100 / size, 1) * size;
+}
 
 void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   const int64_t k = p.req.k;
@@ -335,12 +348,10 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   for (const F64Tile& t : kF64Tiles) {
     if (t.bm == 128 && !dev.dmma_wide) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
-    const int64_t most = dev.clusters ? kF64MaxSplit : 1;
-    for (int64_t split = 1; split <= most; ++split) {
-      if (split > 1 && cdiv(k, split) < kF64MinSlice) break;
-      // The busiest SM's work: its whole CTAs, each a bm x bn tile over its slice of k.
-      const int64_t cost = cdiv(n_tiles * split, dev.sms) * t.bm * t.bn *
-                           (cdiv(k, split) + kF64FillK + (split > 1 ? kF64ReduceK : 0)) * 100 / t.rate;
+    for (const int64_t split : kF64Splits) {
+      if (split > 1 && (!dev.clusters || cdiv(k, split) < kF64MinSlice)) break;
+      const int64_t waves = cdiv(n_tiles * split, cluster_slots(dev, split));
+      const int64_t cost = waves * t.bm * t.bn * (cdiv(k, split) * 100 / t.rate + kF64CtaK);
       if (best >= 0 && cost >= best) continue;
       best = cost;
       tiles(p, t.bm, t.bn, 16);

@@ -89,12 +89,24 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   // k too short to split: slices would be under kF64MinSlice.
   p = plan_gemm(row_major(DType::Float64, 1024, 1024, 200), kH100);
   EXPECT_EQ(p.split_k, 1);
-  // 16 tokens against a 4096 x 14336 weight (decode): the 16-row tile, 32 of them, k split to fill the SMs.
+  // 16 tokens against a 4096 x 14336 weight (decode): the 16-row tile, 32 of them, k split to fill the
+  // SMs: 3 ways, since 32 clusters of 4 do not fit at once (30 do) and 32 of 3 do.
   p = plan_gemm(transposed_b(row_major(DType::Float64, 16, 4096, 14336)), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
   EXPECT_EQ(p.bm, 16);
   EXPECT_EQ(p.bn, 128);
-  EXPECT_EQ(p.split_k, 4);
+  EXPECT_EQ(p.split_k, 3);
+  // 128 rows, 48 tiles of 128 x 128 over k = 4096: 192 tiles of 64 x 64, each k split 2 (the sweep's
+  // fastest, 0.82x cuBLAS, where 128 x 128 split 8 ran 0.60x).
+  p = plan_gemm(row_major(DType::Float64, 128, 6144, 4096), kH100);
+  EXPECT_EQ(p.bm, 64);
+  EXPECT_EQ(p.split_k, 2);
+  // k = 16: the fill and the stores of c decide, 64 x 64 tiles (1.05x against 128 x 128's 0.77x).
+  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 6144, 4096, 16), kH100).bm, 64);
+  // 8192^3: whole tiles, k unsplit (4096 tiles fill the SMs 31 times over).
+  p = plan_gemm(row_major(DType::Float64, 8192, 8192, 8192), kH100);
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.split_k, 1);
   // 512 rows: the 16-row tile would read the weight 32 times over from L2.
   EXPECT_NE(plan_gemm(row_major(DType::Float64, 512, 4096, 4096), kH100).bm, 16);
 }
