@@ -1,14 +1,16 @@
-// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k16 on sm_90
-// (eight m8n8k4 on sm_80-89, which lack that shape). Block tile BM x BN x 16, 8 warps: 2 x 4 for the
-// 128 x 128 and 64 x 64 tiles, 1 x 8 for the 16 x 128 tile of few-row products (decode: the weight
-// streamed, the tensor pipe mostly idle). Operands come in by cp.async over a 4-stage shared-memory
-// ring, each laid out as it is in global memory, so every layout is a straight 16-byte copy.
+// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k4 on sm_90 (two
+// m8n8k4 on sm_80-89, which lack that shape). Tiles (F64Tiling): 128 x 64 of 4 warps (2 x 2, each
+// 64 x 32) two blocks per SM, as cuBLAS's own sm90 DGEMM runs (Nsight Compute, bench/NOTES.md session
+// 18: its SMs' FP64 pipes 95 % busy against 75 % for one 8-warp block of 128 x 128, whose warps wait
+// together at every stage's barrier); 128 x 128 and 64 x 64 of 8 warps (2 x 4); 16 x 128 of 8 warps
+// (1 x 8) for few-row products (decode: the weight streamed, the tensor pipe mostly idle). Operands
+// come in by cp.async over a shared-memory ring, each laid out as it is in global memory, so every
+// layout is a straight 16-byte copy.
 //
-// Why this shape: a DMMA m16n8k16 is 2048 FMAs, 64 cycles of its sub-partition's FP64 tensor pipe (the
+// Why this shape: a DMMA m16n8k4 is 512 FMAs, 16 cycles of its sub-partition's FP64 tensor pipe (the
 // H100's 67 TFLOPS: 128 FP64 FMAs per clock per SM), so the pipe, not the issue slots or shared memory,
-// sets the pace: a warp's 16 MMAs per 16-deep slice take ~1000 cycles against 48 shared loads and a
-// barrier. What matters is that every SM's pipe always has independent MMAs waiting: 8 warps of 16
-// each, and the ring's 3 slices in flight (~6000 cycles) to cover the loads from L2.
+// sets the pace. What matters is that every SM's pipe always has independent MMAs waiting: 16 a warp
+// per 4-deep step, and stages in flight to cover the loads from L2.
 //
 // k split (kSplit, sm_90): the CTAs of a cluster along y each multiply a slice of k, stage their
 // partial tile in the drained ring, and sum the partials in rank order through the cluster's shared
@@ -18,7 +20,16 @@
 namespace cuops::kernels::detail {
 namespace {
 
-constexpr int kF64Threads = 256;
+// Threads, warps along m and n, and blocks per SM of each tile.
+template <int BM, int BN> struct F64Tiling {
+  static constexpr bool kQuad = BM == 128 && BN == 64;  // the 4-warp tile, two blocks per SM
+  static constexpr int kThreads = kQuad ? 128 : 256;
+  static constexpr int kWM = BM >= 64 ? 2 : 1, kWN = kThreads / 32 / kWM;
+  // One block of the 8-warp 128 x 128 (its 64 accumulators a thread are 128 registers, its ring 216 KB);
+  // two of the others (128 x 64: 246-255 registers of 128 threads fill the register file twice over
+  // exactly; 64 x 64 and 16 x 128 under 128 registers, rings of 80 and 92 KB).
+  static constexpr int kMinBlocks = BM * BN > 64 * 128 && !kQuad ? 1 : 2;
+};
 
 // One stage's operands. Rows are padded by 4 doubles: the fragment reads are 8-byte loads, served half
 // a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read element (g, t) of a
@@ -37,7 +48,9 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
   // The split instances stage their BM x BN partial in the drained ring, rows padded by 8 doubles so
   // the 16-byte stores of a quarter warp (lanes g = 0..1, t = 0..3) fill the 32 banks once.
   static constexpr int kPartLd = BN + 8;
-  static constexpr int kStages = kBK == 32 ? 3 : 4;  // 216 KB for 128 x 128 (one block per SM), 80 and 92 KB (two)
+  // 216 KB for 128 x 128 (one block per SM); 87 KB for 128 x 64, 80 and 92 KB for 64 x 64 and 16 x 128
+  // (two; 128 x 64 at 4 stages would need 233 KB for its two, over the H100's 227).
+  static constexpr int kStages = kBK == 32 || F64Tiling<BM, BN>::kQuad ? 3 : 4;
   static constexpr int kBytes = std::max(kStages * kStage, BM * kPartLd) * 8;
   __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
   __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
@@ -50,11 +63,11 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
 // 64-bit index arithmetic (which, issued by the warps that also feed the DMMAs, held the first
 // version at 0.62x cuBLAS; bench/NOTES.md, session 17). Edge tiles and a ragged last slice keep the
 // checked copy.
-template <int OUTER, int INNER, int kLd> struct F64StageCopy {
+template <int OUTER, int INNER, int kLd, int THREADS> struct F64StageCopy {
   static constexpr int kRowChunks = INNER / 2, kChunks = OUTER * kRowChunks;
-  static constexpr int kRowsPerPass = kF64Threads / kRowChunks;
-  static constexpr int kPasses = (kChunks + kF64Threads - 1) / kF64Threads;
-  static_assert(kF64Threads % kRowChunks == 0 && (kChunks % kF64Threads == 0 || kChunks < kF64Threads),
+  static constexpr int kRowsPerPass = THREADS / kRowChunks;
+  static constexpr int kPasses = (kChunks + THREADS - 1) / THREADS;
+  static_assert(THREADS % kRowChunks == 0 && (kChunks % THREADS == 0 || kChunks < THREADS),
                 "whole passes, or one partial pass");
   const double* src;  // this thread's first chunk at slice 0
   int64_t pass_step;  // elements between its chunks in global memory
@@ -65,7 +78,7 @@ template <int OUTER, int INNER, int kLd> struct F64StageCopy {
     src = tile + r * ld + c;
     pass_step = kRowsPerPass * ld;
     dst = r * kLd + c;
-    active = kChunks % kF64Threads == 0 || tid < kChunks;
+    active = kChunks % THREADS == 0 || tid < kChunks;
   }
   // advance: elements from slice 0 to this slice (16 along a stored row, or 16 rows).
   __device__ __forceinline__ void copy(double* stage, int64_t advance) const {
@@ -119,15 +132,12 @@ __device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, 
   }
 }
 
-// MINB: one block of the 128 x 128 tile per SM (its 64 accumulators are 128 registers a thread, and
-// its ring 160 KB); two of the 64 x 64 and 16 x 128 (under 128 registers, rings of 80 and 92 KB: two
-// of the latter fit the H100's 228 KB per SM, one the A100's 164). A
-// 64 x 128 tile, two blocks per SM, spilled ~220 bytes at the 128-register cap (its 32 x 32 warp tile
-// holds 32 accumulators and 24 fragment doubles) and was dropped.
 template <int BM, int BN, bool AK, bool BNM, bool kSplit>
-__global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm_mma(const GemmProblem whole) {
+__global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>::kMinBlocks)
+    dgemm_mma(const GemmProblem whole) {
   using S = F64Smem<BM, BN, AK, BNM>;
-  constexpr int WM = BM >= 64 ? 2 : 1, WN = 8 / WM;  // warps along m and n
+  using T = F64Tiling<BM, BN>;
+  constexpr int kThreads = T::kThreads, WM = T::kWM, WN = T::kWN;  // warps along m and n
   constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
   static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
   extern __shared__ __align__(16) double smem_f64[];
@@ -154,8 +164,10 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
 
   // Interior tiles copy every whole 16-deep slice unchecked (F64StageCopy); the rest, checked.
   const int64_t fast_ktiles = row0 + BM <= p.m && col0 + BN <= p.n ? p.k / S::kBK : 0;
-  using CopyA = std::conditional_t<AK, F64StageCopy<BM, S::kBK, S::kALd>, F64StageCopy<S::kBK, BM, S::kALd>>;
-  using CopyB = std::conditional_t<BNM, F64StageCopy<S::kBK, BN, S::kBLd>, F64StageCopy<BN, S::kBK, S::kBLd>>;
+  using CopyA = std::conditional_t<AK, F64StageCopy<BM, S::kBK, S::kALd, kThreads>,
+                                   F64StageCopy<S::kBK, BM, S::kALd, kThreads>>;
+  using CopyB = std::conditional_t<BNM, F64StageCopy<S::kBK, BN, S::kBLd, kThreads>,
+                                   F64StageCopy<BN, S::kBK, S::kBLd, kThreads>>;
   const CopyA copy_a(AK ? A + row0 * p.lda : A + row0, p.lda, tid);
   const CopyB copy_b(BNM ? B + col0 : B + col0 * p.ldb, p.ldb, tid);
 
@@ -168,7 +180,7 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
       copy_b.copy(bs, BNM ? k0 * p.ldb : k0);
       return;
     }
-    CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kF64Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
+    CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
                          k0, tid);
   };
 
@@ -220,7 +232,7 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
     each_pair([&](int r, int c, double v0, double v1) {
       *reinterpret_cast<double2*>(part + r * S::kPartLd + c) = make_double2(v0, v1);
     });
-    reduce_cluster_tile<BM, BN, kF64Threads>(part, S::kPartLd, split, tid, [&](int r, int c, double v0, double v1) {
+    reduce_cluster_tile<BM, BN, kThreads>(part, S::kPartLd, split, tid, [&](int r, int c, double v0, double v1) {
       store_pair_f64(p, row0 + r, col0 + c, v0, v1);
     });
 #else
@@ -231,9 +243,9 @@ __global__ void __launch_bounds__(kF64Threads, BM * BN > 64 * 128 ? 1 : 2) dgemm
 
 template <int BM, int BN, bool AK, bool BNM>
 cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
-  constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes;
-  if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, kF64Threads, smem, stream, p);
-  return launch_cluster_y(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, kF64Threads, smem, stream, p);
+  constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes, threads = F64Tiling<BM, BN>::kThreads;
+  if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, threads, smem, stream, p);
+  return launch_cluster_y(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, threads, smem, stream, p);
 }
 
 }  // namespace
@@ -242,6 +254,7 @@ cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cuda
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
     if (plan.bm == 128 && plan.bn == 128) return launch_f64<128, 128, AK, BNM>(plan, p, stream);
+    if (plan.bm == 128 && plan.bn == 64) return launch_f64<128, 64, AK, BNM>(plan, p, stream);
     if (plan.bm == 64 && plan.bn == 64) return launch_f64<64, 64, AK, BNM>(plan, p, stream);
     if (plan.bm == 16 && plan.bn == 128) return launch_f64<16, 128, AK, BNM>(plan, p, stream);
     return cudaErrorInvalidValue;

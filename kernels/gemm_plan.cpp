@@ -316,20 +316,17 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
 }
 
 // The float64 kernel's tiles and the cost model that picks one and a k split, fitted to the H100
-// sweep (bench/results/f64/h100_f64_sweep.txt: 12 shapes, every tile x split 1-8; the model picks
-// the fastest measured on every one, bench/NOTES.md session 18). A CTA's time is bm x bn x (its slice
-// of k at the tile's rate, plus a fixed kF64CtaK at the full rate: the ring's fill and the epilogue's
-// bm x bn stores, which decide products of short k, 6144 x 4096 x 16 ran 64 x 64 at 1.05x cuBLAS and
-// 128 x 128 at 0.77x); the busiest SM runs cdiv(CTAs, slots) of them. Rates, percent of the 128 x 128
-// tile's: 64 x 64 reads twice the bytes from L2 per FMA (75), 16 x 128 is the few-row tile (25; it is
-// bound by the weight's bytes from memory there anyway). A split's reduction through the cluster's
-// shared memory did not show in the fit (it reads one tile of partials a CTA, a few % of a slice).
+// sweeps (bench/results/f64/h100_f64_sweep*.txt: every tile x split on the shape suite's products;
+// bench/NOTES.md session 18). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the ring's fill
+// and the epilogue's bm x bn stores, which decide products of short k). Tiles of two blocks per SM run
+// at `rate` (percent of one 128 x 128 block's) when both blocks are busy and at `rate1` when a block has
+// its SM alone (a partial wave of at most one block an SM); the busiest SM's waves set the time.
 struct F64Tile {
-  int bm, bn;
-  int64_t rate;
+  int bm, bn, blocks;
+  int64_t rate, rate1;
 };
-constexpr F64Tile kF64Tiles[] = {{128, 128, 100}, {64, 64, 75}, {16, 128, 25}};
-constexpr int64_t kF64CtaK = 256, kF64MinSlice = 128;
+constexpr F64Tile kF64Tiles[] = {{128, 64, 2, 110, 60}, {128, 128, 1, 100, 100}, {64, 64, 2, 90, 70}, {16, 128, 2, 40, 40}};
+constexpr int64_t kF64CtaK = 128, kF64MinSlice = 64;
 // The splits the sweep measured (clusters of 5-7 pack the GPCs worse than the 91 % below assumes).
 constexpr int64_t kF64Splits[] = {1, 2, 3, 4, 8};
 
@@ -341,17 +338,24 @@ int64_t cluster_slots(const GemmDevice& dev, int64_t size) {
   return size <= 2 ? dev.sms : std::max<int64_t>(dev.sms * 91 / 100 / size, 1) * size;
 }
 
+// The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate.
+int64_t f64_time(const F64Tile& t, int64_t ctas, int64_t slots, int64_t work) {
+  const int64_t full = ctas / (slots * t.blocks), rest = ctas % (slots * t.blocks);
+  int64_t time = full * t.blocks * work * 100 / t.rate;
+  if (rest > 0) time += rest <= slots ? work * 100 / t.rate1 : t.blocks * work * 100 / t.rate;
+  return time;
+}
+
 void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   const int64_t k = p.req.k;
   p.kernel = GemmKernel::MmaF64;
   int64_t best = -1;
   for (const F64Tile& t : kF64Tiles) {
-    if (t.bm == 128 && !dev.dmma_wide) continue;
+    if (t.bm == 128 && t.bn == 128 && !dev.dmma_wide) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (const int64_t split : kF64Splits) {
       if (split > 1 && (!dev.clusters || cdiv(k, split) < kF64MinSlice)) break;
-      const int64_t waves = cdiv(n_tiles * split, cluster_slots(dev, split));
-      const int64_t cost = waves * t.bm * t.bn * (cdiv(k, split) * 100 / t.rate + kF64CtaK);
+      const int64_t cost = f64_time(t, n_tiles * split, cluster_slots(dev, split), t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
       if (best >= 0 && cost >= best) continue;
       best = cost;
       tiles(p, t.bm, t.bn, 16);

@@ -74,7 +74,7 @@ int main() {
     char label[96];
     snprintf(label, sizeof label, "pick: %s %dx%d split %d", kernel_name(plan.kernel), plan.bm, plan.bn, plan.split_k);
     report(label, plan);
-    for (const auto [bm, bn] : {std::pair{128, 128}, std::pair{64, 64}, std::pair{16, 128}}) {
+    for (const auto [bm, bn] : {std::pair{128, 64}, std::pair{128, 128}, std::pair{64, 64}, std::pair{16, 128}}) {
       for (int split : {1, 2, 3, 4, 8}) {
         if (plan.kernel != GemmKernel::MmaF64 || !all || (split > 1 && !dev.clusters)) break;
         GemmPlan q = with_tile(plan, bm, bn, 16, 1, dev);
