@@ -108,6 +108,22 @@ __device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1,
 #endif
 }
 
+// d += a b for one 16 x 8 x 8 block: a = {A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]},
+// b = {B[t][g], B[t + 4][g]} (CUTLASS's SM90_16x8x8_F64F64F64F64_TN layouts), i.e. two m16n8k4 blocks,
+// k 0-3 and 4-7, in one instruction on sm_90. One DMMA.16x8x8 is 32 cycles of the pipe where the
+// 16x8x4 is 16: a warp issues half as many, with the fixed wait ptxas puts between a warp's DMMAs (a
+// NOP each) now under more pipe time. cuBLAS's sm90 DGEMM runs this shape (bench/NOTES.md session 18).
+__device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4], const double (&b)[2]) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+#else
+  mma_f64_k4(d, a[0], a[1], b[0]);
+  mma_f64_k4(d, a[2], a[3], b[1]);
+#endif
+}
+
 // c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
 // pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
 __device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col, double v0, double v1) {
@@ -188,27 +204,30 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   cp_async_ring<S::kStages>(ktiles, load_stage, [&](int64_t kt) {
     const double* as = smem_f64 + (kt % S::kStages) * S::kStage;
     const double* bs = as + S::kA;
-    // The stage in 4-deep steps (m16n8k4), software-pipelined: step s + 1's fragments (12 loads) come
-    // in while step s's 16 DMMAs run, so no warp waits on shared memory between its DMMAs. A warp's
-    // k16 form loaded a slice's 48 fragments, then multiplied: 0.80x cuBLAS at 4096^3.
-    constexpr int kSteps = S::kBK / 4;
-    double fa[2][MI][2], fb[2][NI];
+    // The stage in 8-deep steps (m16n8k8), software-pipelined: step s + 1's fragments (24 loads for
+    // the 64 x 32 warp tile) come in while step s's 16 DMMAs run, so no warp waits on shared memory
+    // between its DMMAs. A warp's k16 form loaded a slice's 48 fragments, then multiplied (0.80x
+    // cuBLAS at 4096^3); 4-deep steps (m16n8k4) the same, 0.80x.
+    constexpr int kSteps = S::kBK / 8;
+    double fa[2][MI][4], fb[2][NI][2];
     auto load_step = [&](int buf, int ks) {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) fa[buf][mi][h] = S::a(as, wm0 + mi * 16 + g + 8 * h, ks + t);
+        for (int i = 0; i < 4; ++i) fa[buf][mi][i] = S::a(as, wm0 + mi * 16 + g + 8 * (i % 2), ks + t + 4 * (i / 2));
 #pragma unroll
-      for (int ni = 0; ni < NI; ++ni) fb[buf][ni] = S::b(bs, ks + t, wn0 + ni * 8 + g);
+      for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) fb[buf][ni][j] = S::b(bs, ks + t + 4 * j, wn0 + ni * 8 + g);
     };
     load_step(0, 0);
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
-      if (st + 1 < kSteps) load_step((st + 1) % 2, 4 * (st + 1));
+      if (st + 1 < kSteps) load_step((st + 1) % 2, 8 * (st + 1));
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) mma_f64_k4(acc[mi][ni], fa[st % 2][mi][0], fa[st % 2][mi][1], fb[st % 2][ni]);
+        for (int ni = 0; ni < NI; ++ni) mma_f64_k8(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
     }
   });
 
