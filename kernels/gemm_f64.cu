@@ -80,11 +80,14 @@ template <int OUTER, int INNER, int kLd, int THREADS> struct F64StageCopy {
     dst = r * kLd + c;
     active = kChunks % THREADS == 0 || tid < kChunks;
   }
-  // advance: elements from slice 0 to this slice (16 along a stored row, or 16 rows).
+  // advance: elements from slice 0 to this slice (kBK along a stored row, or kBK rows).
   __device__ __forceinline__ void copy(double* stage, int64_t advance) const {
-    if (!active) return;
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) cp_async16(stage + dst + i * kRowsPerPass * kLd, src + advance + i * pass_step, 16);
+    for (int i = 0; i < kPasses; ++i) pass(stage, advance, i);
+  }
+  // The i-th of a thread's kPasses chunks (i a constant once unrolled).
+  __device__ __forceinline__ void pass(double* stage, int64_t advance, int i) const {
+    if (active) cp_async16(stage + dst + i * kRowsPerPass * kLd, src + advance + i * pass_step, 16);
   }
 };
 
@@ -201,8 +204,9 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   };
 
   double acc[MI][NI][4] = {};
-  cp_async_ring<S::kStages>(ktiles, load_stage, [&](int64_t kt) {
-    const double* as = smem_f64 + (kt % S::kStages) * S::kStage;
+  // One stage's product; between(q) after the DMMAs of the q-th of kSteps x MI rows of blocks (q a
+  // constant once unrolled), where the next stage's copies go.
+  auto multiply = [&](const double* as, auto&& between) {
     const double* bs = as + S::kA;
     // The stage in 8-deep steps (m16n8k8), software-pipelined: step s + 1's fragments (24 loads for
     // the 64 x 32 warp tile) come in while step s's 16 DMMAs run, so no warp waits on shared memory
@@ -225,11 +229,53 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
     for (int st = 0; st < kSteps; ++st) {
       if (st + 1 < kSteps) load_step((st + 1) % 2, 8 * (st + 1));
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
+      for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) mma_f64_k8(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
+        between(st * MI + mi);
+      }
     }
-  });
+  };
+
+  // The cp.async ring (as cp_async_ring), with an interior stage's copies spread over the product of
+  // the stage before it: a warp that issued them all at once (~25 % of its time in Nsight Compute,
+  // waiting on its own copies' register reads and the LSU queue) left its sub-partition's FP64 pipe to
+  // the other warp; between DMMA rows they take the issue slots of the NOPs ptxas puts between DMMAs,
+  // as cuBLAS's loop does. Stage indices counted, not divided (64-bit % 3 was ~15 instructions).
+  constexpr int kRows = S::kBK / 8 * MI, kCopies = CopyA::kPasses + CopyB::kPasses;
+#pragma unroll
+  for (int st = 0; st < S::kStages - 1; ++st) {
+    if (st < ktiles) load_stage(st, st);
+    cp_async_commit();
+  }
+  int read = 0, write = S::kStages - 1;
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<S::kStages - 2>();
+    __syncthreads();  // stage `write` (read at the last trip) is free; stage `read` has landed
+    const int64_t next = kt + S::kStages - 1;
+    const double* as = smem_f64 + read * S::kStage;
+    if (next < fast_ktiles) {
+      double* ws = smem_f64 + write * S::kStage;
+      const int64_t k0 = next * S::kBK;
+      multiply(as, [&](int q) {
+#pragma unroll
+        for (int c = q * kCopies / kRows; c < (q + 1) * kCopies / kRows; ++c) {
+          if (c < CopyA::kPasses) {
+            copy_a.pass(ws, AK ? k0 : k0 * p.lda, c);
+          } else {
+            copy_b.pass(ws + S::kA, BNM ? k0 * p.ldb : k0, c - CopyA::kPasses);
+          }
+        }
+      });
+    } else {
+      if (next < ktiles) load_stage(write, next);
+      multiply(as, [](int) {});
+    }
+    cp_async_commit();
+    read = read + 1 == S::kStages ? 0 : read + 1;
+    write = write + 1 == S::kStages ? 0 : write + 1;
+  }
+  cp_async_wait<0>();
 
   // f(row, col, v0, v1) for each pair of the thread's results: acc[mi][ni][2 h + j] is element
   // (wm0 + 16 mi + g + 8 h, wn0 + 8 ni + 2 t + j) of the tile.
@@ -246,7 +292,7 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
     each_pair([&](int r, int c, double v0, double v1) { store_pair_f64(p, row0 + r, col0 + c, v0, v1); });
   } else {
 #if __CUDA_ARCH__ >= 900
-    __syncthreads();  // every warp is done reading the ring (cp_async_ring drained its copies)
+    __syncthreads();  // every warp is done reading the ring (drained of copies above)
     double* part = smem_f64;  // [BM][kPartLd]: this CTA's partial tile
     each_pair([&](int r, int c, double v0, double v1) {
       *reinterpret_cast<double2*>(part + r * S::kPartLd + c) = make_double2(v0, v1);
