@@ -62,12 +62,15 @@ TEST(GemmPlan, Float64RunsOnTheFp64TensorCoresWhereTheyExist) {
         EXPECT_EQ(p.a_kmajor, !ta);
         EXPECT_EQ(p.b_nmajor, !tb);
         // 1024 tiles of 128 x 128 fill every SM for several waves: the wide tile, k whole, where its
-        // 216 KB ring fits (not an A100: 64 x 64).
-        const int tile = dev.dmma_wide ? 128 : 64;
-        EXPECT_EQ(p.bm, tile);
-        EXPECT_EQ(p.bn, tile);
-        EXPECT_EQ(p.split_k, 1);
-        EXPECT_EQ(p.grid, (4096 / tile) * (4096 / tile));
+        // 216 KB ring fits (not an A100: a smaller tile there).
+        if (dev.dmma_wide) {
+          EXPECT_EQ(p.bm, 128);
+          EXPECT_EQ(p.bn, 128);
+          EXPECT_EQ(p.split_k, 1);
+        } else {
+          EXPECT_LT(p.bm * p.bn, 128 * 128);
+        }
+        EXPECT_EQ(p.grid, (4096 / p.bm) * (4096 / p.bn));
       }
     }
   }
@@ -87,7 +90,7 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kA100);
   EXPECT_EQ(p.split_k, 1);
   // k too short to split: slices would be under kF64MinSlice.
-  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 200), kH100);
+  p = plan_gemm(row_major(DType::Float64, 1024, 1024, 100), kH100);
   EXPECT_EQ(p.split_k, 1);
   // 16 tokens against a 4096 x 14336 weight (decode): the 16-row tile, 32 of them, k split to fill the
   // SMs: 3 ways, since 32 clusters of 4 do not fit at once (30 do) and 32 of 3 do.
@@ -101,12 +104,14 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   p = plan_gemm(row_major(DType::Float64, 128, 6144, 4096), kH100);
   EXPECT_EQ(p.bm, 64);
   EXPECT_EQ(p.split_k, 2);
-  // k = 16: the fill and the stores of c decide, 64 x 64 tiles (1.05x against 128 x 128's 0.77x).
-  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 6144, 4096, 16), kH100).bm, 64);
-  // 8192^3: whole tiles, k unsplit (4096 tiles fill the SMs 31 times over).
-  p = plan_gemm(row_major(DType::Float64, 8192, 8192, 8192), kH100);
+  // k = 16 (a weight gradient over 16 tokens): not the 128 x 128 tile, whose one partial stage takes
+  // its spilling checked copy (0.78x cuBLAS; 64 x 64 1.10x).
+  p = plan_gemm(row_major(DType::Float64, 6144, 4096, 16), kH100);
+  EXPECT_LT(p.bm * p.bn, 128 * 128);
+  // Edge tiles along n (4544 = 35.5 x 128): the four-warp 128 x 64 tile, not 128 x 128.
+  p = plan_gemm(row_major(DType::Float64, 1024, 4544, 18176), kH100);
   EXPECT_EQ(p.bm, 128);
-  EXPECT_EQ(p.split_k, 1);
+  EXPECT_EQ(p.bn, 64);
   // 512 rows: the 16-row tile would read the weight 32 times over from L2.
   EXPECT_NE(plan_gemm(row_major(DType::Float64, 512, 4096, 4096), kH100).bm, 16);
 }

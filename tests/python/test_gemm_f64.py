@@ -15,9 +15,9 @@ from test_ops import cuda_kernel_names
 F64_TOL = 1e-12
 
 # (m, k, n) and what the planner picks on a 132-SM H100 (kernels/gemm_plan.cpp's cost model).
-SHAPES = [(1000, 1000, 1000),   # 64 x 64 tiles or 128 x 128 split: both cut at 1000
+SHAPES = [(1000, 1000, 1000),   # 128 x 64 tiles, k split in two: cut at 1000
           (1024, 1024, 1024),   # 128 x 128, k split in two over a cluster
-          (4100, 64, 2304),     # many 128 x 128 tiles over a short k, the last row of tiles 4 rows
+          (4100, 64, 2304),     # many 128 x 64 tiles over a short k, the last row of tiles 4 rows
           (7, 4096, 1000),      # 7 rows: small tiles, k split
           (100, 4096, 130),     # 2 x 2 small tiles over a long k: split 8
           (300, 17, 257),       # k of 17: one slice and a 1-deep edge
@@ -82,7 +82,7 @@ def test_float64_odd_strides_copy_or_run_general():
 @pytest.mark.quick
 @requires_cuda
 @pytest.mark.parametrize("m,k,n,split", [(4096, 512, 4096, False), (1024, 1024, 1024, True),
-                                         (16, 14336, 4096, True), (512, 200, 512, False)], ids=str)
+                                         (16, 14336, 4096, True), (512, 100, 512, False)], ids=str)
 def test_float64_kernel_choice(m, k, n, split):
     """The DMMA kernel runs float64 (the split instance where the planner splits k), not the general one."""
     if not dmma_here():
