@@ -1,11 +1,11 @@
-// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k4 on sm_90 (two
-// m8n8k4 on sm_80-89, which lack that shape). Tiles (F64Tiling): 128 x 64 of 4 warps (2 x 2, each
-// 64 x 32) two blocks per SM, as cuBLAS's own sm90 DGEMM runs (Nsight Compute, bench/NOTES.md session
-// 18: its SMs' FP64 pipes 95 % busy against 75 % for one 8-warp block of 128 x 128, whose warps wait
-// together at every stage's barrier); 128 x 128 and 64 x 64 of 8 warps (2 x 4); 16 x 128 of 8 warps
-// (1 x 8) for few-row products (decode: the weight streamed, the tensor pipe mostly idle). Operands
-// come in by cp.async over a shared-memory ring, each laid out as it is in global memory, so every
-// layout is a straight 16-byte copy.
+// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k8 on sm_90 (two
+// m16n8k4 halves, each two m8n8k4, on sm_80-89, which lack those shapes). Tiles (F64Tiling): 128 x 128
+// and 64 x 64 of 8 warps (2 x 4); 128 x 64 of 4 warps (2 x 2, each 64 x 32) two blocks per SM, the
+// shape of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute, bench/NOTES.md
+// session 18); 16 x 128 of 8 warps (1 x 8) for few-row products (decode: the weight streamed, the
+// tensor pipe mostly idle). Operands come in by cp.async over a shared-memory ring, each laid out as it
+// is in global memory, so every layout is a straight 16-byte copy; an interior stage's copies are
+// issued after the DMMAs of the stage before it (the main loop below says why).
 //
 // Why this shape: a DMMA m16n8k4 is 512 FMAs, 16 cycles of its sub-partition's FP64 tensor pipe (the
 // H100's 67 TFLOPS: 128 FP64 FMAs per clock per SM), so the pipe, not the issue slots or shared memory,
