@@ -167,11 +167,20 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
                     (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
   if (!maps) return false;
   p.kernel = GemmKernel::Wgmma;
-  // One cost for every choice: the busiest SM's work, its waves of tiles (or split CTAs) times each
-  // one's (bn + 32) columns' worth (A and the fill per tile) over its k. Waves count what runs at once:
+  // One cost for every choice: the busiest SM's work, (bn + col) x (its waves of tiles (or split CTAs)
+  // x each one's k + fixed), col and fixed per width. Waves count what runs at once:
   // 128 x 256 tiles go in pairs along m (B multicast) when there are two tile rows, and a cluster of
   // s split CTAs needs s free SMs of one GPC (pairs as the device counts them, at most SMs / s of the
   // larger ones; a split of 3 or 5-7 would strand SMs). Ties go to the wider tile.
+  // 16-bit types: col and fixed fitted to every width measured on the 121 bf16 products of the shape
+  // suite (bench/results/train/h100_s18_wgmma_suite_sweep.txt, each after an L2 flush): col 48 / 32 / 0
+  // (the narrow tiles re-read more per FLOP; pairs multicast B), fixed 512 / 512 / 2048 k a CTA (a
+  // pair's cluster and its 64 KB epilogue, which one wave overlaps with nothing). Its picks run those
+  // products at 0.939x cuBLAS (geomean) where the earlier cost, (bn + 32) x waves x k, picked 0.919x
+  // (gpt-2's 768-wide weight gradients over <= 1024 tokens: 128 x 256 pairs 0.65x, 128 x 64 0.85x), and
+  // it keeps the seven widths measured elsewhere (2048^3 and 8192 x 2304 x 768 on 128 x 128; 4096^3,
+  // 8192^3 and 1024 x 4096 x 28672 on pairs; bench/NOTES.md session 18). TF32 keeps the earlier
+  // cost until its widths are swept.
   const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
   const int64_t pairs = dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2;
   auto cost = [&](int64_t bn, int64_t split) {
@@ -180,8 +189,10 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     if (bn == 256 && tiles_m >= 2) at_once = 2 * pairs;
     if (split == 2) at_once = 2 * pairs;
     if (split > 2) at_once = dev.sms / split * split;
-    return cdiv(tiles * split, std::max<int64_t>(at_once, 1)) * (bn + 32) *
-           (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0));
+    const int64_t col = tf32 ? 32 : (bn == 64 ? 48 : bn == 128 ? 32 : 0);
+    const int64_t fixed = tf32 ? 0 : (bn == 256 ? 2048 : 512);
+    return (bn + col) * (cdiv(tiles * split, std::max<int64_t>(at_once, 1)) *
+                             (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0)) + fixed);
   };
   int64_t bn = 256, split = 1, best = cost(256, 1);
   for (const int64_t w : {int64_t{128}, int64_t{64}}) {

@@ -169,7 +169,8 @@ TEST(GemmPlan, HalfTypesOnHopperTakeWgmmaPairsFromOneTilePerSm) {
 }
 
 TEST(GemmPlan, OneTileRowOfWideTilesRunsSingleCtas) {
-  const GemmPlan p = plan_gemm(row_major(DType::BFloat16, 128, 256 * 132, 256), kH100);
+  // k long enough for one wave of 128 x 256 to beat two of 128 x 128 despite its fixed cost.
+  const GemmPlan p = plan_gemm(row_major(DType::BFloat16, 128, 256 * 132, 65536), kH100);
   EXPECT_EQ(p.bn, 256);
   EXPECT_EQ(p.cluster_m, 1);
   EXPECT_EQ(p.grid, 132);
@@ -182,9 +183,14 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   EXPECT_EQ(p.bn, 64);
   EXPECT_EQ(p.cluster_m, 1);
   EXPECT_EQ(p.grid, 128);
-  // 2048^3: 128 tiles of 128 x 256 (one wave: 288) against 256 of 128 x 128 (2 waves: 320) and 512 of
-  // 128 x 64 (4 waves: 384).
-  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 256);
+  // 2048^3: 256 tiles of 128 x 128 (2 waves: 160 x (2 x 2048 + 512)) against one wave of 128 tiles of
+  // 128 x 256 (256 x (2048 + 2048)): 1.00x cuBLAS against 0.96x, three runs (bench/NOTES.md s. 18).
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 128);
+  // gpt-2's c_fc weight gradient over 512 tokens (a m-major, b n-major): 128 x 64 (0.85x), not one wave
+  // of 128 x 256 pairs (0.66x).
+  GemmRequest w = row_major(DType::BFloat16, 3072, 768, 512);
+  w.a = {w.a.ptr, 1, 3072};
+  EXPECT_EQ(plan_gemm(w, kH100).bn, 64);
   // More than a wave of wide tiles, but a partial last one: 1024 x 6144 x 4096 is 192 tiles of
   // 128 x 256 (2 waves of pairs: 576) or 384 of 128 x 128 (3 waves: 480), which ran 0.97x cuBLAS
   // against 0.82x.
