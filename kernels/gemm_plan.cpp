@@ -35,9 +35,9 @@
 // | wgmma tile and k split                         | of 128 x 256 (pairs along m when >= 2   | one model for every shape: a partial last wave of  |
 // |                                                |   tile rows), 128 x 128, 128 x 64, and  |   wide tiles cost 1024 x 6144 x 4096 0.82x where   |
 // |                                                |   128 x 128 with k split over a cluster |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
-// |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. The split   |
-// |                                                |   least waves x (bn + 32) x (k / split  |   (one tile per cluster) measured slower than the  |
-// |                                                |   + 256 if split); pairs multicast B    |   best unsplit tile everywhere: off (NOTES, s. 17) |
+// |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. 16-bit: col |
+// |                                                |   least (bn + col) x (waves x k / split |   and fixed fitted to every width on the bf16 suite|
+// |                                                |   + fixed); pairs multicast B           |   (NOTES, s. 18). The split lost everywhere: off   |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
