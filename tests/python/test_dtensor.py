@@ -506,6 +506,15 @@ class Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self.mlp_norm(x))))
 
 
+def twin_blocks(dev, seed):
+    """Two equal Blocks on dev, the same on every rank (seeded alike): the reference and the one to
+    shard. Also seeds what the check draws next (its batch), alike on every rank."""
+    torch.manual_seed(seed)
+    ref, other = Block().to(dev), Block().to(dev)
+    other.load_state_dict(ref.state_dict())
+    return ref, other
+
+
 def assert_same(got, want, what):
     """float32 sharded against unsharded: 1e-5 relative (Frobenius) and elementwise."""
     got = full(got)
@@ -536,9 +545,7 @@ def check_block(rank, world, port, device, backend, report=None):
         from torch.distributed.tensor.parallel import parallelize_module
 
         mesh = init_device_mesh(dev.type, (world,))
-        torch.manual_seed(11)  # the same model, batch and target on every rank
-        ref, tp = Block().to(dev), Block().to(dev)
-        tp.load_state_dict(ref.state_dict())
+        ref, tp = twin_blocks(dev, 11)
         plan = tp_plan()
         parallelize_module(tp, mesh, plan)
         assert isinstance(tp.q.weight, DTensor) and not isinstance(tp.attn_norm.weight, DTensor)
@@ -590,9 +597,7 @@ def check_block_compiled(rank, world, port, device, backend):
         from torch._inductor.compile_fx import compile_fx
 
         mesh = init_device_mesh(dev.type, (world,))
-        torch.manual_seed(21)
-        ref, tp = Block().to(dev), Block().to(dev)
-        tp.load_state_dict(ref.state_dict())
+        ref, tp = twin_blocks(dev, 21)
         parallelize_module(tp, mesh, tp_plan())
         graphs = []
 
@@ -640,9 +645,7 @@ def check_fsdp(rank, world, port, device, backend):
         from torch.distributed.tensor import DTensor, Shard
 
         mesh = init_device_mesh(dev.type, (world,))
-        torch.manual_seed(31)
-        ref, sharded = Block().to(dev), Block().to(dev)
-        sharded.load_state_dict(ref.state_dict())
+        ref, sharded = twin_blocks(dev, 31)
         for name in TP_PLAN[0] + TP_PLAN[1]:
             fully_shard(getattr(sharded, name), mesh=mesh)
         fully_shard(sharded, mesh=mesh)
