@@ -131,13 +131,13 @@ namespace {
 
 // The problem the fast kernels see (gemm.cuh): operands exchanged where the plan computes a
 // transposed product (a column-major c; TF32 wgmma's C^T = B^T A^T), m, n and strides as planned.
-GemmProblem fast_problem(const GemmPlan& plan) {
+GemmProblem fast_problem(const GemmPlan& plan, void* workspace) {
   const GemmRequest& r = plan.req;
   const void* a = plan.swap_ab ? r.b.ptr : r.a.ptr;
   const void* b = plan.swap_ab ? r.a.ptr : r.b.ptr;
   if (plan.c_trans) std::swap(a, b);
   return GemmProblem{plan.m, plan.n, r.k, a, plan.lda, b, plan.ldb, r.c, plan.ldc,
-                     static_cast<float>(r.alpha), static_cast<float>(r.beta), r.alpha, r.beta};
+                     static_cast<float>(r.alpha), static_cast<float>(r.beta), r.alpha, r.beta, workspace};
 }
 
 cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
@@ -154,17 +154,20 @@ cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream) {
+cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream, void* workspace) {
   if (plan.copy_a != OperandCopy::None || plan.copy_b != OperandCopy::None) return cudaErrorInvalidValue;
+  if (plan.workspace_bytes > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
+    return cudaErrorInvalidValue;
+  }
   switch (plan.kernel) {
     case GemmKernel::None: return cudaSuccess;
     case GemmKernel::General: return launch_general(plan, stream);
-    case GemmKernel::Simt: return launch_gemm_simt(plan, fast_problem(plan), stream);
-    case GemmKernel::MmaTf32: return launch_gemm_mma_tf32(plan, fast_problem(plan), stream);
-    case GemmKernel::MmaHalf: return launch_gemm_mma_half(plan, fast_problem(plan), stream);
-    case GemmKernel::Wgmma: return launch_gemm_wgmma(plan, fast_problem(plan), stream);
-    case GemmKernel::Skinny: return launch_gemm_skinny(plan, fast_problem(plan), stream);
-    case GemmKernel::MmaF64: return launch_gemm_mma_f64(plan, fast_problem(plan), stream);
+    case GemmKernel::Simt: return launch_gemm_simt(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::MmaTf32: return launch_gemm_mma_tf32(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::MmaHalf: return launch_gemm_mma_half(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::Wgmma: return launch_gemm_wgmma(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::Skinny: return launch_gemm_skinny(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::MmaF64: return launch_gemm_mma_f64(plan, fast_problem(plan, workspace), stream);
   }
   return cudaErrorInvalidValue;
 }

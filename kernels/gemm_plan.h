@@ -109,6 +109,14 @@ struct GemmPlan {
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
+  // Stream-K (wgmma, cluster_m 1, split_k 1): the last streamk_units tiles of the persistent walk are
+  // shared out by k-tiles, an equal run of the flattened (tile, k-tile) sequence per CTA, every CTA
+  // resident at once (grid <= SMs). A run that starts inside a tile leaves its partial sums in the
+  // workspace (streamk_workspace_bytes: zeroed flags, then one 128 x bn float tile per CTA); the CTA
+  // that holds the tile's first k-tiles waits for them and adds them in CTA order (the same bits on
+  // every run) before its epilogue. launch_gemm then needs workspace_bytes of device memory.
+  int64_t streamk_units = 0;
+  int64_t workspace_bytes = 0;
   // The small-M kernel: whether the tokens are C's rows (x = A, the weight B) or its columns (x = B^T,
   // the weight A^T); whether the weight is k-contiguous; the token tile (4, 8 or 16); a block's warps
   // along the outputs (sk_rw) and along k (sk_kw); CTAs per cluster along k (sk_split, the grid's y);
@@ -142,12 +150,26 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
 // dependent or not (a plan that cannot stream stays as it was, its why saying so).
 GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl = true);
 
+// The stream-K workspace of a grid of `grid` CTAs with tiles bn wide: a flag per CTA (rounded up to
+// 256 bytes), then a 128 x bn float32 partial tile per CTA. One home for the planner's size and the
+// launcher's layout.
+inline int64_t streamk_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
+inline int64_t streamk_workspace_bytes(int64_t grid, int64_t bn) { return streamk_flag_bytes(grid) + grid * 128 * bn * 4; }
+
+// For experiments: a wgmma plan on tile 128 x bn (cluster_m 1) with stream-K over `grid` CTAs
+// (planner's choice of the tiles shared out: every tile past the last full wave but one), or the plan
+// unchanged with its why saying why not.
+GemmPlan with_streamk(GemmPlan plan, int bn, int64_t grid, const GemmDevice& dev);
+
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();
 
-// Runs a plan with no copies left (the caller's stream; nothing allocated, no synchronisation).
+// Runs a plan with no copies left (the caller's stream; nothing allocated, no synchronisation). A plan
+// with workspace_bytes > 0 needs `workspace`: that many bytes of device memory, 16-byte aligned, on
+// the plan's device, not in use by other work on other streams (ops/gemm.cpp takes it from torch's
+// allocator on the op's stream); its flags are zeroed here, on `stream`, before the kernel.
 // cudaErrorInvalidValue for a plan no kernel instance takes (a tile a sweep asked for that is not
-// compiled, a plan that still asks for copies).
-cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream);
+// compiled, a plan that still asks for copies, a missing workspace).
+cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream, void* workspace = nullptr);
 
 }  // namespace cuops::kernels

@@ -76,6 +76,95 @@ template <int kStages> struct WgRing {
   }
 };
 
+// Stream-K (GemmPlan::streamk_units; kCM = 1, no cluster split): the walk's last `units` units are
+// flattened into (unit, k-tile) steps and CTA b takes steps [total b / G, total (b + 1) / G) of them
+// (G the grid). A run therefore holds at most one Tail (the end of a tile begun by an earlier CTA: its
+// sums go to the workspace, slot b) and one Head (a tile's first k-tiles, whose later ones the next
+// CTAs hold: it waits for their slots and adds them, in CTA order, before the epilogue). Heads wait
+// only on later CTAs' Tails, which come first in their runs, and every CTA is resident (grid <= SMs):
+// no CTA waits on one that waits. part: G x 2 consumers x (BN / 8) x 128 float4 in accumulator-fragment
+// order (each thread writes and reads only its own, coalesced); flags: G ints, zeroed before the launch.
+struct WgStreamK {
+  float4* part;
+  int* flags;
+  int64_t units;
+};
+enum class WgPart { Whole, Head, Tail };
+
+// The first step of CTA b's stream-K run (of `total` over `grid`): floor(total b / grid).
+__device__ __forceinline__ int64_t sk_begin(int64_t total, int64_t b, int64_t grid) { return total * b / grid; }
+
+// This CTA's work in order: f(unit, kt0, ktiles, part) for each whole unit of the data-parallel walk
+// (from first_unit by unit_step, k-tiles kt0 .. kt0 + ktiles - 1: a cluster split's slice), then each
+// segment of its stream-K run.
+template <typename F>
+__device__ __forceinline__ void walk_units(int64_t units, int64_t first_unit, int64_t unit_step, int kt0, int ktiles,
+                                           int64_t sk_units, F&& f) {
+  const int64_t dp = units - sk_units;
+  for (int64_t u = first_unit; u < dp; u += unit_step) f(u, kt0, ktiles, WgPart::Whole);
+  if (sk_units <= 0) return;
+  const int64_t total = sk_units * ktiles, end = sk_begin(total, blockIdx.x + 1, gridDim.x);
+  for (int64_t it = sk_begin(total, blockIdx.x, gridDim.x); it < end;) {
+    const int64_t u = it / ktiles;
+    const int k0 = static_cast<int>(it - u * ktiles);
+    const int n = static_cast<int>(min(int64_t{ktiles - k0}, end - it));
+    f(dp + u, k0, n, k0 > 0 ? WgPart::Tail : k0 + n < ktiles ? WgPart::Head : WgPart::Whole);
+    it += n;
+  }
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// A Tail's sums into this CTA's slot, then its flag (after both consumers' stores: named barrier 3).
+template <int BN>
+__device__ __forceinline__ void sk_put(const WgStreamK& sk, const float (&d)[BN / 2], int cw, int tid) {
+  float4* slot = sk.part + (int64_t{blockIdx.x} * 2 + cw) * (BN / 8) * 128 + tid;
+#pragma unroll
+  for (int q = 0; q < BN / 8; ++q) __stcg(slot + q * 128, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
+  __threadfence();
+  wg::named_sync(3, 256);
+  if (cw == 0 && tid == 0) st_release(sk.flags + blockIdx.x, 1);
+}
+
+// A Head's tile (stream-K unit `u`, of `units` each `ktiles` long): wait for the slots of the CTAs
+// after this one that hold the rest of it, and add them to d in CTA order.
+template <int BN>
+__device__ __forceinline__ void sk_add(const WgStreamK& sk, float (&d)[BN / 2], int64_t u, int ktiles, int cw, int tid) {
+  const int64_t total = sk.units * ktiles, grid = gridDim.x, last_step = (u + 1) * ktiles - 1;
+  const int64_t last = ((last_step + 1) * grid + total - 1) / total - 1;  // the CTA whose run holds last_step
+  const int64_t first = int64_t{blockIdx.x} + 1;
+  if (cw == 0 && tid == 0) {
+    for (int64_t c = first; c <= last; ++c) {
+      if (sk_begin(total, c, grid) == sk_begin(total, c + 1, grid)) continue;  // an empty run (total < grid)
+      while (ld_acquire(sk.flags + c) == 0) __nanosleep(32);
+    }
+  }
+  wg::named_sync(3, 256);
+  for (int64_t c = first; c <= last; ++c) {
+    if (sk_begin(total, c, grid) == sk_begin(total, c + 1, grid)) continue;
+    const float4* slot = sk.part + (c * 2 + cw) * (BN / 8) * 128 + tid;
+    constexpr int kBatch = BN / 8 < 16 ? BN / 8 : 16;  // loads in flight, within the consumer's registers
+#pragma unroll
+    for (int q0 = 0; q0 < BN / 8; q0 += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int q = 0; q < kBatch; ++q) v[q] = __ldcg(slot + (q0 + q) * 128);
+#pragma unroll
+      for (int q = 0; q < kBatch; ++q) {
+        float* e = d + 4 * (q0 + q);
+        e[0] += v[q].x, e[1] += v[q].y, e[2] += v[q].z, e[3] += v[q].w;
+      }
+    }
+  }
+}
+
 // The producer thread: k-tiles kt0 .. kt0 + ktiles - 1 of the unit whose tile starts at (row0, col0),
 // each into the next free stage (waited on with the parity of the use before: for a fresh barrier that
 // preceding phase counts as complete, so the first kStages waits return at once).
@@ -298,7 +387,8 @@ __device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN /
 template <typename T, int BN, bool AK, bool BNM, int kCM, bool kSplit>
 __global__ void __launch_bounds__(kWgThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans) {
+               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans,
+               const WgStreamK sk) {
   using Cfg = WgCfg<T, BN>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
@@ -347,12 +437,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wg::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       WgRing<kStages> ring;
-      for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+      walk_units(units, first_unit, unit_step, kt0, ktiles, sk.units, [&](int64_t unit, int k0, int n, WgPart) {
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
         load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
-                                       static_cast<int>(tn * BN), kt0, ktiles, base_s, full_s, empty_s, rank, ring);
-      }
+                                       static_cast<int>(tn * BN), k0, n, base_s, full_s, empty_s, rank, ring);
+      });
     }
     if constexpr (kSplit) {
       // The producer warps pass the two cluster barriers of the consumers' reduce_cluster_tile (below),
@@ -402,7 +492,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
         }
     }
-    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+    walk_units(units, first_unit, unit_step, kt0, ktiles, sk.units, [&](int64_t unit, int, int n, WgPart part) {
       int64_t um, tn;
       tile_coords<8>(unit, units_m, tiles_n, um, tn);
       const int64_t tm = um * kCM + rank;
@@ -410,27 +500,30 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
       if constexpr (kRS) {
-        mma_unit_registers<BN>(d, ktiles, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
+        mma_unit_registers<BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
                                release);
       } else {
-        mma_unit_shared<T, BN, AK, BNM>(d, ktiles, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
+        mma_unit_shared<T, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
       }
       if constexpr (kSplit) {
         // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
         // done with it: then it holds the partial tile, finished below with the cluster's.
         wg::named_sync(3, 256);
         stage_partial<BN, kRS>(reinterpret_cast<float*>(base), d, cw, warp, lane);
-        continue;
+        return;
+      }
+      if constexpr (kCM == 1) {
+        if (part == WgPart::Tail) return sk_put<BN>(sk, d, cw, tid);
+        if (part == WgPart::Head) sk_add<BN>(sk, d, unit - (units - sk.units), ktiles, cw, tid);
       }
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
-          store_unit_tma<T, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / 2), p.alpha, tm, tn, cw, tid, warp,
-                                lane);
-          continue;
+          return store_unit_tma<T, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / 2), p.alpha, tm, tn, cw,
+                                       tid, warp, lane);
         }
       }
       store_unit_direct<T, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
-    }
+    });
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
     }
@@ -495,18 +588,33 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
   if (err != cudaSuccess) return err;
   if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
+  WgStreamK sk{nullptr, nullptr, 0};
+  if (plan.streamk_units > 0) {
+    // Stream-K: one CTA per SM at most (the planner's grid; a Head waits on later CTAs), its workspace
+    // laid out as gemm_plan.h's streamk_workspace_bytes counts it, the flags zeroed on the stream.
+    const int64_t units = (p.m + kWgBM - 1) / kWgBM * ((p.n + BN - 1) / BN);
+    if (kSplit || kCM != 1 || plan.streamk_units > units || plan.grid < 1 || p.workspace == nullptr ||
+        plan.workspace_bytes < streamk_workspace_bytes(plan.grid, BN)) {
+      return cudaErrorInvalidValue;
+    }
+    sk.flags = static_cast<int*>(p.workspace);
+    sk.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) + streamk_flag_bytes(plan.grid));
+    sk.units = plan.streamk_units;
+    err = cudaMemsetAsync(sk.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
   if constexpr (kSplit) {
     // plan.grid: the tiles, each a cluster of plan.split_k CTAs along x.
     if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k)) return cudaErrorInvalidConfiguration;
     const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, sk);
   } else if constexpr (kCM == 1) {
     kernel<<<static_cast<unsigned>(plan.grid), kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
-                                                                                  plan.c_trans);
+                                                                                  plan.c_trans, sk);
     return cudaGetLastError();
   } else {
     const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, sk);
   }
 }
 

@@ -72,6 +72,8 @@ const char* layout_name(bool ak, bool bn) {
 }
 
 int failures = 0;
+// Stream-K plans' workspace (GemmPlan::workspace_bytes; at most 17 MB on 132 SMs): one for every launch.
+void* g_ws = nullptr;
 
 // The library's plan for c's request, or with the tile of 128 x 256 pairs; nullptr-like (kernel None)
 // with the reason printed when the planner would not run wgmma here (or wants an operand copied first).
@@ -106,14 +108,29 @@ void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool
            layout_name(ak, bn));
   const GemmPlan plan = wgmma_plan(c.request(alpha, beta), pairs, what);
   if (plan.kernel == GemmKernel::None) return;
-  CK(launch_gemm(plan, nullptr));
-  CK(cudaDeviceSynchronize());
-  const double err = rel_err(c.C, c.R, M * N);
   const double tol = std::is_same_v<T, float> ? 5e-3 : 2e-2;
-  const bool bad = !(err < tol);
-  failures += bad;
-  printf("check %-4s %5ld x %5ld x %5ld %s%s beta %4.1f max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N,
-         (long)K, layout_name(ak, bn), pairs ? " pairs" : "", beta, err, bad ? "  WRONG" : "");
+  // The plan, then (beside the pairs check) stream-K at each width where it applies; c starts from the
+  // same values each time.
+  auto one = [&](const GemmPlan& q, const char* form) {
+    fill_uniform<<<1024, 256>>>(c.C, M * N, 3);
+    CK(launch_gemm(q, nullptr, g_ws));
+    CK(cudaDeviceSynchronize());
+    const double err = rel_err(c.C, c.R, M * N);
+    const bool bad = !(err < tol);
+    failures += bad;
+    printf("check %-4s %5ld x %5ld x %5ld %s%s beta %4.1f max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N,
+           (long)K, layout_name(ak, bn), form, beta, err, bad ? "  WRONG" : "");
+  };
+  one(plan, pairs ? " pairs" : plan.streamk_units > 0 ? " (stream-K)" : "");
+  if (pairs) return;
+  const GemmDevice dev = current_gemm_device();
+  for (int w : {64, 128, 256}) {
+    const GemmPlan q = with_streamk(plan, w, dev.sms, dev);
+    if (q.streamk_units == 0) continue;
+    char form[48];
+    snprintf(form, sizeof form, " stream-K 128x%d", w);
+    one(q, form);
+  }
 }
 
 template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool variants) {
@@ -125,7 +142,7 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   const GemmDevice dev = current_gemm_device();
   auto report = [&](const char* name, const GemmPlan& plan) {
     if (plan.kernel == GemmKernel::None) return;
-    const std::function<cudaError_t()> f = [&] { return launch_gemm(plan, nullptr); };
+    const std::function<cudaError_t()> f = [&] { return launch_gemm(plan, nullptr, g_ws); };
     CK(cudaMemset(c.C, 0xff, S * int64_t(S) * sizeof(T)));
     CK(f());
     CK(cudaDeviceSynchronize());
@@ -163,7 +180,7 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   const GemmDevice dev = current_gemm_device();
   auto report = [&](const std::string& name, const GemmPlan& plan) {
     CK(cudaMemset(c.C, 0xff, M * N * sizeof(T)));
-    const cudaError_t e = launch_gemm(plan, nullptr);
+    const cudaError_t e = launch_gemm(plan, nullptr, g_ws);
     if (e != cudaSuccess) {
       printf("%-40s not run: %s\n", name.c_str(), cudaGetErrorString(e));
       (void)cudaGetLastError();
@@ -171,7 +188,7 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
     }
     CK(cudaDeviceSynchronize());
     const double err = rel_err(c.C, c.R, M * N);
-    const float t = median_ms([&] { launch_gemm(plan, nullptr); }, reps, before);
+    const float t = median_ms([&] { launch_gemm(plan, nullptr, g_ws); }, reps, before);
     printf("%-40s %8.1f us %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.1e%s\n", name.c_str(), 1e3 * t, flops / t / 1e9,
            tb / t, err, err < 2e-2 ? "" : "  WRONG");
     failures += !(err < 2e-2);
@@ -182,16 +199,15 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
            plan.cluster_m, plan.split_k, (long)plan.grid);
   report(label, plan);
   if (plan.kernel != GemmKernel::Wgmma) return;
+  const GemmPlan base = with_tile(plan, 128, 128, 0, 1, dev);
   report("128x64", with_tile(plan, 128, 64, 0, 1, dev));
   report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
-  const GemmPlan t128 = with_tile(plan, 128, 128, 0, 1, dev);
-  report("128x128", t128);
-  const int64_t tiles = (plan.m + 127) / 128 * ((plan.n + 127) / 128);  // the planner's (maybe transposed) problem
-  for (int s : {2, 4, 8}) {
-    GemmPlan q = t128;
-    q.split_k = s;
-    q.grid = tiles;
-    snprintf(label, sizeof label, "128x128 split %d (%ld CTAs)", s, (long)(tiles * s));
+  report("128x128", base);
+  // Stream-K at each width (the cluster split, which lost everywhere in session 17, is no longer swept).
+  for (int w : {64, 128, 256}) {
+    const GemmPlan q = with_streamk(base, w, dev.sms, dev);
+    if (q.streamk_units == 0) continue;
+    snprintf(label, sizeof label, "128x%d stream-K (%ld tiles shared)", w, (long)q.streamk_units);
     report(label, q);
   }
 }
@@ -314,7 +330,7 @@ void power(cublasHandle_t h, int64_t M, int64_t N, int64_t K, int rounds, double
   if (const char* n = getenv("WG_CLUSTERS"); n && *n) plan.grid = 2 * atoi(n);  // pairs: two CTAs a cluster
   printf("persistent grid: %ld CTAs\n", (long)plan.grid);
   const std::function<void()> cublas = [&] { c.cublas(h, 1.f, 0.f); };
-  const std::function<void()> ours = [&] { CK(launch_gemm(plan, nullptr)); };
+  const std::function<void()> ours = [&] { CK(launch_gemm(plan, nullptr, g_ws)); };
   cublas();  // the reference, in c.R
   CK(cudaMemset(c.C, 0xff, M * N * 2));
   ours();
@@ -337,6 +353,7 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   CB(cublasCreate(&h));
   setvbuf(stdout, nullptr, _IONBF, 0);
+  CK(cudaMalloc(&g_ws, 64u << 20));
   if (argc > 1 && !strcmp(argv[1], "tf32")) {  // TF32 layouts: checks, then both k-major forms and row-major b
     for (int l = 0; l < 4; ++l) {
       const bool ak = !(l & 1), bn = !(l & 2);
@@ -389,6 +406,11 @@ int main(int argc, char** argv) {
     check<__nv_bfloat16>(h, 1100, 600, 1000, ak, bn, true);
     check<__half>(h, 136, 4104, 72, ak, bn, true);
     check<float>(h, 1100, 600, 1000, ak, bn, true);
+    // Stream-K: a partial last wave over a k no k-tile divides, a long k over few tiles (rows whole
+    // 16 bytes, so the planner takes the operands in place).
+    check<__nv_bfloat16>(h, 768, 3072, 4104, ak, bn);
+    check<__half>(h, 100, 136, 65544, ak, bn);
+    check<float>(h, 200, 1000, 4100, ak, bn);
   }
   for (int S : {1024, 4096, 8192}) {
     speed<__nv_bfloat16>(h, S, true, true, true);

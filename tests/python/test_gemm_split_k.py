@@ -76,14 +76,16 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
         assert_repeatable_and_graph_safe(a, b)
 
 
-# Few tiles over a long k on the wgmma kernel (Hopper): bf16, fp16 and TF32. The planner does not split
-# them (kernels/gemm_plan.cpp, kWgMaxSplit: the split instance measured slower than the best unsplit
-# tile on every shape); the products are checked whichever tile runs.
-WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 2
-             (128, 4096, 4096),   # 32 tiles: 4
-             (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or slice
-             (100, 130, 65537),   # 2 tiles, a long k: 8
-             (77, 300, 17)]       # too short to split: the same checks
+# Few tiles, or a partial last wave, over a long k on the wgmma kernel (Hopper): bf16, fp16 and TF32.
+# The planner shares such tiles out by k-tiles (stream-K, kernels/gemm_plan.cpp); it does not split
+# them over a cluster (kWgMaxSplit: that instance measured slower than the best unsplit tile on every
+# shape). The products are checked whichever plan runs; on a 132-SM H100 the plans are:
+WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 192 tiles, stream-K over 132
+             (768, 3072, 4097),   # 144 tiles (1.09 waves), k not a multiple of a k-tile: stream-K
+             (128, 4096, 4096),   # 32 tiles: stream-K (each CTA about a quarter of one)
+             (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or of a CTA's run
+             (100, 130, 65537),   # 2 tiles, a long k: 132 runs of ~8 k-tiles
+             (77, 300, 17)]       # too short to share out: the same checks
 WG_CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "high")]
 
 
@@ -127,11 +129,27 @@ def test_wgmma_split_k_kernel_choice(m, n, k, split):
     assert any(re.search(r"gemm_wgmma<.*, 1, true>", x) for x in names) == split, names
 
 
+@requires_cuda
+@pytest.mark.parametrize("m,n,k,streamk", [(3072, 1024, 8192, True), (768, 3072, 4097, True), (128, 4096, 4096, True),
+                                           (4096, 4096, 4096, False), (1024, 1024, 1024, False)], ids=str)
+def test_wgmma_stream_k_choice(m, n, k, streamk):
+    """Stream-K runs where tiles leave the last wave partial over a long k, and only there: its launch
+    zeroes the workspace's flags first (a memset beside the wgmma kernel), which nothing else does."""
+    if not wgmma_runs_here() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the plans named here are a 132-SM H100's (sm_90a wgmma kernel)")
+    a, b = wg_operands(m, n, k, "m" if m > 2048 else "k", "n", torch.bfloat16)
+    ops.mm(a, b)
+    names = cuda_kernel_names(lambda: ops.mm(a, b))
+    assert any("gemm_wgmma" in x for x in names), names
+    assert any("memset" in x.lower() for x in names) == streamk, names
+
+
 @pytest.mark.quick
 @requires_cuda
 @pytest.mark.parametrize("dtype,precision", WG_CASES, ids=str)
-def test_wgmma_split_k_is_bitwise_repeatable_and_graph_safe(dtype, precision):
-    a, b = wg_operands(3072, 1024, 8192, "m", "n", dtype)
+@pytest.mark.parametrize("m,n,k,a_major", [(3072, 1024, 8192, "m"), (768, 3072, 4097, "k")], ids=str)
+def test_wgmma_split_k_is_bitwise_repeatable_and_graph_safe(dtype, precision, m, n, k, a_major):
+    a, b = wg_operands(m, n, k, a_major, "n", dtype)
     with matmul_precision(precision):
         assert_repeatable_and_graph_safe(a, b)
 
@@ -154,3 +172,21 @@ def test_split_k_under_compile_reduce_overhead():
         for _ in range(4):  # the later calls replay the graph
             x = make((128, 4096), torch.float32, "cuda")
             torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)
+
+
+@requires_cuda
+def test_stream_k_under_compile_reduce_overhead():
+    """A bf16 model whose Linears run stream-K on Hopper (128 tokens through 4096 -> 4096 -> 4096: 32
+    tiles of 128 x 128, shared out over every SM), compiled with mode="reduce-overhead": its CUDA graphs
+    allocate the workspace from their pool and replay the flags' reset, and match eager bit for bit."""
+    torch._dynamo.reset()
+    w1 = make((4096, 4096), torch.bfloat16, "cuda", scale=0.02)
+    w2 = make((4096, 4096), torch.bfloat16, "cuda", scale=0.02)
+
+    def mlp(x):
+        return ops.mm(torch.relu(ops.mm(x, w1.t())), w2.t())
+
+    compiled = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # the later calls replay the graph
+        x = make((128, 4096), torch.bfloat16, "cuda")
+        torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)
