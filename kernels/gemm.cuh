@@ -24,7 +24,7 @@ struct GemmProblem {
   int64_t ldc;
   float alpha, beta;
   double alpha64, beta64;  // the same scalars unrounded, for the float64 kernel
-  void* workspace;         // GemmPlan::workspace_bytes of device memory (stream-K), or null
+  void* workspace;         // GemmPlan::workspace_bytes of device memory (the split tail), or null
 };
 
 // Linear block id -> (tile row, tile column), in groups of kGroup tile rows that walk down the

@@ -72,10 +72,10 @@ constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two co
 // nothing), and only 30 clusters of 4 fit. So the planner does not split (kWgMaxSplit 1) until that
 // is found; the instance stays for the sweep (wgmma_lib_sweep shapes).
 constexpr int64_t kWgMaxSplit = 1, kWgMinSlice = 512, kWgSplitReduceK = 256;
-// Stream-K (GemmPlan::streamk_units): what sharing out tiles by k-tiles costs a CTA beyond its k, in
-// k: a Tail's 128 x bn float partial written to L2, a Head's wait and read of one or two, the
-// workspace's flags zeroed (a memset before the kernel). A guess until the sweep measures it.
-constexpr int64_t kWgStreamKFixK = 512;
+// The split tail (GemmPlan::tail_units): what it costs beyond a run's k, in k: the workspace's flags
+// zeroed (a memset before the kernel) and, per run past the first, a 128 x bn float partial written to
+// L2 and read back by the tile's first run. Guesses until the sweep measures them.
+constexpr int64_t kWgTailFixK = 256, kWgTailPerRunK = 128, kWgMaxTailSplit = 16;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -146,21 +146,23 @@ void wgmma_tile(GemmPlan& p, int bn, int cm, const GemmDevice& dev) {
   p.grid = balanced(units, std::max<int64_t>(most, 1)) * cm;
 }
 
-// Stream-K's share on a grid of `grid` CTAs (one per SM) of `units` tiles of `ktiles` k-tiles: every
-// tile past the last full wave but one, so each CTA's run is between one and two tiles (or all of
-// them, under one wave); 0 where the waves are whole or a run would be under one k-tile.
-int64_t streamk_share(int64_t units, int64_t ktiles, int64_t grid) {
-  if (grid < 2 || units % grid == 0) return 0;
-  const int64_t share = units - std::max<int64_t>(units / grid - 1, 0) * grid;
-  return share * ktiles >= grid ? share : 0;
+// The split tail on a grid of `grid` CTAs (one per SM) of `units` tiles of `ktiles` k-tiles: the
+// tiles past the last full wave, each cut into as many runs as the idle SMs hold (at most `most`, at
+// least one k-tile a run); 0 where the waves are whole or fewer than two runs fit.
+int tail_split(int64_t units, int64_t ktiles, int64_t grid, int64_t most) {
+  const int64_t rest = units % grid;
+  if (grid < 2 || rest == 0) return 0;
+  const int64_t split = std::min({grid / rest, ktiles, most});
+  return split >= 2 ? static_cast<int>(split) : 0;
 }
 
-void set_streamk(GemmPlan& p, int bn, int64_t grid, int64_t share) {
+void set_tail(GemmPlan& p, int bn, int64_t grid, int64_t units, int split) {
   p.bm = kWgmmaBM, p.bn = bn, p.bk = 0, p.cluster_m = 1;
   p.grid = grid;
   p.split_k = 1;
-  p.streamk_units = share;
-  p.workspace_bytes = streamk_workspace_bytes(grid, bn);
+  p.tail_units = units % grid;
+  p.tail_split = split;
+  p.workspace_bytes = tail_workspace_bytes(grid, bn);
 }
 
 // 16-bit outputs leave by TMA store where beta is 0, TMA describes c, and k is not split (a split
@@ -222,24 +224,28 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
     if (cost(128, s) < best) best = cost(128, s), bn = 128, split = s;
   }
-  // Stream-K on single CTAs of each width, one per SM: the data-parallel waves but the last, then an
-  // equal share of the rest's k-tiles per CTA plus kWgStreamKFixK. It wins where the last wave is
-  // partial over a long k (the 768-wide weight gradients: 144 tiles on 132 SMs ran 0.68-0.70x cuBLAS
-  // in every width, bench/results/train/h100_s18_wgmma_suite_sweep.txt).
+  // The split tail on single CTAs of each width, one per SM: the full waves, then the partial last
+  // wave's tiles cut along k over the SMs it leaves idle. It wins where that wave is short over a long
+  // k (the 768-wide weight gradients: 144 tiles on 132 SMs ran 0.68-0.70x cuBLAS in every width,
+  // bench/results/train/h100_s18_wgmma_suite_sweep.txt). Pairs stay data-parallel (their tail would
+  // be single CTAs), so 256-wide tiles take it only in one tile row.
   const int64_t bk = tf32 ? 32 : 64, ktiles = cdiv(r.k, bk);
-  int64_t sk_bn = 0, sk_share = 0;
+  int64_t tail_bn = 0;
+  int tail_runs = 0;
   for (const int64_t w : {int64_t{256}, int64_t{128}, int64_t{64}}) {
-    const int64_t units = tiles_m * cdiv(p.n, w), share = streamk_share(units, ktiles, dev.sms);
-    if (share == 0) continue;
+    if (w == 256 && tiles_m >= 2) continue;
+    const int64_t units = tiles_m * cdiv(p.n, w);
+    const int s = tail_split(units, ktiles, dev.sms, kWgMaxTailSplit);
+    if (s == 0) continue;
     const int64_t col = tf32 ? 32 : (w == 64 ? 48 : w == 128 ? 32 : 0);
     const int64_t fixed = tf32 ? 0 : (w == 256 ? 2048 : 512);
-    const int64_t waves = (units - share) / dev.sms;
-    const int64_t c = (w + col) * (waves * r.k + cdiv(share * ktiles, dev.sms) * bk + kWgStreamKFixK + fixed);
-    if (c < best) best = c, sk_bn = w, sk_share = share;
+    const int64_t c = (w + col) * ((units / dev.sms) * r.k + cdiv(ktiles, s) * bk + kWgTailFixK +
+                                   (s - 1) * kWgTailPerRunK + fixed);
+    if (c < best) best = c, tail_bn = w, tail_runs = s;
   }
-  if (sk_bn > 0) {
-    set_streamk(p, static_cast<int>(sk_bn), dev.sms, sk_share);
-    p.why = "wgmma: stream-K (a partial last wave over a long k)";
+  if (tail_bn > 0) {
+    set_tail(p, static_cast<int>(tail_bn), dev.sms, tiles_m * cdiv(p.n, tail_bn), tail_runs);
+    p.why = "wgmma: the partial last wave split along k";
   } else if (split > 1) {
     wgmma_tile(p, 128, 1, dev);
     p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
@@ -527,20 +533,21 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split) {
   return plan;
 }
 
-GemmPlan with_streamk(GemmPlan plan, int bn, int64_t grid, const GemmDevice& dev) {
-  if (plan.kernel != GemmKernel::Wgmma || grid < 1 || grid > dev.sms) {
-    plan.why = "with_streamk: not a wgmma plan, or a grid over one CTA per SM";
+GemmPlan with_tail_split(GemmPlan plan, int bn, int split, const GemmDevice& dev) {
+  if (plan.kernel != GemmKernel::Wgmma) {
+    plan.why = "with_tail_split: not a wgmma plan";
     return plan;
   }
   const int64_t units = cdiv(plan.m, kWgmmaBM) * cdiv(plan.n, bn);
-  const int64_t share = streamk_share(units, cdiv(plan.req.k, plan.req.dtype == DType::Float32 ? 32 : 64), grid);
-  if (share == 0) {
-    plan.why = "with_streamk: whole waves, or runs under one k-tile";
+  const int64_t ktiles = cdiv(plan.req.k, plan.req.dtype == DType::Float32 ? 32 : 64);
+  const int most = tail_split(units, ktiles, dev.sms, kWgMaxTailSplit);
+  if (most == 0 || split > most || split == 1) {
+    plan.why = "with_tail_split: whole waves, or a split the idle SMs or the k-tiles cannot hold";
     return plan;
   }
-  set_streamk(plan, bn, grid, share);
+  set_tail(plan, bn, dev.sms, units, split > 0 ? split : most);
   wgmma_tma_store(plan);
-  plan.why = "stream-K set by with_streamk";
+  plan.why = "tail split set by with_tail_split";
   return plan;
 }
 
@@ -556,7 +563,8 @@ GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl) 
 
 GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev) {
   plan.split_k = 1;
-  plan.streamk_units = plan.workspace_bytes = 0;
+  plan.tail_units = plan.workspace_bytes = 0;
+  plan.tail_split = 1;
   if (plan.kernel == GemmKernel::Wgmma) {
     wgmma_tile(plan, bn, cluster_m, dev);
     wgmma_tma_store(plan);

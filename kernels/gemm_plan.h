@@ -109,13 +109,14 @@ struct GemmPlan {
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
-  // Stream-K (wgmma, cluster_m 1, split_k 1): the last streamk_units tiles of the persistent walk are
-  // shared out by k-tiles, an equal run of the flattened (tile, k-tile) sequence per CTA, every CTA
-  // resident at once (grid <= SMs). A run that starts inside a tile leaves its partial sums in the
-  // workspace (streamk_workspace_bytes: zeroed flags, then one 128 x bn float tile per CTA); the CTA
-  // that holds the tile's first k-tiles waits for them and adds them in CTA order (the same bits on
-  // every run) before its epilogue. launch_gemm then needs workspace_bytes of device memory.
-  int64_t streamk_units = 0;
+  // The split tail (wgmma, cluster_m 1, split_k 1): the last tail_units tiles of the persistent walk
+  // (a partial last wave) are each cut into tail_split runs of k-tiles, one CTA each, every CTA
+  // resident at once (grid <= SMs). A tile's later runs leave their partial sums in the workspace
+  // (tail_workspace_bytes: zeroed flags, then one 128 x bn float tile per CTA); its first run waits
+  // for them and adds them in run order (the same bits on every run) before its epilogue. launch_gemm
+  // then needs workspace_bytes of device memory.
+  int64_t tail_units = 0;
+  int tail_split = 1;
   int64_t workspace_bytes = 0;
   // The small-M kernel: whether the tokens are C's rows (x = A, the weight B) or its columns (x = B^T,
   // the weight A^T); whether the weight is k-contiguous; the token tile (4, 8 or 16); a block's warps
@@ -150,16 +151,16 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
 // dependent or not (a plan that cannot stream stays as it was, its why saying so).
 GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl = true);
 
-// The stream-K workspace of a grid of `grid` CTAs with tiles bn wide: a flag per CTA (rounded up to
+// The split tail's workspace on a grid of `grid` CTAs with tiles bn wide: a flag per CTA (rounded up to
 // 256 bytes), then a 128 x bn float32 partial tile per CTA. One home for the planner's size and the
 // launcher's layout.
-inline int64_t streamk_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
-inline int64_t streamk_workspace_bytes(int64_t grid, int64_t bn) { return streamk_flag_bytes(grid) + grid * 128 * bn * 4; }
+inline int64_t tail_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
+inline int64_t tail_workspace_bytes(int64_t grid, int64_t bn) { return tail_flag_bytes(grid) + grid * 128 * bn * 4; }
 
-// For experiments: a wgmma plan on tile 128 x bn (cluster_m 1) with stream-K over `grid` CTAs
-// (planner's choice of the tiles shared out: every tile past the last full wave but one), or the plan
-// unchanged with its why saying why not.
-GemmPlan with_streamk(GemmPlan plan, int bn, int64_t grid, const GemmDevice& dev);
+// For experiments: a wgmma plan on tile 128 x bn (cluster_m 1, one CTA per SM) whose partial last wave
+// is split along k `split` ways (0: as many as the idle SMs allow), or the plan unchanged with its why
+// saying why not (whole waves, or a split the SMs or the k-tiles cannot hold).
+GemmPlan with_tail_split(GemmPlan plan, int bn, int split, const GemmDevice& dev);
 
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();

@@ -76,41 +76,39 @@ template <int kStages> struct WgRing {
   }
 };
 
-// Stream-K (GemmPlan::streamk_units; kCM = 1, no cluster split): the walk's last `units` units are
-// flattened into (unit, k-tile) steps and CTA b takes steps [total b / G, total (b + 1) / G) of them
-// (G the grid). A run therefore holds at most one Tail (the end of a tile begun by an earlier CTA: its
-// sums go to the workspace, slot b) and one Head (a tile's first k-tiles, whose later ones the next
-// CTAs hold: it waits for their slots and adds them, in CTA order, before the epilogue). Heads wait
-// only on later CTAs' Tails, which come first in their runs, and every CTA is resident (grid <= SMs):
-// no CTA waits on one that waits. part: G x 2 consumers x (BN / 8) x 128 float4 in accumulator-fragment
-// order (each thread writes and reads only its own, coalesced); flags: G ints, zeroed before the launch.
-struct WgStreamK {
+// The split tail (GemmPlan::tail_units, tail_split; kCM = 1, no cluster split): the walk's last
+// `units` tiles (the partial last wave) are each cut into `split` runs of k-tiles, CTA b taking run
+// b / units of tile b % units, so the CTAs that run at once read the same k-slices of neighbouring
+// tiles (L2 serves the shared panels, as in the data-parallel waves). Stream-K's contiguous runs over
+// the flattened (tile, k-tile) sequence, tried first, put every CTA at another k: each B panel then
+// came from HBM once per tile row, and it ran 0.3-0.9x the data-parallel tiles on the bf16 suite
+// (bench/results/train/h100_s19_streamk_contiguous_*.txt, NOTES session 19). A run past the first is a
+// Tail: its sums go to the workspace, slot b, then its flag; the first run is the Head: it waits for
+// its tile's other runs (CTAs b + units, b + 2 units, ...: all resident, grid <= SMs, and none of them
+// waits) and adds them in run order before the epilogue: the same bits on every run.
+// part: G x 2 consumers x (BN / 8) x 128 float4 in accumulator-fragment order (each thread writes and
+// reads only its own, coalesced); flags: G ints, zeroed before the launch.
+struct WgTail {
   float4* part;
   int* flags;
   int64_t units;
+  int split;
 };
 enum class WgPart { Whole, Head, Tail };
 
-// The first step of CTA b's stream-K run (of `total` over `grid`): floor(total b / grid).
-__device__ __forceinline__ int64_t sk_begin(int64_t total, int64_t b, int64_t grid) { return total * b / grid; }
-
 // This CTA's work in order: f(unit, kt0, ktiles, part) for each whole unit of the data-parallel walk
-// (from first_unit by unit_step, k-tiles kt0 .. kt0 + ktiles - 1: a cluster split's slice), then each
-// segment of its stream-K run.
+// (from first_unit by unit_step, k-tiles kt0 .. kt0 + ktiles - 1: a cluster split's slice), then its
+// run of a tail tile.
 template <typename F>
 __device__ __forceinline__ void walk_units(int64_t units, int64_t first_unit, int64_t unit_step, int kt0, int ktiles,
-                                           int64_t sk_units, F&& f) {
-  const int64_t dp = units - sk_units;
+                                           const WgTail& tail, F&& f) {
+  const int64_t dp = units - tail.units;
   for (int64_t u = first_unit; u < dp; u += unit_step) f(u, kt0, ktiles, WgPart::Whole);
-  if (sk_units <= 0) return;
-  const int64_t total = sk_units * ktiles, end = sk_begin(total, blockIdx.x + 1, gridDim.x);
-  for (int64_t it = sk_begin(total, blockIdx.x, gridDim.x); it < end;) {
-    const int64_t u = it / ktiles;
-    const int k0 = static_cast<int>(it - u * ktiles);
-    const int n = static_cast<int>(min(int64_t{ktiles - k0}, end - it));
-    f(dp + u, k0, n, k0 > 0 ? WgPart::Tail : k0 + n < ktiles ? WgPart::Head : WgPart::Whole);
-    it += n;
-  }
+  if (tail.units <= 0 || blockIdx.x >= tail.units * tail.split) return;
+  const int run = static_cast<int>(blockIdx.x / tail.units);
+  const int k0 = static_cast<int>(int64_t{ktiles} * run / tail.split);
+  const int k1 = static_cast<int>(int64_t{ktiles} * (run + 1) / tail.split);
+  f(dp + blockIdx.x % tail.units, k0, k1 - k0, tail.split == 1 ? WgPart::Whole : run == 0 ? WgPart::Head : WgPart::Tail);
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -124,32 +122,27 @@ __device__ __forceinline__ void st_release(int* p, int v) {
 
 // A Tail's sums into this CTA's slot, then its flag (after both consumers' stores: named barrier 3).
 template <int BN>
-__device__ __forceinline__ void sk_put(const WgStreamK& sk, const float (&d)[BN / 2], int cw, int tid) {
-  float4* slot = sk.part + (int64_t{blockIdx.x} * 2 + cw) * (BN / 8) * 128 + tid;
+__device__ __forceinline__ void tail_put(const WgTail& tail, const float (&d)[BN / 2], int cw, int tid) {
+  float4* slot = tail.part + (int64_t{blockIdx.x} * 2 + cw) * (BN / 8) * 128 + tid;
 #pragma unroll
   for (int q = 0; q < BN / 8; ++q) __stcg(slot + q * 128, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
   __threadfence();
   wg::named_sync(3, 256);
-  if (cw == 0 && tid == 0) st_release(sk.flags + blockIdx.x, 1);
+  if (cw == 0 && tid == 0) st_release(tail.flags + blockIdx.x, 1);
 }
 
-// A Head's tile (stream-K unit `u`, of `units` each `ktiles` long): wait for the slots of the CTAs
-// after this one that hold the rest of it, and add them to d in CTA order.
+// A Head's tile: wait for its other runs' slots (CTAs blockIdx.x + r units) and add them to d in run
+// order.
 template <int BN>
-__device__ __forceinline__ void sk_add(const WgStreamK& sk, float (&d)[BN / 2], int64_t u, int ktiles, int cw, int tid) {
-  const int64_t total = sk.units * ktiles, grid = gridDim.x, last_step = (u + 1) * ktiles - 1;
-  const int64_t last = ((last_step + 1) * grid + total - 1) / total - 1;  // the CTA whose run holds last_step
-  const int64_t first = int64_t{blockIdx.x} + 1;
+__device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2], int cw, int tid) {
   if (cw == 0 && tid == 0) {
-    for (int64_t c = first; c <= last; ++c) {
-      if (sk_begin(total, c, grid) == sk_begin(total, c + 1, grid)) continue;  // an empty run (total < grid)
-      while (ld_acquire(sk.flags + c) == 0) __nanosleep(32);
+    for (int r = 1; r < tail.split; ++r) {
+      while (ld_acquire(tail.flags + blockIdx.x + r * tail.units) == 0) __nanosleep(32);
     }
   }
   wg::named_sync(3, 256);
-  for (int64_t c = first; c <= last; ++c) {
-    if (sk_begin(total, c, grid) == sk_begin(total, c + 1, grid)) continue;
-    const float4* slot = sk.part + (c * 2 + cw) * (BN / 8) * 128 + tid;
+  for (int r = 1; r < tail.split; ++r) {
+    const float4* slot = tail.part + ((blockIdx.x + r * tail.units) * 2 + cw) * (BN / 8) * 128 + tid;
     constexpr int kBatch = BN / 8 < 16 ? BN / 8 : 16;  // loads in flight, within the consumer's registers
 #pragma unroll
     for (int q0 = 0; q0 < BN / 8; q0 += kBatch) {
@@ -388,7 +381,7 @@ template <typename T, int BN, bool AK, bool BNM, int kCM, bool kSplit>
 __global__ void __launch_bounds__(kWgThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans,
-               const WgStreamK sk) {
+               const WgTail tail) {
   using Cfg = WgCfg<T, BN>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
@@ -437,7 +430,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wg::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       WgRing<kStages> ring;
-      walk_units(units, first_unit, unit_step, kt0, ktiles, sk.units, [&](int64_t unit, int k0, int n, WgPart) {
+      walk_units(units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int k0, int n, WgPart) {
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
         load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
@@ -492,7 +485,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
         }
     }
-    walk_units(units, first_unit, unit_step, kt0, ktiles, sk.units, [&](int64_t unit, int, int n, WgPart part) {
+    walk_units(units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int, int n, WgPart part) {
       int64_t um, tn;
       tile_coords<8>(unit, units_m, tiles_n, um, tn);
       const int64_t tm = um * kCM + rank;
@@ -513,8 +506,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         return;
       }
       if constexpr (kCM == 1) {
-        if (part == WgPart::Tail) return sk_put<BN>(sk, d, cw, tid);
-        if (part == WgPart::Head) sk_add<BN>(sk, d, unit - (units - sk.units), ktiles, cw, tid);
+        if (part == WgPart::Tail) return tail_put<BN>(tail, d, cw, tid);
+        if (part == WgPart::Head) tail_add<BN>(tail, d, cw, tid);
       }
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
@@ -588,33 +581,36 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
   if (err != cudaSuccess) return err;
   if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
-  WgStreamK sk{nullptr, nullptr, 0};
-  if (plan.streamk_units > 0) {
-    // Stream-K: one CTA per SM at most (the planner's grid; a Head waits on later CTAs), its workspace
-    // laid out as gemm_plan.h's streamk_workspace_bytes counts it, the flags zeroed on the stream.
+  WgTail tail{nullptr, nullptr, 0, 1};
+  if (plan.tail_units > 0) {
+    // The split tail: every run resident at once (grid <= SMs, one CTA each: the planner's grid; a Head
+    // waits on its Tails), the workspace laid out as gemm_plan.h's tail_workspace_bytes counts it, the
+    // flags zeroed on the stream.
     const int64_t units = (p.m + kWgBM - 1) / kWgBM * ((p.n + BN - 1) / BN);
-    if (kSplit || kCM != 1 || plan.streamk_units > units || plan.grid < 1 || p.workspace == nullptr ||
-        plan.workspace_bytes < streamk_workspace_bytes(plan.grid, BN)) {
+    if (kSplit || kCM != 1 || plan.tail_units > units || plan.tail_split < 1 ||
+        plan.tail_units * plan.tail_split > plan.grid || p.workspace == nullptr ||
+        plan.workspace_bytes < tail_workspace_bytes(plan.grid, BN)) {
       return cudaErrorInvalidValue;
     }
-    sk.flags = static_cast<int*>(p.workspace);
-    sk.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) + streamk_flag_bytes(plan.grid));
-    sk.units = plan.streamk_units;
-    err = cudaMemsetAsync(sk.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
+    tail.flags = static_cast<int*>(p.workspace);
+    tail.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) + tail_flag_bytes(plan.grid));
+    tail.units = plan.tail_units;
+    tail.split = plan.tail_split;
+    err = cudaMemsetAsync(tail.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
   if constexpr (kSplit) {
     // plan.grid: the tiles, each a cluster of plan.split_k CTAs along x.
     if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k)) return cudaErrorInvalidConfiguration;
     const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, sk);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
   } else if constexpr (kCM == 1) {
     kernel<<<static_cast<unsigned>(plan.grid), kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
-                                                                                  plan.c_trans, sk);
+                                                                                  plan.c_trans, tail);
     return cudaGetLastError();
   } else {
     const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, sk);
+    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
   }
 }
 

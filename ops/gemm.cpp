@@ -109,7 +109,7 @@ void run_gemm(const at::Tensor& c, at::Tensor a, at::Tensor b, double alpha, dou
     TORCH_INTERNAL_ASSERT(plan.copy_a == kernels::OperandCopy::None && plan.copy_b == kernels::OperandCopy::None,
                           "cuops::gemm: the planner asked to copy an operand twice");
   }
-  // Stream-K's partial tiles and flags: from torch's allocator on the op's stream (a CUDA graph keeps
+  // The split tail's partial tiles and flags: from torch's allocator on the op's stream (a CUDA graph keeps
   // it in its pool; launch_gemm zeroes the flags on the stream before each run).
   at::Tensor workspace;
   if (plan.workspace_bytes > 0) workspace = at::empty({plan.workspace_bytes}, c.options().dtype(at::kByte));

@@ -72,7 +72,7 @@ const char* layout_name(bool ak, bool bn) {
 }
 
 int failures = 0;
-// Stream-K plans' workspace (GemmPlan::workspace_bytes; at most 17 MB on 132 SMs): one for every launch.
+// Split-tail plans' workspace (GemmPlan::workspace_bytes; at most 17 MB on 132 SMs): one for every launch.
 void* g_ws = nullptr;
 
 // The library's plan for c's request, or with the tile of 128 x 256 pairs; nullptr-like (kernel None)
@@ -109,8 +109,8 @@ void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool
   const GemmPlan plan = wgmma_plan(c.request(alpha, beta), pairs, what);
   if (plan.kernel == GemmKernel::None) return;
   const double tol = std::is_same_v<T, float> ? 5e-3 : 2e-2;
-  // The plan, then (beside the pairs check) stream-K at each width where it applies; c starts from the
-  // same values each time.
+  // The plan, then (beside the pairs check) the split tail at each width where it applies, as many
+  // runs as fit and two; c starts from the same values each time.
   auto one = [&](const GemmPlan& q, const char* form) {
     fill_uniform<<<1024, 256>>>(c.C, M * N, 3);
     CK(launch_gemm(q, nullptr, g_ws));
@@ -121,15 +121,17 @@ void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool
     printf("check %-4s %5ld x %5ld x %5ld %s%s beta %4.1f max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N,
            (long)K, layout_name(ak, bn), form, beta, err, bad ? "  WRONG" : "");
   };
-  one(plan, pairs ? " pairs" : plan.streamk_units > 0 ? " (stream-K)" : "");
+  one(plan, pairs ? " pairs" : plan.tail_units > 0 ? " (split tail)" : "");
   if (pairs) return;
   const GemmDevice dev = current_gemm_device();
   for (int w : {64, 128, 256}) {
-    const GemmPlan q = with_streamk(plan, w, dev.sms, dev);
-    if (q.streamk_units == 0) continue;
-    char form[48];
-    snprintf(form, sizeof form, " stream-K 128x%d", w);
-    one(q, form);
+    for (int s : {0, 2}) {
+      const GemmPlan q = with_tail_split(plan, w, s, dev);
+      if (q.tail_units == 0) continue;
+      char form[64];
+      snprintf(form, sizeof form, " tail 128x%d, %ld tiles / %d", w, (long)q.tail_units, q.tail_split);
+      one(q, form);
+    }
   }
 }
 
@@ -203,11 +205,12 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   report("128x64", with_tile(plan, 128, 64, 0, 1, dev));
   report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
   report("128x128", base);
-  // Stream-K at each width (the cluster split, which lost everywhere in session 17, is no longer swept).
+  // The split tail at each width, as many runs as fit (the cluster split, which lost everywhere in
+  // session 17, is no longer swept).
   for (int w : {64, 128, 256}) {
-    const GemmPlan q = with_streamk(base, w, dev.sms, dev);
-    if (q.streamk_units == 0) continue;
-    snprintf(label, sizeof label, "128x%d stream-K (%ld tiles shared)", w, (long)q.streamk_units);
+    const GemmPlan q = with_tail_split(base, w, 0, dev);
+    if (q.tail_units == 0) continue;
+    snprintf(label, sizeof label, "128x%d tail %ld / %d", w, (long)q.tail_units, q.tail_split);
     report(label, q);
   }
 }
@@ -406,7 +409,7 @@ int main(int argc, char** argv) {
     check<__nv_bfloat16>(h, 1100, 600, 1000, ak, bn, true);
     check<__half>(h, 136, 4104, 72, ak, bn, true);
     check<float>(h, 1100, 600, 1000, ak, bn, true);
-    // Stream-K: a partial last wave over a k no k-tile divides, a long k over few tiles (rows whole
+    // The split tail: a partial last wave over a k no k-tile divides, a long k over few tiles (rows whole
     // 16 bytes, so the planner takes the operands in place).
     check<__nv_bfloat16>(h, 768, 3072, 4104, ak, bn);
     check<__half>(h, 100, 136, 65544, ak, bn);

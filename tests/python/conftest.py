@@ -89,8 +89,8 @@ def make(shape, dtype, device, layout="contiguous", generator=None, scale=1.0):
 
 def assert_repeatable_and_graph_safe(a, b):
     """mm(a, b) gives the same bits on every run, and gemm into a NaN-poisoned c gives them again from a
-    CUDA-graph replay, twice (a product that splits k: its partials meet in a fixed order; stream-K's
-    workspace flags are zeroed inside the graph, so a second replay cannot see the first's)."""
+    CUDA-graph replay, twice (a product that splits k: its partials meet in a fixed order; the split
+    tail's workspace flags are zeroed inside the graph, so a second replay cannot see the first's)."""
     first = ops.mm(a, b)
     for _ in range(3):
         assert torch.equal(ops.mm(a, b), first)

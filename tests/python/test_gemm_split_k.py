@@ -77,15 +77,16 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
 
 
 # Few tiles, or a partial last wave, over a long k on the wgmma kernel (Hopper): bf16, fp16 and TF32.
-# The planner shares such tiles out by k-tiles (stream-K, kernels/gemm_plan.cpp); it does not split
-# them over a cluster (kWgMaxSplit: that instance measured slower than the best unsplit tile on every
-# shape). The products are checked whichever plan runs; on a 132-SM H100 the plans are:
-WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 192 tiles, stream-K over 132
-             (768, 3072, 4097),   # 144 tiles (1.09 waves), k not a multiple of a k-tile: stream-K
-             (128, 4096, 4096),   # 32 tiles: stream-K (each CTA about a quarter of one)
-             (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or of a CTA's run
-             (100, 130, 65537),   # 2 tiles, a long k: 132 runs of ~8 k-tiles
-             (77, 300, 17)]       # too short to share out: the same checks
+# The planner cuts the last wave's tiles along k over the SMs it leaves idle (the split tail,
+# kernels/gemm_plan.cpp); it does not split over a cluster (kWgMaxSplit: that instance measured slower
+# than the best unsplit tile on every shape). The products are checked whichever plan runs; on a
+# 132-SM H100 the plans are:
+WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 192 tiles, the last 60 in two runs
+             (768, 3072, 4097),   # 144 tiles (1.09 waves), k not a multiple of a k-tile: 12 in 11 runs
+             (128, 4096, 4096),   # 64 tiles of 128 x 64, in two runs each
+             (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or of a run
+             (100, 130, 65537),   # 2 tiles, a long k: 16 runs each
+             (77, 300, 17)]       # too short to split: the same checks
 WG_CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "high")]
 
 
@@ -130,10 +131,10 @@ def test_wgmma_split_k_kernel_choice(m, n, k, split):
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,n,k,streamk", [(3072, 1024, 8192, True), (768, 3072, 4097, True), (128, 4096, 4096, True),
-                                           (4096, 4096, 4096, False), (1024, 1024, 1024, False)], ids=str)
-def test_wgmma_stream_k_choice(m, n, k, streamk):
-    """Stream-K runs where tiles leave the last wave partial over a long k, and only there: its launch
+@pytest.mark.parametrize("m,n,k,tail", [(3072, 1024, 8192, True), (768, 3072, 4096, True), (128, 4096, 4096, True),
+                                        (4096, 4096, 4096, False), (1024, 1024, 1024, False)], ids=str)
+def test_wgmma_split_tail_choice(m, n, k, tail):
+    """The split tail runs where the last wave leaves SMs idle over a long k, and only there: its launch
     zeroes the workspace's flags first (a memset beside the wgmma kernel), which nothing else does."""
     if not wgmma_runs_here() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the plans named here are a 132-SM H100's (sm_90a wgmma kernel)")
@@ -141,7 +142,7 @@ def test_wgmma_stream_k_choice(m, n, k, streamk):
     ops.mm(a, b)
     names = cuda_kernel_names(lambda: ops.mm(a, b))
     assert any("gemm_wgmma" in x for x in names), names
-    assert any("memset" in x.lower() for x in names) == streamk, names
+    assert any("memset" in x.lower() for x in names) == tail, names
 
 
 @pytest.mark.quick
@@ -175,10 +176,10 @@ def test_split_k_under_compile_reduce_overhead():
 
 
 @requires_cuda
-def test_stream_k_under_compile_reduce_overhead():
-    """A bf16 model whose Linears run stream-K on Hopper (128 tokens through 4096 -> 4096 -> 4096: 32
-    tiles of 128 x 128, shared out over every SM), compiled with mode="reduce-overhead": its CUDA graphs
-    allocate the workspace from their pool and replay the flags' reset, and match eager bit for bit."""
+def test_split_tail_under_compile_reduce_overhead():
+    """A bf16 model whose Linears split their tiles along k on Hopper (128 tokens through 4096 -> 4096 ->
+    4096: 64 tiles of 128 x 64, two runs each), compiled with mode="reduce-overhead": its CUDA graphs
+    take the workspace from their pool and replay the flags' reset, and match eager bit for bit."""
     torch._dynamo.reset()
     w1 = make((4096, 4096), torch.bfloat16, "cuda", scale=0.02)
     w2 = make((4096, 4096), torch.bfloat16, "cuda", scale=0.02)
