@@ -38,6 +38,10 @@
 // |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. 16-bit: col |
 // |                                                |   least (bn + col) x (waves x k / split |   and fixed fitted to every width on the bf16 suite|
 // |                                                |   + fixed); pairs multicast B           |   (NOTES, s. 18). The split lost everywhere: off   |
+// | wgmma, a partial last wave over a long k        | the full waves, then the last wave's    | the idle SMs take the rest of k: gpt-2 768-wide    |
+// |                                                |   tiles each cut into runs of k over the|   weight gradients 0.69x -> 0.94x, falcon          |
+// |                                                |   SMs it leaves idle (single CTAs of a  |   1024 x 4544 x 18176 0.76x -> 1.00x; a fixed cost |
+// |                                                |   width; partials added in run order)   |   (memset, wait) loses on short k (NOTES s. 19)    |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -72,10 +76,14 @@ constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two co
 // nothing), and only 30 clusters of 4 fit. So the planner does not split (kWgMaxSplit 1) until that
 // is found; the instance stays for the sweep (wgmma_lib_sweep shapes).
 constexpr int64_t kWgMaxSplit = 1, kWgMinSlice = 512, kWgSplitReduceK = 256;
-// The split tail (GemmPlan::tail_units): what it costs beyond a run's k, in k: the workspace's flags
-// zeroed (a memset before the kernel) and, per run past the first, a 128 x bn float partial written to
-// L2 and read back by the tile's first run. Guesses until the sweep measures them.
-constexpr int64_t kWgTailFixK = 256, kWgTailPerRunK = 128, kWgMaxTailSplit = 16;
+// The split tail (GemmPlan::tail_units): what it costs beyond a run's k, in 16-bit k (TF32 counts half
+// as many, each of its k taking twice the time): the workspace's flags zeroed (a memset before the
+// kernel, which also waits for the kernel before it) and the wait, and per run past the first a
+// 128 x bn float partial written to L2 and read back by the tile's first run. Fitted to every width's
+// tail on the 121 bf16 and 67 TF32 suite products (bench/results/train/h100_s19_tail_sweep_*.txt,
+// NOTES session 19): the picks run 0.961x cuBLAS (bf16, geomean) and 1.021x (TF32), where the
+// data-parallel tiles alone picked 0.944x and 0.969x; the best of every plan measured 0.967x and 1.034x.
+constexpr int64_t kWgTailFixK = 2048, kWgTailPerRunK = 128, kWgMaxTailSplit = 16;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -227,20 +235,20 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   // The split tail on single CTAs of each width, one per SM: the full waves, then the partial last
   // wave's tiles cut along k over the SMs it leaves idle. It wins where that wave is short over a long
   // k (the 768-wide weight gradients: 144 tiles on 132 SMs ran 0.68-0.70x cuBLAS in every width,
-  // bench/results/train/h100_s18_wgmma_suite_sweep.txt). Pairs stay data-parallel (their tail would
-  // be single CTAs), so 256-wide tiles take it only in one tile row.
+  // 0.94x split; 1024 x 4544 x 18176: 0.76x, 1.00x on single 128 x 256 CTAs, whose full waves then
+  // run without the pairs' multicast), and loses to its fixed cost on short k (gpt-2's 768-wide
+  // products: 0.4-0.7x where the data-parallel tiles ran 0.8-0.9x).
   const int64_t bk = tf32 ? 32 : 64, ktiles = cdiv(r.k, bk);
+  const int64_t tail_fix = tf32 ? kWgTailFixK / 2 : kWgTailFixK, per_run = tf32 ? kWgTailPerRunK / 2 : kWgTailPerRunK;
   int64_t tail_bn = 0;
   int tail_runs = 0;
   for (const int64_t w : {int64_t{256}, int64_t{128}, int64_t{64}}) {
-    if (w == 256 && tiles_m >= 2) continue;
     const int64_t units = tiles_m * cdiv(p.n, w);
     const int s = tail_split(units, ktiles, dev.sms, kWgMaxTailSplit);
     if (s == 0) continue;
     const int64_t col = tf32 ? 32 : (w == 64 ? 48 : w == 128 ? 32 : 0);
     const int64_t fixed = tf32 ? 0 : (w == 256 ? 2048 : 512);
-    const int64_t c = (w + col) * ((units / dev.sms) * r.k + cdiv(ktiles, s) * bk + kWgTailFixK +
-                                   (s - 1) * kWgTailPerRunK + fixed);
+    const int64_t c = (w + col) * ((units / dev.sms) * r.k + cdiv(ktiles, s) * bk + tail_fix + (s - 1) * per_run + fixed);
     if (c < best) best = c, tail_bn = w, tail_runs = s;
   }
   if (tail_bn > 0) {

@@ -15,6 +15,8 @@ using cuops::kernels::GemmPlan;
 using cuops::kernels::GemmRequest;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
+using cuops::kernels::tail_workspace_bytes;
+using cuops::kernels::with_tail_split;
 using cuops::kernels::with_tile;
 
 const GemmDevice kH100{132, true, 66, true, true, true, true};
@@ -206,24 +208,55 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   EXPECT_EQ(v.grid, 64);
 }
 
-TEST(GemmPlan, FewTilesOverALongKStayUnsplitOnWgmma) {
-  // The wgmma split lost to the best unsplit tile everywhere it was measured (kWgMaxSplit): a GPT-style
-  // c_attn weight gradient, 3072 x 1024 over k = 8192, takes 96 tiles of 128 x 256 in pairs (one wave,
-  // 0.80x cuBLAS; split in two 0.58x).
-  GemmPlan p = plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100);
+TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
+  // A GPT-style c_attn weight gradient, 3072 x 1024 over k = 8192 (a m-major): 192 tiles of 128 x 128,
+  // one full wave on 132 SMs, then the last 60 tiles in two runs of k each (1.05x cuBLAS; data-parallel
+  // 0.93x at best, bench/results/train/h100_s19_tail_sweep_bf16.txt).
+  GemmRequest w = row_major(DType::BFloat16, 3072, 1024, 8192);
+  w.a = {w.a.ptr, 1, 3072};
+  GemmPlan p = plan_gemm(w, kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
-  EXPECT_EQ(p.bn, 256);
-  EXPECT_EQ(p.cluster_m, 2);
+  EXPECT_EQ(p.bn, 128);
+  EXPECT_EQ(p.cluster_m, 1);
   EXPECT_EQ(p.split_k, 1);
-  // 128 rows over k = 4096: 64 tiles of 128 x 64 in one wave (0.89x; split in four 0.61x).
-  p = plan_gemm(row_major(DType::Float16, 128, 4096, 4096), kH100);
-  EXPECT_EQ(p.bn, 64);
-  EXPECT_EQ(p.split_k, 1);
-  p = plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100);
+  EXPECT_EQ(p.grid, 132);
+  EXPECT_EQ(p.tail_units, 60);
+  EXPECT_EQ(p.tail_split, 2);
+  EXPECT_EQ(p.workspace_bytes, tail_workspace_bytes(132, 128));
+  // gpt-2's c_fc weight gradient over 16384 tokens: 144 tiles, the last 12 in 11 runs (0.94x; 0.69x
+  // without).
+  w = row_major(DType::BFloat16, 768, 3072, 16384);
+  w.a = {w.a.ptr, 1, 768};
+  p = plan_gemm(w, kH100);
+  EXPECT_EQ(p.tail_units, 12);
+  EXPECT_EQ(p.tail_split, 11);
+  // TF32 too, in its transposed problem: 1024 x 4544 x 18176 (0.75x data-parallel, 1.05x split).
+  p = plan_gemm(tf32(row_major(DType::Float32, 1024, 4544, 18176)), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
-  EXPECT_EQ(p.split_k, 1);
-  // A sweep's tile override is unsplit.
-  EXPECT_EQ(with_tile(plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100), 128, 128, 0, 1, kH100).split_k, 1);
+  EXPECT_GT(p.tail_units, 0);
+  EXPECT_GT(p.workspace_bytes, 0);
+  // Not where the waves are whole or nearly so, or the k is short: big squares keep their pairs,
+  // gpt-2's short-k products their data-parallel tiles (the tail's fixed cost lost 0.3-0.5x there).
+  for (const GemmRequest& r : {row_major(DType::BFloat16, 4096, 4096, 4096), row_major(DType::BFloat16, 8192, 8192, 8192),
+                               row_major(DType::BFloat16, 1024, 6144, 4096), row_major(DType::Float16, 128, 4096, 4096),
+                               row_major(DType::BFloat16, 512, 768, 768), row_major(DType::BFloat16, 1024, 1024, 1024)}) {
+    const GemmPlan q = plan_gemm(r, kH100);
+    EXPECT_EQ(q.tail_units, 0) << r.m << " x " << r.n << " x " << r.k;
+    EXPECT_EQ(q.workspace_bytes, 0);
+  }
+  // The cluster split stays off (kWgMaxSplit): it lost to the best unsplit tile everywhere.
+  EXPECT_EQ(plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100).split_k, 1);
+  // A sweep's tile override is data-parallel and unsplit; its tail override cuts as asked, within
+  // the idle SMs (60 tiles: at most 2 runs) and the k-tiles.
+  const GemmPlan t = with_tile(p, 128, 128, 0, 1, kH100);
+  EXPECT_EQ(t.split_k, 1);
+  EXPECT_EQ(t.tail_units, 0);
+  EXPECT_EQ(t.workspace_bytes, 0);
+  const GemmPlan base = plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100);
+  EXPECT_EQ(with_tail_split(base, 128, 2, kH100).tail_split, 2);
+  EXPECT_EQ(with_tail_split(base, 128, 3, kH100).tail_units, base.tail_units);  // refused: unchanged
+  EXPECT_EQ(with_tail_split(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 256, 0, kH100).tail_units,
+            0);  // 512 tiles of 128 x 256 on 132 SMs: 116 left, room for one run each
 }
 
 TEST(GemmPlan, BetaOrAnUnalignedOutputKeepsTheDirectEpilogue) {

@@ -83,7 +83,7 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
 # 132-SM H100 the plans are:
 WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 192 tiles, the last 60 in two runs
              (768, 3072, 4097),   # 144 tiles (1.09 waves), k not a multiple of a k-tile: 12 in 11 runs
-             (128, 4096, 4096),   # 64 tiles of 128 x 64, in two runs each
+             (128, 4096, 4096),   # 64 tiles of 128 x 64: one wave, k unsplit
              (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or of a run
              (100, 130, 65537),   # 2 tiles, a long k: 16 runs each
              (77, 300, 17)]       # too short to split: the same checks
@@ -131,14 +131,14 @@ def test_wgmma_split_k_kernel_choice(m, n, k, split):
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,n,k,tail", [(3072, 1024, 8192, True), (768, 3072, 4096, True), (128, 4096, 4096, True),
+@pytest.mark.parametrize("m,n,k,tail", [(3072, 1024, 8192, True), (768, 3072, 16384, True), (128, 4096, 4096, False),
                                         (4096, 4096, 4096, False), (1024, 1024, 1024, False)], ids=str)
 def test_wgmma_split_tail_choice(m, n, k, tail):
     """The split tail runs where the last wave leaves SMs idle over a long k, and only there: its launch
     zeroes the workspace's flags first (a memset beside the wgmma kernel), which nothing else does."""
     if not wgmma_runs_here() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the plans named here are a 132-SM H100's (sm_90a wgmma kernel)")
-    a, b = wg_operands(m, n, k, "m" if m > 2048 else "k", "n", torch.bfloat16)
+    a, b = wg_operands(m, n, k, "m" if k > 4096 else "k", "n", torch.bfloat16)
     ops.mm(a, b)
     names = cuda_kernel_names(lambda: ops.mm(a, b))
     assert any("gemm_wgmma" in x for x in names), names
@@ -177,17 +177,16 @@ def test_split_k_under_compile_reduce_overhead():
 
 @requires_cuda
 def test_split_tail_under_compile_reduce_overhead():
-    """A bf16 model whose Linears split their tiles along k on Hopper (128 tokens through 4096 -> 4096 ->
-    4096: 64 tiles of 128 x 64, two runs each), compiled with mode="reduce-overhead": its CUDA graphs
-    take the workspace from their pool and replay the flags' reset, and match eager bit for bit."""
+    """A bf16 weight-gradient step whose product splits its last wave along k on Hopper (gpt-2's c_fc:
+    768 x 3072 over 16384 tokens, 144 tiles, the last 12 in 11 runs), compiled with
+    mode="reduce-overhead": its CUDA graphs take the workspace from their pool and replay the flags'
+    reset, and match eager bit for bit."""
     torch._dynamo.reset()
-    w1 = make((4096, 4096), torch.bfloat16, "cuda", scale=0.02)
-    w2 = make((4096, 4096), torch.bfloat16, "cuda", scale=0.02)
 
-    def mlp(x):
-        return ops.mm(torch.relu(ops.mm(x, w1.t())), w2.t())
+    def weight_grad(x, g):
+        return torch.relu(ops.mm(x.t(), g)).sum(0)
 
-    compiled = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
+    compiled = torch.compile(weight_grad, mode="reduce-overhead", fullgraph=True)
     for _ in range(4):  # the later calls replay the graph
-        x = make((128, 4096), torch.bfloat16, "cuda")
-        torch.testing.assert_close(compiled(x), mlp(x), rtol=0, atol=0)
+        x, g = make((16384, 768), torch.bfloat16, "cuda"), make((16384, 3072), torch.bfloat16, "cuda")
+        torch.testing.assert_close(compiled(x, g), weight_grad(x, g), rtol=0, atol=0)
