@@ -1,10 +1,13 @@
-// The float64 kernel (kernels/gemm_f64.cu) over its tiles and k splits, against cublasDgemm on the same
-// inputs: which tile and split the planner's cost model (kernels/gemm_plan.cpp, plan_f64) should pick.
+// The float64 kernel (kernels/gemm_f64.cu), or with SWEEP_DTYPE=float32 the float32 "highest" SIMT
+// kernel (kernels/gemm_simt.cu), over its tiles and k splits, against cublasDgemm / cublasSgemm on the
+// same inputs: which tile and split the planner (kernels/gemm_plan.cpp: plan_f64, the SIMT rule) should
+// pick.
 // Per shape: cuBLAS, the planner's pick, then every tile x split the library compiles (splits only
 // where clusters run). Each checked against cuBLAS (max relative error) before it is timed; medians of
 // event-timed calls on the same operands (L2-warm, as a sweep: the bench's rows are the reference).
 // Built by CMake as <build>/bench/sweep/f64_sweep; not part of the tests.
-//   SWEEP_SHAPES="m,n,k;m,n,k" replaces the shape list; SWEEP_ALL=0 prints only cuBLAS and the pick.
+//   SWEEP_SHAPES="m,n,k;m,n,k" replaces the shape list; SWEEP_ALL=0 prints only cuBLAS and the pick;
+//   SWEEP_DTYPE=float32 sweeps the SIMT kernel (splits 1-8) in place of the float64 one.
 #include <cublas_v2.h>
 
 #include <cstdio>
@@ -21,6 +24,83 @@ using namespace cuops::kernels;
 struct Shape {
   int64_t m, n, k;
 };
+
+// One element type's sweep: its cuBLAS call, the library's tiles and splits, its error bound.
+template <typename T> struct Sweep;
+template <> struct Sweep<double> {
+  static constexpr DType kType = DType::Float64;
+  static constexpr const char* kName = "float64";
+  static constexpr double kTol = 1e-12;
+  static constexpr int kBk = 16;
+  static constexpr std::pair<int, int> kTiles[] = {{128, 64}, {128, 128}, {64, 64}, {16, 128}};
+  static constexpr int kSplits[] = {1, 2, 3, 4, 8};
+  static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const double* a, const double* b, double* c) {
+    const double one = 1, zero = 0;
+    return cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, c, n);
+  }
+};
+template <> struct Sweep<float> {
+  static constexpr DType kType = DType::Float32;
+  static constexpr const char* kName = "float32";
+  static constexpr double kTol = 1e-5;
+  static constexpr int kBk = 0;  // the tile's own: 8 for 128 x 128, 16 for 64 x 64
+  static constexpr std::pair<int, int> kTiles[] = {{128, 128}, {64, 64}};
+  static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const float* a, const float* b, float* c) {
+    const float one = 1, zero = 0;
+    return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, c, n);
+  }
+};
+
+template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const std::vector<Shape>& shapes, bool all) {
+  using S = Sweep<T>;
+  int failures = 0;
+  for (const Shape& s : shapes) {
+    T *A, *B, *C, *R;
+    CK(cudaMalloc(&A, s.m * s.k * sizeof(T)));
+    CK(cudaMalloc(&B, s.k * s.n * sizeof(T)));
+    CK(cudaMalloc(&C, s.m * s.n * sizeof(T)));
+    CK(cudaMalloc(&R, s.m * s.n * sizeof(T)));
+    fill_uniform<<<1024, 256>>>(A, s.m * s.k, 1);
+    fill_uniform<<<1024, 256>>>(B, s.k * s.n, 2);
+    const double flops = 2.0 * s.m * s.n * s.k;
+    const int reps = flops > 5e11 ? 10 : 30;
+    // Row-major c = a @ b as cuBLAS's column-major c^T = b^T a^T.
+    auto cublas = [&] { CB(S::gemm(h, s.m, s.n, s.k, A, B, R)); };
+    const float tb = median_ms(cublas, reps);
+    printf("\n== %ld x %ld x %ld %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", s.m, s.n, s.k, S::kName, tb, flops / tb / 1e9);
+    const GemmPlan plan = plan_gemm(sweep_request(S::kType, s.m, s.n, s.k, A, true, B, true, C, 1.f, 0.f, false), dev);
+    auto report = [&](const std::string& name, const GemmPlan& p) {
+      CK(cudaMemset(C, 0xff, s.m * s.n * sizeof(T)));
+      const cudaError_t err0 = launch_gemm(p, nullptr);
+      if (err0 != cudaSuccess) {
+        printf("%-30s not run: %s\n", name.c_str(), cudaGetErrorString(err0));
+        (void)cudaGetLastError();
+        return;
+      }
+      CK(cudaDeviceSynchronize());
+      const double err = rel_err(C, R, s.m * s.n);
+      failures += !(err < S::kTol);
+      const float t = median_ms([&] { launch_gemm(p, nullptr); }, reps);
+      printf("%-30s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.1e\n", name.c_str(), t, flops / t / 1e9, tb / t, err);
+    };
+    const bool ours = plan.kernel == (S::kType == DType::Float64 ? GemmKernel::MmaF64 : GemmKernel::Simt);
+    char label[96];
+    snprintf(label, sizeof label, "pick: %s %dx%d split %d", kernel_name(plan.kernel), plan.bm, plan.bn, plan.split_k);
+    report(label, plan);
+    for (const auto [bm, bn] : S::kTiles) {
+      for (int split : S::kSplits) {
+        if (!ours || !all || (split > 1 && !dev.clusters)) break;
+        GemmPlan q = with_tile(plan, bm, bn, S::kBk ? S::kBk : (bm == 128 ? 8 : 16), 1, dev);
+        q.split_k = split;
+        snprintf(label, sizeof label, "%dx%d split %d", bm, bn, split);
+        report(label, q);
+      }
+    }
+    for (T* p : {A, B, C, R}) cudaFree(p);
+  }
+  return failures;
+}
 
 int main() {
   cublasHandle_t h;
@@ -41,50 +121,9 @@ int main() {
     }
   }
   const bool all = !getenv("SWEEP_ALL") || atoi(getenv("SWEEP_ALL")) != 0;
-  int failures = 0;
-  for (const Shape& s : shapes) {
-    double *A, *B, *C, *R;
-    CK(cudaMalloc(&A, s.m * s.k * 8));
-    CK(cudaMalloc(&B, s.k * s.n * 8));
-    CK(cudaMalloc(&C, s.m * s.n * 8));
-    CK(cudaMalloc(&R, s.m * s.n * 8));
-    fill_uniform<<<1024, 256>>>(A, s.m * s.k, 1);
-    fill_uniform<<<1024, 256>>>(B, s.k * s.n, 2);
-    const double flops = 2.0 * s.m * s.n * s.k, one = 1, zero = 0;
-    const int reps = flops > 5e11 ? 10 : 30;
-    // Row-major c = a @ b as cuBLAS's column-major c^T = b^T a^T.
-    auto cublas = [&] { CB(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, s.n, s.m, s.k, &one, B, s.n, A, s.k, &zero, R, s.n)); };
-    const float tb = median_ms(cublas, reps);
-    printf("\n== %ld x %ld x %ld float64: cuBLAS %.3f ms, %.1f TFLOP/s\n", s.m, s.n, s.k, tb, flops / tb / 1e9);
-    const GemmPlan plan = plan_gemm(sweep_request(DType::Float64, s.m, s.n, s.k, A, true, B, true, C, 1.f, 0.f, false), dev);
-    auto report = [&](const std::string& name, const GemmPlan& p) {
-      CK(cudaMemset(C, 0xff, s.m * s.n * 8));
-      const cudaError_t err0 = launch_gemm(p, nullptr);
-      if (err0 != cudaSuccess) {
-        printf("%-30s not run: %s\n", name.c_str(), cudaGetErrorString(err0));
-        (void)cudaGetLastError();
-        return;
-      }
-      CK(cudaDeviceSynchronize());
-      const double err = rel_err(C, R, s.m * s.n);
-      failures += !(err < 1e-12);
-      const float t = median_ms([&] { launch_gemm(p, nullptr); }, reps);
-      printf("%-30s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.1e\n", name.c_str(), t, flops / t / 1e9, tb / t, err);
-    };
-    char label[96];
-    snprintf(label, sizeof label, "pick: %s %dx%d split %d", kernel_name(plan.kernel), plan.bm, plan.bn, plan.split_k);
-    report(label, plan);
-    for (const auto [bm, bn] : {std::pair{128, 64}, std::pair{128, 128}, std::pair{64, 64}, std::pair{16, 128}}) {
-      for (int split : {1, 2, 3, 4, 8}) {
-        if (plan.kernel != GemmKernel::MmaF64 || !all || (split > 1 && !dev.clusters)) break;
-        GemmPlan q = with_tile(plan, bm, bn, 16, 1, dev);
-        q.split_k = split;
-        snprintf(label, sizeof label, "%dx%d split %d", bm, bn, split);
-        report(label, q);
-      }
-    }
-    for (double* p : {A, B, C, R}) cudaFree(p);
-  }
-  printf("\n%s\n", failures ? "SOME RESULTS WRONG" : "all results within 1e-12 of cuBLAS");
+  const bool f32 = getenv("SWEEP_DTYPE") && strcmp(getenv("SWEEP_DTYPE"), "float32") == 0;
+  const int failures = f32 ? sweep<float>(h, dev, shapes, all) : sweep<double>(h, dev, shapes, all);
+  CB(cublasDestroy(h));
+  printf("\n%s\n", failures ? "SOME RESULTS WRONG" : (f32 ? "all results within 1e-5 of cuBLAS" : "all results within 1e-12 of cuBLAS"));
   return failures ? 1 : 0;
 }
