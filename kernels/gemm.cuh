@@ -256,7 +256,7 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
   return cudaGetLastError();
 }
 
-// The k-split kernels' finish (gemm_simt.cu, gemm_f64.cu, gemm_wgmma.cuh): each of the cluster's
+// The cluster k-split kernels' finish (gemm_f64.cu, gemm_wgmma.cuh): each of the cluster's
 // `split` CTAs has staged its partial BM x BN tile of A (float or double) in its own shared memory at
 // `part`, rows `ld` elements apart (a 16-byte multiple). After a cluster barrier, CTA r sums the
 // 16-byte chunks r, r + split, ... (in units of THREADS) over the CTAs in rank order through
@@ -318,8 +318,8 @@ __device__ __forceinline__ void reduce_cluster_tile(const A* part, int ld, int s
   cluster_sync();
 }
 
-// `blocks` x `cluster` blocks of `threads` in clusters of `cluster` along y (the k-split instances:
-// gemm_simt.cu, gemm_f64.cu), with `smem` bytes of dynamic shared memory. At most 8 (a portable
+// `blocks` x `cluster` blocks of `threads` in clusters of `cluster` along y (the float64 k-split
+// instances, gemm_f64.cu), with `smem` bytes of dynamic shared memory. At most 8 (a portable
 // cluster).
 template <typename K, typename... Args>
 cudaError_t launch_cluster_y(K kernel, int64_t blocks, int cluster, int threads, int smem, cudaStream_t stream,

@@ -49,10 +49,10 @@
 // |                                                |   64 x 128                              | |
 // | TF32 elsewhere                                 | mma.sync 128 x 128 from 512 tiles, else | 64 x 128 keeps two blocks per SM in 128 registers |
 // |                                                |   64 x 128                              | |
-// | float32 "highest"                              | SIMT 128 x 128 x 8 from 256 tiles, else | 128 x 128 (two blocks, 16 warps) fastest from 2048^3, |
-// |                                                |   64 x 64 x 16                          |   64 x 64 at <= 1024^3 where big tiles idle SMs |
-// | float32 "highest", fewer 128 x 128 tiles than  | 128 x 128, k split over a cluster of    | M = 128-512 products ran 64 x 64 tiles at 0.54-0.70x |
-// |   SMs, k >= 1024, clusters                     |   min(2 SMs / tiles, 8, k / 512) CTAs   |   cuBLAS (few tiles, each a long k)                |
+// | float32 "highest"                              | SIMT 128 x 128 or 64 x 64, k split into | the cluster split packed clusters of 4 two to an SM|
+// |                                                |   1-16 CTAs writing partial planes      |   and fit 30 of 8: M = 128 rows at 0.56-0.61x where|
+// |                                                |   (summed in order by a second kernel): |   an even spread ran 0.74-0.78x (NOTES s. 20); cost|
+// |                                                |   least busiest-SM time (plan_simt)     |   fitted to the sweep                              |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
 // | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace: the time is the busiest|
 // |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   SM's waves of CTAs, each its slice of k at the   |
@@ -370,10 +370,6 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   return true;
 }
 
-// The SIMT kernel's k split: at most a portable cluster, slices of at least 512 k (shorter ones
-// spend their time filling the pipeline and in the reduction).
-constexpr int64_t kSimtMaxSplit = 8, kSimtMinSlice = 512;
-
 void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.bm = bm, p.bn = bn, p.bk = bk, p.cluster_m = 1;
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
@@ -390,11 +386,11 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
 // cuBLAS, 128 x 64 at 0.82x; 6144 x 4096 x 16 at 0.78x, 64 x 64 at 1.10x). Fitted
 // rates: on 77 products the picks run at 0.937x cuBLAS (geomean, steady state), the best of each
 // at 0.949x.
-struct F64Tile {
+struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
 };
-constexpr F64Tile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 90, 60}, {64, 64, 2, 80, 70}, {16, 128, 2, 40, 40}};
+constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 90, 60}, {64, 64, 2, 80, 70}, {16, 128, 2, 40, 40}};
 constexpr int64_t kF64CtaK = 64, kF64MinSlice = 64;
 // The splits the sweep measured (clusters of 5-7 pack the GPCs worse than the 91 % below assumes).
 constexpr int64_t kF64Splits[] = {1, 2, 3, 4, 8};
@@ -408,7 +404,7 @@ int64_t cluster_slots(const GemmDevice& dev, int64_t size) {
 }
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate.
-int64_t f64_time(const F64Tile& t, int64_t ctas, int64_t slots, int64_t work) {
+int64_t busiest_sm_time(const CostTile& t, int64_t ctas, int64_t slots, int64_t work) {
   const int64_t full = ctas / (slots * t.blocks), rest = ctas % (slots * t.blocks);
   int64_t time = full * t.blocks * work * 100 / t.rate;
   if (rest > 0) time += rest <= slots ? work * 100 / t.rate1 : t.blocks * work * 100 / t.rate;
@@ -419,12 +415,12 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   const int64_t k = p.req.k;
   p.kernel = GemmKernel::MmaF64;
   int64_t best = -1;
-  for (const F64Tile& t : kF64Tiles) {
+  for (const CostTile& t : kF64Tiles) {
     if (t.bm == 128 && t.bn == 128 && !dev.dmma_wide) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (const int64_t split : kF64Splits) {
       if (split > 1 && (!dev.clusters || cdiv(k, split) < kF64MinSlice)) break;
-      int64_t cost = f64_time(t, n_tiles * split, cluster_slots(dev, split), t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
+      int64_t cost = busiest_sm_time(t, n_tiles * split, cluster_slots(dev, split), t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
       if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k < 32)) cost = cost * 3 / 2;
       if (best >= 0 && cost >= best) continue;
       best = cost;
@@ -433,6 +429,36 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
     }
   }
   p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split over a cluster" : "float64 on FP64 tensor cores";
+}
+
+// The SIMT kernel's tiles and k split (float32 "highest"), by the float64 kernel's cost: the busiest
+// SM's waves of CTAs, two blocks an SM, each CTA its slice of k plus kSimtCtaK (the pipeline's fill and
+// the epilogue); a split adds the sum of its planes (sum_partials: the planes read once, c written) at
+// kSimtSumBytesPerUnit and a launch. Units: one FMA of a block of a pair sharing an SM (~5.2 ps on
+// the H100). Rates from bench/results/train/h100_s20_simt_cluster_split_sweep.txt: a 128 x 128 block
+// alone on its SM runs 99 ns per k, a pair 171 ns (rate1 86); 64 x 64 blocks reach 66 % of the
+// 128 x 128 rate at 2048^3 and ~50 % alone. Splits up to 16, slices of at least kSimtMinSlice k.
+constexpr CostTile kSimtTiles[] = {{128, 128, 2, 100, 86}, {64, 64, 2, 66, 50}};
+constexpr int64_t kSimtCtaK = 160, kSimtMinSlice = 128, kSimtMaxSplit = 16;
+constexpr int64_t kSimtSumFixed = 3000 * 192, kSimtSumBytesPerUnit = 16;  // 3 us; ~3 TB/s
+
+void plan_simt(GemmPlan& p, const GemmDevice& dev) {
+  const int64_t k = p.req.k;
+  int64_t best = -1;
+  for (const CostTile& t : kSimtTiles) {
+    const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
+    for (int64_t split = 1; split <= kSimtMaxSplit; ++split) {
+      if (split > 1 && cdiv(k, split) < kSimtMinSlice) break;
+      int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kSimtCtaK));
+      if (split > 1) cost += kSimtSumFixed + (split + 1) * p.m * p.n * 4 / kSimtSumBytesPerUnit;
+      if (best >= 0 && cost >= best) continue;
+      best = cost;
+      tiles(p, t.bm, t.bn, t.bm == 128 ? 8 : 16);
+      p.split_k = static_cast<int>(split);
+    }
+  }
+  p.workspace_bytes = simt_split_workspace_bytes(p.m, p.n, p.split_k);
+  p.why = p.split_k > 1 ? "float32 'highest' on FP32 cores, k split (planes summed in order)" : "float32 'highest' on FP32 cores";
 }
 
 }  // namespace
@@ -517,20 +543,7 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   }
   if (!p.a_kmajor && p.lda == 0 && r.k > 1) return general(p, "SIMT: m-major a of leading stride 0");
   p.kernel = GemmKernel::Simt;
-  p.why = "float32 'highest' on FP32 cores";
-  const int64_t big = cdiv(p.m, 128) * cdiv(p.n, 128);
-  // Fewer 128 x 128 tiles than SMs over a long k: the k split over a cluster, so the big tiles fill
-  // two blocks per SM, each slice at least kSimtMinSlice long.
-  const int64_t split = dev.clusters && big < dev.sms ? std::min<int64_t>({2 * dev.sms / big, kSimtMaxSplit, r.k / kSimtMinSlice}) : 1;
-  if (big >= 256) {
-    tiles(p, 128, 128, 8);
-  } else if (split >= 2) {
-    tiles(p, 128, 128, 8);
-    p.split_k = static_cast<int>(split);
-    p.why = "float32 'highest' on FP32 cores, k split over a cluster";
-  } else {
-    tiles(p, 64, 64, 16);
-  }
+  plan_simt(p, dev);
   return p;
 }
 
@@ -582,6 +595,14 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
     plan.cluster_m = cluster_m;
   }
   plan.why = "tile set by with_tile";
+  return plan;
+}
+
+GemmPlan with_split_k(GemmPlan plan, int split) {
+  if (plan.kernel != GemmKernel::Simt && plan.kernel != GemmKernel::MmaF64) return plan;
+  plan.split_k = split;
+  plan.workspace_bytes = plan.kernel == GemmKernel::Simt ? simt_split_workspace_bytes(plan.m, plan.n, split) : 0;
+  plan.why = "split set by with_split_k";
   return plan;
 }
 

@@ -103,9 +103,11 @@ struct GemmPlan {
   // and the grid in blocks (a persistent kernel's is below its tile count).
   int bm = 0, bn = 0, bk = 0, cluster_m = 1;
   int64_t grid = 0;
-  // k split over a cluster of split_k CTAs (> 1 only where GemmDevice::clusters): along the grid's y
-  // for the SIMT and float64 kernels (grid: the tiles), along x for wgmma (grid: the tiles, each a
-  // cluster); their partial tiles are summed in rank order in the cluster's shared memory.
+  // k split into split_k CTAs. The float64 kernel (along the grid's y) and wgmma (along x; grid: the
+  // tiles, each a cluster) split over a cluster (> 1 only where GemmDevice::clusters) and sum the
+  // partial tiles in rank order in its shared memory. The SIMT kernel's CTAs (grid: the tiles, split_k
+  // along y) are independent: each writes its partial tile to a plane of the workspace
+  // (simt_split_workspace_bytes) and a second kernel adds the planes in order.
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
@@ -156,6 +158,13 @@ GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl =
 // launcher's layout.
 inline int64_t tail_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
 inline int64_t tail_workspace_bytes(int64_t grid, int64_t bn) { return tail_flag_bytes(grid) + grid * 128 * bn * 4; }
+
+// The SIMT kernel's k split: split_k planes of m x n float32 partial sums.
+inline int64_t simt_split_workspace_bytes(int64_t m, int64_t n, int64_t split) { return split > 1 ? split * m * n * 4 : 0; }
+
+// For experiments: a SIMT or float64 plan with its k cut into `split` CTAs (workspace_bytes set to what
+// the kernel's split needs); other plans unchanged.
+GemmPlan with_split_k(GemmPlan plan, int split);
 
 // For experiments: a wgmma plan on tile 128 x bn (cluster_m 1, one CTA per SM) whose partial last wave
 // is split along k `split` ways (0: as many as the idle SMs allow), or the plan unchanged with its why

@@ -7,7 +7,7 @@
 // event-timed calls on the same operands (L2-warm, as a sweep: the bench's rows are the reference).
 // Built by CMake as <build>/bench/sweep/f64_sweep; not part of the tests.
 //   SWEEP_SHAPES="m,n,k;m,n,k" replaces the shape list; SWEEP_ALL=0 prints only cuBLAS and the pick;
-//   SWEEP_DTYPE=float32 sweeps the SIMT kernel (splits 1-8) in place of the float64 one.
+//   SWEEP_DTYPE=float32 sweeps the SIMT kernel (splits 1-16) in place of the float64 one.
 #include <cublas_v2.h>
 
 #include <cstdio>
@@ -45,7 +45,7 @@ template <> struct Sweep<float> {
   static constexpr double kTol = 1e-5;
   static constexpr int kBk = 0;  // the tile's own: 8 for 128 x 128, 16 for 64 x 64
   static constexpr std::pair<int, int> kTiles[] = {{128, 128}, {64, 64}};
-  static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16};
   static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const float* a, const float* b, float* c) {
     const float one = 1, zero = 0;
     return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, c, n);
@@ -70,9 +70,16 @@ template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const s
     const float tb = median_ms(cublas, reps);
     printf("\n== %ld x %ld x %ld %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", s.m, s.n, s.k, S::kName, tb, flops / tb / 1e9);
     const GemmPlan plan = plan_gemm(sweep_request(S::kType, s.m, s.n, s.k, A, true, B, true, C, 1.f, 0.f, false), dev);
+    void* ws = nullptr;  // the largest workspace a plan asked for so far
+    int64_t ws_bytes = 0;
     auto report = [&](const std::string& name, const GemmPlan& p) {
+      if (p.workspace_bytes > ws_bytes) {
+        CK(cudaFree(ws));
+        CK(cudaMalloc(&ws, p.workspace_bytes));
+        ws_bytes = p.workspace_bytes;
+      }
       CK(cudaMemset(C, 0xff, s.m * s.n * sizeof(T)));
-      const cudaError_t err0 = launch_gemm(p, nullptr);
+      const cudaError_t err0 = launch_gemm(p, nullptr, ws);
       if (err0 != cudaSuccess) {
         printf("%-30s not run: %s\n", name.c_str(), cudaGetErrorString(err0));
         (void)cudaGetLastError();
@@ -81,7 +88,7 @@ template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const s
       CK(cudaDeviceSynchronize());
       const double err = rel_err(C, R, s.m * s.n);
       failures += !(err < S::kTol);
-      const float t = median_ms([&] { launch_gemm(p, nullptr); }, reps);
+      const float t = median_ms([&] { launch_gemm(p, nullptr, ws); }, reps);
       printf("%-30s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.1e\n", name.c_str(), t, flops / t / 1e9, tb / t, err);
     };
     const bool ours = plan.kernel == (S::kType == DType::Float64 ? GemmKernel::MmaF64 : GemmKernel::Simt);
@@ -90,14 +97,14 @@ template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const s
     report(label, plan);
     for (const auto [bm, bn] : S::kTiles) {
       for (int split : S::kSplits) {
-        if (!ours || !all || (split > 1 && !dev.clusters)) break;
-        GemmPlan q = with_tile(plan, bm, bn, S::kBk ? S::kBk : (bm == 128 ? 8 : 16), 1, dev);
-        q.split_k = split;
+        if (!ours || !all || (split > 1 && S::kType == DType::Float64 && !dev.clusters)) break;
+        const GemmPlan q = with_split_k(with_tile(plan, bm, bn, S::kBk ? S::kBk : (bm == 128 ? 8 : 16), 1, dev), split);
         snprintf(label, sizeof label, "%dx%d split %d", bm, bn, split);
         report(label, q);
       }
     }
     for (T* p : {A, B, C, R}) cudaFree(p);
+    cudaFree(ws);
   }
   return failures;
 }

@@ -377,25 +377,28 @@ TEST(GemmPlan, Float32HighestRunsTheSimtKernel) {
   EXPECT_EQ(p.bk, 8);
   EXPECT_EQ(p.grid, 32 * 32);
   EXPECT_EQ(p.split_k, 1);
-  // Fewer 128 x 128 tiles than SMs over a k of >= 1024: k split over a cluster (two blocks per SM,
-  // slices >= 512, at most 8); without clusters, or over a short k, 64 x 64 tiles.
+  // Fewer tiles than two blocks per SM hold, over a long enough k: k split into independent CTAs whose
+  // partial planes (split x m x n floats of workspace) a second kernel adds; any GPU, no cluster.
   p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kH100);
   EXPECT_EQ(p.bm, 128);
   EXPECT_EQ(p.grid, 8 * 8);
   EXPECT_EQ(p.split_k, 2);
+  EXPECT_EQ(p.workspace_bytes, 2 * 1024 * 1024 * 4);
+  EXPECT_EQ(p.workspace_bytes, cuops::kernels::simt_split_workspace_bytes(1024, 1024, 2));
   p = plan_gemm(row_major(DType::Float32, 128, 4096, 4096), kH100);
   EXPECT_EQ(p.grid, 32);
-  EXPECT_EQ(p.split_k, 8);
+  EXPECT_EQ(p.split_k, 8);  // 256 CTAs: one wave of pairs
   EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 14336, 4096), kH100).split_k, 2);
-  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 512, 14336, 4096), kH100).split_k, 1);  // 448 tiles
-  p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kA100);
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 28672, 4096), kH100).split_k, 1);  // 224 tiles: one wave
+  p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kA100);  // no clusters needed
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.split_k, 3);
+  // A k too short for two slices of 128: unsplit, 64 x 64 tiles to spread the 32 big ones.
+  p = plan_gemm(row_major(DType::Float32, 128, 4096, 200), kH100);
   EXPECT_EQ(p.bm, 64);
   EXPECT_EQ(p.bk, 16);
-  EXPECT_EQ(p.grid, 16 * 16);
   EXPECT_EQ(p.split_k, 1);
-  p = plan_gemm(row_major(DType::Float32, 128, 4096, 1000), kH100);
-  EXPECT_EQ(p.bm, 64);
-  EXPECT_EQ(p.split_k, 1);
+  EXPECT_EQ(p.workspace_bytes, 0);
   // An m-major a of leading stride 0 never moves the SIMT loop's pointer: the general kernel.
   GemmRequest r = row_major(DType::Float32, 300, 520, 260);
   r.a.stride0 = 1, r.a.stride1 = 0;
