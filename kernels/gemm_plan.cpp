@@ -52,7 +52,7 @@
 // | float32 "highest"                              | SIMT 128 x 128 or 64 x 64, k split into | the cluster split packed clusters of 4 two to an SM|
 // |                                                |   1-16 CTAs writing partial planes      |   and fit 30 of 8: M = 128 rows at 0.56-0.61x where|
 // |                                                |   (summed in order by a second kernel): |   an even spread ran 0.74-0.78x (NOTES s. 20); cost|
-// |                                                |   least busiest-SM time (plan_simt)     |   fitted to the sweep                              |
+// |                                                |   least busiest-SM time (plan_simt)     |   fitted to the sweep (0.996x the best pick)       |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
 // | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace: the time is the busiest|
 // |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   SM's waves of CTAs, each its slice of k at the   |
@@ -433,14 +433,19 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
 
 // The SIMT kernel's tiles and k split (float32 "highest"), by the float64 kernel's cost: the busiest
 // SM's waves of CTAs, two blocks an SM, each CTA its slice of k plus kSimtCtaK (the pipeline's fill and
-// the epilogue); a split adds the sum of its planes (sum_partials: the planes read once, c written) at
-// kSimtSumBytesPerUnit and a launch. Units: one FMA of a block of a pair sharing an SM (~5.2 ps on
-// the H100). Rates from bench/results/train/h100_s20_simt_cluster_split_sweep.txt: a 128 x 128 block
-// alone on its SM runs 99 ns per k, a pair 171 ns (rate1 86); 64 x 64 blocks reach 66 % of the
-// 128 x 128 rate at 2048^3 and ~50 % alone. Splits up to 16, slices of at least kSimtMinSlice k.
-constexpr CostTile kSimtTiles[] = {{128, 128, 2, 100, 86}, {64, 64, 2, 66, 50}};
-constexpr int64_t kSimtCtaK = 160, kSimtMinSlice = 128, kSimtMaxSplit = 16;
-constexpr int64_t kSimtSumFixed = 3000 * 192, kSimtSumBytesPerUnit = 16;  // 3 us; ~3 TB/s
+// the epilogue); a split adds the sum of its planes (sum_partials: the planes read, c written) at
+// kSimtSumBytesPerUnit and a fixed ~2 us (its launch and tail). Units: one FMA of a block of a pair
+// sharing an SM (~5.2 ps on the H100: a pair of 128 x 128 blocks takes ~171 ns a k). Rates and
+// constants fitted to the H100 sweeps of every tile x split 1-16 on 41 products
+// (bench/results/train/h100_s20_simt_split_sweep*.txt): a 128 x 128 block alone on its SM runs at 92
+// (99 ns a k), 64 x 64 blocks at 66 in pairs and 60 alone. The picks run at 0.996x the best of each
+// product (geomean; worst 256^3, 0.87x of a 10-way split's).
+constexpr CostTile kSimtTiles[] = {{128, 128, 2, 100, 92}, {64, 64, 2, 66, 60}};
+constexpr int64_t kSimtCtaK = 64, kSimtMinSlice = 128, kSimtMaxSplit = 16;
+constexpr int64_t kSimtSumFixed = 2000 * 192, kSimtSumBytesPerUnit = 32;  // 2 us; ~6 TB/s (L2)
+// The most workspace a split may take beside its output: the few-% balance gains of splitting grids
+// of several waves (4096^3 on 108 SMs: 2 ways, 128 MiB) are not worth a model's memory.
+constexpr int64_t kSimtMaxWorkspace = int64_t{64} << 20;
 
 void plan_simt(GemmPlan& p, const GemmDevice& dev) {
   const int64_t k = p.req.k;
@@ -448,7 +453,7 @@ void plan_simt(GemmPlan& p, const GemmDevice& dev) {
   for (const CostTile& t : kSimtTiles) {
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kSimtMaxSplit; ++split) {
-      if (split > 1 && cdiv(k, split) < kSimtMinSlice) break;
+      if (split > 1 && (cdiv(k, split) < kSimtMinSlice || simt_split_workspace_bytes(p.m, p.n, split) > kSimtMaxWorkspace)) break;
       int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kSimtCtaK));
       if (split > 1) cost += kSimtSumFixed + (split + 1) * p.m * p.n * 4 / kSimtSumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;

@@ -388,8 +388,13 @@ TEST(GemmPlan, Float32HighestRunsTheSimtKernel) {
   p = plan_gemm(row_major(DType::Float32, 128, 4096, 4096), kH100);
   EXPECT_EQ(p.grid, 32);
   EXPECT_EQ(p.split_k, 8);  // 256 CTAs: one wave of pairs
-  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 14336, 4096), kH100).split_k, 2);
-  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 28672, 4096), kH100).split_k, 1);  // 224 tiles: one wave
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 14336, 4096), kH100).split_k, 7);  // 784 CTAs: 3 waves
+  // 224 tiles are one wave, but 92 SMs would run two and 40 one: 896 CTAs even them out.
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 28672, 4096), kH100).split_k, 4);
+  // Many waves gain too little for the workspace they would take (2 ways at 4096^3: 128 MiB).
+  p = plan_gemm(row_major(DType::Float32, 4096, 4096, 4096), kA100);
+  EXPECT_EQ(p.split_k, 1);
+  EXPECT_EQ(p.workspace_bytes, 0);
   p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kA100);  // no clusters needed
   EXPECT_EQ(p.bm, 128);
   EXPECT_EQ(p.split_k, 3);

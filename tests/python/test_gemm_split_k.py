@@ -16,7 +16,7 @@ from test_ops import cuda_kernel_names, fast_kernel_tol, matmul_precision, wgmma
 # unsplit (too short): the same checks hold there.
 SHAPES = [(128, 4096, 4096),    # 32 tiles of 128 x 128: 8 planes
           (200, 1000, 4097),    # 16 tiles, k not a multiple of any slice: 8
-          (120, 1001, 3000),    # odd n (the planes' rows not 8-byte aligned), 64 x 64: 8
+          (120, 1001, 3000),    # odd n (the planes' rows not 8-byte aligned): 16
           (513, 2050, 1031),    # 85 tiles over a short k, odd m: 3
           (100, 130, 65537),    # 6 tiles of 64 x 64, a long k: 16
           (128, 4096, 1), (77, 300, 17)]
