@@ -177,6 +177,30 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int6
   }
 }
 
+// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
+// pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
+__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col, double v0, double v1) {
+  if (r >= p.m || col >= p.n) return;
+  double* dst = static_cast<double*>(p.c) + r * p.ldc + col;
+  v0 *= p.alpha64;
+  v1 *= p.alpha64;
+  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    if (p.beta64 != 0.0) {
+      const double2 old = *reinterpret_cast<const double2*>(dst);
+      v0 = fma(p.beta64, old.x, v0);
+      v1 = fma(p.beta64, old.y, v1);
+    }
+    *reinterpret_cast<double2*>(dst) = make_double2(v0, v1);
+    return;
+  }
+  if (p.beta64 != 0.0) v0 = fma(p.beta64, dst[0], v0);
+  dst[0] = v0;
+  if (col + 1 < p.n) {
+    if (p.beta64 != 0.0) v1 = fma(p.beta64, dst[1], v1);
+    dst[1] = v1;
+  }
+}
+
 // The same pair of a transposed problem (c^T = b^T a^T computed, c stored): elements (r, col) and
 // (r, col + 1) of c^T are c[col][r] and c[col + 1][r], ldc apart, so two 4-byte accesses.
 __device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int64_t r, int64_t col, float v0,
@@ -256,16 +280,76 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
   return cudaGetLastError();
 }
 
-// The cluster k-split kernels' finish (gemm_f64.cu, gemm_wgmma.cuh): each of the cluster's
-// `split` CTAs has staged its partial BM x BN tile of A (float or double) in its own shared memory at
-// `part`, rows `ld` elements apart (a 16-byte multiple). After a cluster barrier, CTA r sums the
-// 16-byte chunks r, r + split, ... (in units of THREADS) over the CTAs in rank order through
-// distributed shared memory and hands each pair of sums to store(row, col, v0, v1): the same bits on
-// every run, no workspace, nothing to reset for a graph. A thread keeps kInFlight chunks' loads in
-// flight per rank: the first version loaded one pair at a time, a round trip (~1 us per 128 x 128
-// tile and rank) each, which made every wgmma split slower than no split (bench/NOTES.md, session 17).
-// The last barrier keeps every CTA resident while another may still read its shared memory. sm_90
-// PTX, as common.cuh's cluster primitives: call it only from code compiled for sm_90 and up.
+// The k split on independent CTAs (gemm_simt.cu, gemm_f64.cu): CTA (x, y) writes its partial tile,
+// unscaled, to plane y of the workspace (split planes of m x n T, rows n apart: planes_problem), and
+// sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.
+// Clusters placed their CTAs unevenly on the H100 (two to an SM for clusters of 4, 30 clusters of 8 at
+// once), which cost the cluster split 25-45 % on few-tile products (bench/NOTES.md, session 20).
+template <typename T> __device__ __forceinline__ GemmProblem planes_problem(const GemmProblem& whole) {
+  GemmProblem out = whole;
+  out.c = static_cast<T*>(whole.workspace) + int64_t{blockIdx.y} * whole.m * whole.n;
+  out.ldc = whole.n;
+  out.alpha = 1.f, out.beta = 0.f, out.alpha64 = 1.0, out.beta64 = 0.0;
+  return out;
+}
+
+template <typename T> __global__ void sum_planes(const GemmProblem p, int split) {
+  using T2 = std::conditional_t<std::is_same_v<T, double>, double2, float2>;
+  const T* ws = static_cast<const T*>(p.workspace);
+  const int64_t plane = p.m * p.n, pairs = (p.n + 1) / 2;
+  // Every pair of a plane is aligned for one access when n is even and the planes start aligned.
+  const bool even = p.n % 2 == 0 && (reinterpret_cast<uintptr_t>(ws) % sizeof(T2)) == 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.m * pairs; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / pairs, col = (i % pairs) * 2;
+    const T* src = ws + r * p.n + col;
+    const bool two = col + 1 < p.n;
+    T v0, v1 = 0;
+    if (even) {
+      const T2 v = *reinterpret_cast<const T2*>(src);
+      v0 = v.x, v1 = v.y;
+      for (int s = 1; s < split; ++s) {
+        const T2 w = *reinterpret_cast<const T2*>(src + s * plane);
+        v0 += w.x, v1 += w.y;
+      }
+    } else {
+      v0 = src[0];
+      if (two) v1 = src[1];
+      for (int s = 1; s < split; ++s) {
+        v0 += src[s * plane];
+        if (two) v1 += src[s * plane + 1];
+      }
+    }
+    if constexpr (std::is_same_v<T, double>) store_pair_f64(p, r, col, v0, v1);
+    else store_pair(p, r, col, v0, v1);
+  }
+}
+
+// `blocks` x `split` blocks (the split instances, y: the k slice) and then the planes' sum into c.
+template <typename T, typename K>
+cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads, int smem, cudaStream_t stream,
+                                const GemmProblem& p) {
+  if (!grid_fits(blocks) || split < 2 || split > 65535) return cudaErrorInvalidConfiguration;
+  if (smem > 0) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(split)), threads, smem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t pairs = p.m * ((p.n + 1) / 2);
+  return launch_blocks(sum_planes<T>, std::min<int64_t>((pairs + 255) / 256, 4096), 256, 0, stream, p, split);
+}
+
+// The wgmma split instance's finish (gemm_wgmma.cuh; only the sweeps run it since the k split there
+// measured slower): each of the cluster's `split` CTAs has staged its partial BM x BN float tile in its
+// own shared memory at `part`, rows `ld` floats apart (a 16-byte multiple). After a cluster barrier,
+// CTA r sums the 16-byte chunks r, r + split, ... (in units of THREADS) over the CTAs in rank order
+// through distributed shared memory and hands each pair of sums to store(row, col, v0, v1): the same
+// bits on every run, no workspace. A thread keeps kInFlight chunks' loads in flight per rank: one pair
+// at a time, a round trip (~1 us per 128 x 128 tile and rank) each, made every split slower than none
+// (bench/NOTES.md, session 17). The last barrier keeps every CTA resident while another may still
+// read its shared memory. sm_90 PTX, as common.cuh's cluster primitives: call it only from code
+// compiled for sm_90 and up.
 __device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
@@ -273,71 +357,39 @@ __device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank
                : "r"(map_cluster(smem_addr(local), rank)));
   return v;
 }
-__device__ __forceinline__ double2 ld_cluster16(const double* local, uint32_t rank) {
-  double2 v;
-  asm volatile("ld.shared::cluster.v2.f64 {%0,%1}, [%2];\n" : "=d"(v.x), "=d"(v.y) : "r"(map_cluster(smem_addr(local), rank)));
-  return v;
-}
-__device__ __forceinline__ void add16(float4& v, const float4& w) { v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w; }
-__device__ __forceinline__ void add16(double2& v, const double2& w) { v.x += w.x, v.y += w.y; }
-template <int BM, int BN, int THREADS, typename A, typename Store>
-__device__ __forceinline__ void reduce_cluster_tile(const A* part, int ld, int split, int tid, Store&& store) {
-  using V = std::conditional_t<std::is_same_v<A, float>, float4, double2>;
-  constexpr int kPer = 16 / static_cast<int>(sizeof(A)), kRowChunks = BN / kPer, kChunks = BM * kRowChunks;
+template <int BM, int BN, int THREADS, typename Store>
+__device__ __forceinline__ void reduce_cluster_tile(const float* part, int ld, int split, int tid, Store&& store) {
+  constexpr int kRowChunks = BN / 4, kChunks = BM * kRowChunks;
   constexpr int kInFlight = 4;
-  static_assert(BN % kPer == 0, "whole 16-byte chunks per row");
+  static_assert(BN % 4 == 0, "whole 16-byte chunks per row");
   cluster_sync();  // every CTA's partial staged
   const int stride = THREADS * split;
   for (int e0 = tid + static_cast<int>(cluster_rank()) * THREADS; e0 < kChunks; e0 += kInFlight * stride) {
-    V v[kInFlight];
+    float4 v[kInFlight];
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
       const int e = e0 + u * stride;
-      if (e < kChunks) v[u] = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * kPer, 0);
+      if (e < kChunks) v[u] = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * 4, 0);
     }
     for (int s = 1; s < split; ++s) {
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int e = e0 + u * stride;
-        if (e < kChunks) add16(v[u], ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * kPer, s));
+        if (e >= kChunks) continue;
+        const float4 w = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * 4, s);
+        v[u].x += w.x, v[u].y += w.y, v[u].z += w.z, v[u].w += w.w;
       }
     }
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
       const int e = e0 + u * stride;
       if (e >= kChunks) break;
-      const int r = e / kRowChunks, c = (e % kRowChunks) * kPer;
-      if constexpr (std::is_same_v<A, float>) {
-        store(r, c, v[u].x, v[u].y);
-        store(r, c + 2, v[u].z, v[u].w);
-      } else {
-        store(r, c, v[u].x, v[u].y);
-      }
+      const int r = e / kRowChunks, c = (e % kRowChunks) * 4;
+      store(r, c, v[u].x, v[u].y);
+      store(r, c + 2, v[u].z, v[u].w);
     }
   }
   cluster_sync();
-}
-
-// `blocks` x `cluster` blocks of `threads` in clusters of `cluster` along y (the float64 k-split
-// instances, gemm_f64.cu), with `smem` bytes of dynamic shared memory. At most 8 (a portable
-// cluster).
-template <typename K, typename... Args>
-cudaError_t launch_cluster_y(K kernel, int64_t blocks, int cluster, int threads, int smem, cudaStream_t stream,
-                             const Args&... args) {
-  if (!grid_fits(blocks) || cluster < 2 || cluster > 8) return cudaErrorInvalidConfiguration;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(cluster), attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // The fast kernels' launchers: the instance the plan names (its tile, layouts and grid), or

@@ -12,9 +12,8 @@
 // sets the pace. What matters is that every SM's pipe always has independent MMAs waiting: 16 a warp
 // per 4-deep step, and stages in flight to cover the loads from L2.
 //
-// k split (kSplit, sm_90): the CTAs of a cluster along y each multiply a slice of k, stage their
-// partial tile in the drained ring, and sum the partials in rank order through the cluster's shared
-// memory (as kernels/gemm_simt.cu's): the same bits on every run, no workspace.
+// k split (kSplit, any GPU): CTAs along y each multiply a slice of k into a plane of the workspace,
+// which gemm.cuh's sum_planes adds in order into c (as kernels/gemm_simt.cu's).
 #include "gemm.cuh"
 
 namespace cuops::kernels::detail {
@@ -45,13 +44,10 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
   static constexpr int kA = AK ? BM * kALd : kBK * kALd;
   static constexpr int kB = BNM ? kBK * kBLd : BN * kBLd;
   static constexpr int kStage = kA + kB;  // doubles
-  // The split instances stage their BM x BN partial in the drained ring, rows padded by 8 doubles so
-  // the 16-byte stores of a quarter warp (lanes g = 0..1, t = 0..3) fill the 32 banks once.
-  static constexpr int kPartLd = BN + 8;
   // 216 KB for 128 x 128 (one block per SM); 87 KB for 128 x 64, 80 and 92 KB for 64 x 64 and 16 x 128
   // (two; 128 x 64 at 4 stages would need 233 KB for its two, over the H100's 227).
   static constexpr int kStages = kBK == 32 || F64Tiling<BM, BN>::kQuad ? 3 : 4;
-  static constexpr int kBytes = std::max(kStages * kStage, BM * kPartLd) * 8;
+  static constexpr int kBytes = kStages * kStage * 8;
   __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
   __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
 };
@@ -127,30 +123,6 @@ __device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4],
 #endif
 }
 
-// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
-// pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
-__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col, double v0, double v1) {
-  if (r >= p.m || col >= p.n) return;
-  double* dst = static_cast<double*>(p.c) + r * p.ldc + col;
-  v0 *= p.alpha64;
-  v1 *= p.alpha64;
-  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
-    if (p.beta64 != 0.0) {
-      const double2 old = *reinterpret_cast<const double2*>(dst);
-      v0 = fma(p.beta64, old.x, v0);
-      v1 = fma(p.beta64, old.y, v1);
-    }
-    *reinterpret_cast<double2*>(dst) = make_double2(v0, v1);
-    return;
-  }
-  if (p.beta64 != 0.0) v0 = fma(p.beta64, dst[0], v0);
-  dst[0] = v0;
-  if (col + 1 < p.n) {
-    if (p.beta64 != 0.0) v1 = fma(p.beta64, dst[1], v1);
-    dst[1] = v1;
-  }
-}
-
 template <int BM, int BN, bool AK, bool BNM, bool kSplit>
 __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>::kMinBlocks)
     dgemm_mma(const GemmProblem whole) {
@@ -161,10 +133,9 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
   extern __shared__ __align__(16) double smem_f64[];
   GemmProblem p = whole;
-  int split = 1;
   if constexpr (kSplit) {
     // This CTA's slice of k: whole 16-deep slices, the last CTA's possibly shorter (or empty).
-    split = static_cast<int>(gridDim.y);
+    const int split = static_cast<int>(gridDim.y);
     const int64_t slice = (p.k + split * int64_t{S::kBK} - 1) / (split * int64_t{S::kBK}) * S::kBK;
     const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
     p.k = min(p.k, kb + slice) - kb;
@@ -288,29 +259,16 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
         for (int h = 0; h < 2; ++h)
           f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
   };
-  if constexpr (!kSplit) {
-    each_pair([&](int r, int c, double v0, double v1) { store_pair_f64(p, row0 + r, col0 + c, v0, v1); });
-  } else {
-#if __CUDA_ARCH__ >= 900
-    __syncthreads();  // every warp is done reading the ring (drained of copies above)
-    double* part = smem_f64;  // [BM][kPartLd]: this CTA's partial tile
-    each_pair([&](int r, int c, double v0, double v1) {
-      *reinterpret_cast<double2*>(part + r * S::kPartLd + c) = make_double2(v0, v1);
-    });
-    reduce_cluster_tile<BM, BN, kThreads>(part, S::kPartLd, split, tid, [&](int r, int c, double v0, double v1) {
-      store_pair_f64(p, row0 + r, col0 + c, v0, v1);
-    });
-#else
-    __trap();  // the planner splits k only where clusters run (GemmDevice::clusters)
-#endif
-  }
+  // The output: c, or (split) this CTA's plane of the workspace.
+  const GemmProblem out = kSplit ? planes_problem<double>(whole) : p;
+  each_pair([&](int r, int c, double v0, double v1) { store_pair_f64(out, row0 + r, col0 + c, v0, v1); });
 }
 
 template <int BM, int BN, bool AK, bool BNM>
 cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes, threads = F64Tiling<BM, BN>::kThreads;
   if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, threads, smem, stream, p);
-  return launch_cluster_y(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, threads, smem, stream, p);
+  return launch_split_planes<double>(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, threads, smem, stream, p);
 }
 
 }  // namespace

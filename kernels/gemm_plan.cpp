@@ -56,9 +56,9 @@
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
 // | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace: the time is the busiest|
 // |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   SM's waves of CTAs, each its slice of k at the   |
-// |                                                |   over a cluster of 2-8, whichever      |   tile's rate (L2 bytes per FMA) plus a fill and   |
-// |                                                |   leaves the busiest SM the least work  |   epilogue; clusters > 2 fill 91 % of the SMs. Fit |
-// |                                                |   (plan_f64)                            |   to the sweep: the best of 12 shapes (NOTES s. 18)|
+// |                                                |   into 2-16 CTAs writing partial planes |   tile's rate (L2 bytes per FMA) plus a fill and   |
+// |                                                |   (as SIMT), whichever leaves the       |   epilogue, and a split's planes summed. Fit to    |
+// |                                                |   busiest SM the least work (plan_f64)  |   the sweep (NOTES s. 18, s. 20)                   |
 #include "gemm_plan.h"
 
 #include <algorithm>
@@ -375,6 +375,11 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
   p.grid = cdiv(p.m, bm) * cdiv(p.n, bn);
 }
 
+// The most workspace a k split on independent CTAs (SIMT, float64) may take beside its output: the
+// few-% balance gains of splitting grids of several waves (4096^3 float32 on 108 SMs: 2 ways, 128 MiB)
+// are not worth a model's memory.
+constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
+
 // The float64 kernel's tiles and the cost model that picks one and a k split, fitted to the H100
 // sweeps (bench/results/f64/h100_f64_sweep*.txt: every tile x split on the shape suite's products;
 // bench/NOTES.md session 18). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the ring's fill
@@ -391,17 +396,10 @@ struct CostTile {
   int64_t rate, rate1;
 };
 constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 90, 60}, {64, 64, 2, 80, 70}, {16, 128, 2, 40, 40}};
-constexpr int64_t kF64CtaK = 64, kF64MinSlice = 64;
-// The splits the sweep measured (clusters of 5-7 pack the GPCs worse than the 91 % below assumes).
-constexpr int64_t kF64Splits[] = {1, 2, 3, 4, 8};
-
-// CTAs that run at once in clusters of `size`: a cluster takes SMs of one GPC, and the H100's GPCs,
-// not all multiples of 4 SMs, hold 30 clusters of 4 (cudaOccupancyMaxActiveClusters, bench/NOTES.md
-// session 17), 91 % of its SMs. So above pairs count 91 % of the SMs in whole clusters: 32 tiles x
-// split 4 of a decode product run in two waves, x 3 in one (1 x 4096 x 4096: 1.06x against 0.99x).
-int64_t cluster_slots(const GemmDevice& dev, int64_t size) {
-  return size <= 2 ? dev.sms : std::max<int64_t>(dev.sms * 91 / 100 / size, 1) * size;
-}
+constexpr int64_t kF64CtaK = 64, kF64MinSlice = 64, kF64MaxSplit = 16;
+// A split's planes summed (sum_planes): ~2 us and the planes' bytes at ~6 TB/s (L2), in units of
+// one 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate).
+constexpr int64_t kF64SumFixed = 2000 * 225, kF64SumBytesPerUnit = 26;
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate.
 int64_t busiest_sm_time(const CostTile& t, int64_t ctas, int64_t slots, int64_t work) {
@@ -418,17 +416,19 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   for (const CostTile& t : kF64Tiles) {
     if (t.bm == 128 && t.bn == 128 && !dev.dmma_wide) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
-    for (const int64_t split : kF64Splits) {
-      if (split > 1 && (!dev.clusters || cdiv(k, split) < kF64MinSlice)) break;
-      int64_t cost = busiest_sm_time(t, n_tiles * split, cluster_slots(dev, split), t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
+    for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
+      if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;
+      int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
       if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k < 32)) cost = cost * 3 / 2;
+      if (split > 1) cost += kF64SumFixed + (split + 1) * p.m * p.n * 8 / kF64SumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;
       best = cost;
       tiles(p, t.bm, t.bn, 16);
       p.split_k = static_cast<int>(split);
     }
   }
-  p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split over a cluster" : "float64 on FP64 tensor cores";
+  p.workspace_bytes = split_planes_bytes(p.m, p.n, p.split_k, 8);
+  p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split (planes summed in order)" : "float64 on FP64 tensor cores";
 }
 
 // The SIMT kernel's tiles and k split (float32 "highest"), by the float64 kernel's cost: the busiest
@@ -443,9 +443,6 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
 constexpr CostTile kSimtTiles[] = {{128, 128, 2, 100, 92}, {64, 64, 2, 66, 60}};
 constexpr int64_t kSimtCtaK = 64, kSimtMinSlice = 128, kSimtMaxSplit = 16;
 constexpr int64_t kSimtSumFixed = 2000 * 192, kSimtSumBytesPerUnit = 32;  // 2 us; ~6 TB/s (L2)
-// The most workspace a split may take beside its output: the few-% balance gains of splitting grids
-// of several waves (4096^3 on 108 SMs: 2 ways, 128 MiB) are not worth a model's memory.
-constexpr int64_t kSimtMaxWorkspace = int64_t{64} << 20;
 
 void plan_simt(GemmPlan& p, const GemmDevice& dev) {
   const int64_t k = p.req.k;
@@ -453,7 +450,7 @@ void plan_simt(GemmPlan& p, const GemmDevice& dev) {
   for (const CostTile& t : kSimtTiles) {
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kSimtMaxSplit; ++split) {
-      if (split > 1 && (cdiv(k, split) < kSimtMinSlice || simt_split_workspace_bytes(p.m, p.n, split) > kSimtMaxWorkspace)) break;
+      if (split > 1 && (cdiv(k, split) < kSimtMinSlice || split_planes_bytes(p.m, p.n, split, 4) > kMaxSplitWorkspace)) break;
       int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kSimtCtaK));
       if (split > 1) cost += kSimtSumFixed + (split + 1) * p.m * p.n * 4 / kSimtSumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;
@@ -462,7 +459,7 @@ void plan_simt(GemmPlan& p, const GemmDevice& dev) {
       p.split_k = static_cast<int>(split);
     }
   }
-  p.workspace_bytes = simt_split_workspace_bytes(p.m, p.n, p.split_k);
+  p.workspace_bytes = split_planes_bytes(p.m, p.n, p.split_k, 4);
   p.why = p.split_k > 1 ? "float32 'highest' on FP32 cores, k split (planes summed in order)" : "float32 'highest' on FP32 cores";
 }
 
@@ -606,7 +603,7 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
 GemmPlan with_split_k(GemmPlan plan, int split) {
   if (plan.kernel != GemmKernel::Simt && plan.kernel != GemmKernel::MmaF64) return plan;
   plan.split_k = split;
-  plan.workspace_bytes = plan.kernel == GemmKernel::Simt ? simt_split_workspace_bytes(plan.m, plan.n, split) : 0;
+  plan.workspace_bytes = split_planes_bytes(plan.m, plan.n, split, plan.kernel == GemmKernel::Simt ? 4 : 8);
   plan.why = "split set by with_split_k";
   return plan;
 }

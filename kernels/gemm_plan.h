@@ -103,11 +103,10 @@ struct GemmPlan {
   // and the grid in blocks (a persistent kernel's is below its tile count).
   int bm = 0, bn = 0, bk = 0, cluster_m = 1;
   int64_t grid = 0;
-  // k split into split_k CTAs. The float64 kernel (along the grid's y) and wgmma (along x; grid: the
-  // tiles, each a cluster) split over a cluster (> 1 only where GemmDevice::clusters) and sum the
-  // partial tiles in rank order in its shared memory. The SIMT kernel's CTAs (grid: the tiles, split_k
-  // along y) are independent: each writes its partial tile to a plane of the workspace
-  // (simt_split_workspace_bytes) and a second kernel adds the planes in order.
+  // k split into split_k CTAs. The SIMT and float64 kernels' CTAs (grid: the tiles, split_k along y)
+  // are independent: each writes its partial tile to a plane of the workspace (split_planes_bytes) and
+  // a second kernel adds the planes in order. wgmma's (along x; grid: the tiles, each a cluster; only
+  // in the sweeps) sum their partial tiles in rank order in the cluster's shared memory.
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
@@ -159,11 +158,12 @@ GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl =
 inline int64_t tail_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
 inline int64_t tail_workspace_bytes(int64_t grid, int64_t bn) { return tail_flag_bytes(grid) + grid * 128 * bn * 4; }
 
-// The SIMT kernel's k split: split_k planes of m x n float32 partial sums.
-inline int64_t simt_split_workspace_bytes(int64_t m, int64_t n, int64_t split) { return split > 1 ? split * m * n * 4 : 0; }
+// The workspace of a k split on independent CTAs (the SIMT and float64 kernels): split_k planes of
+// m x n partial sums of `elem` bytes (4: float32, 8: float64).
+inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t elem) { return split > 1 ? split * m * n * elem : 0; }
 
-// For experiments: a SIMT or float64 plan with its k cut into `split` CTAs (workspace_bytes set to what
-// the kernel's split needs); other plans unchanged.
+// For experiments: a SIMT or float64 plan with its k cut into `split` CTAs (workspace_bytes set to the
+// planes'); other plans unchanged.
 GemmPlan with_split_k(GemmPlan plan, int split);
 
 // For experiments: a wgmma plan on tile 128 x bn (cluster_m 1, one CTA per SM) whose partial last wave

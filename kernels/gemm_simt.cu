@@ -53,10 +53,7 @@ template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&
 // MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):
 // the 128 x 128 and 64 x 64 tiles the library compiles (256 x 128 needed ~250 registers, one block).
 // k split (plan.split_k CTAs along y, any GPU): each CTA multiplies its slice of k (whole BK slices)
-// and writes its partial tile, unscaled, to its plane of the workspace; sum_partials then adds the
-// planes in split order and applies alpha and beta. Independent CTAs, not a cluster: the H100 placed
-// clusters of 4 two to an SM and fit only 30 clusters of 8, which left the cluster split 25-45 %
-// short of an even spread on the M = 128 products (bench/NOTES.md, session 20).
+// into its plane of the workspace; gemm.cuh's sum_planes adds the planes into c.
 
 // kSplit: the split instance (its own, so the unsplit loop keeps the problem in parameter space:
 // moving a, b and k into registers spilled at the 128-register cap).
@@ -245,72 +242,25 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
   // acc[i][j] is element (tile row row_of(i), tile column col_of(j)).
   auto row_of = [&](int i) { return (i / (TM / 2)) * (BM / 2) + ty * (TM / 2) + i % (TM / 2); };
   auto col_of = [&](int j) { return (j / (TN / 2)) * (BN / 2) + tx * (TN / 2) + j % (TN / 2); };
-  // The output: c, or (split) this CTA's plane of the workspace, rows n apart, unscaled.
-  GemmProblem out = p;
-  if constexpr (kSplit) {
-    out.c = static_cast<float*>(whole.workspace) + int64_t{blockIdx.y} * whole.m * whole.n;
-    out.ldc = whole.n;
-    out.alpha = 1.f;
-    out.beta = 0.f;
-  }
+  // The output: c, or (split) this CTA's plane of the workspace.
+  const GemmProblem out = kSplit ? planes_problem<float>(whole) : p;
 #pragma unroll
   for (int i = 0; i < TM; ++i)
 #pragma unroll
     for (int j = 0; j < TN; j += 2) store_pair(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
 }
 
-// c <- alpha (the sum of the split planes of the workspace, added in plane order: the same bits on
-// every run) + beta c. A thread per pair of columns; memory-bound, a few us beside the split product.
-__global__ void sum_partials(const GemmProblem p, int split) {
-  const float* ws = static_cast<const float*>(p.workspace);
-  const int64_t plane = p.m * p.n, pairs = (p.n + 1) / 2;
-  const bool even = p.n % 2 == 0;  // every pair 8-byte aligned in the planes
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.m * pairs; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / pairs, col = (i % pairs) * 2;
-    const float* src = ws + r * p.n + col;
-    const bool two = col + 1 < p.n;
-    float v0, v1 = 0.f;
-    if (even) {
-      const float2 v = *reinterpret_cast<const float2*>(src);
-      v0 = v.x, v1 = v.y;
-      for (int s = 1; s < split; ++s) {
-        const float2 w = *reinterpret_cast<const float2*>(src + s * plane);
-        v0 += w.x, v1 += w.y;
-      }
-    } else {
-      v0 = src[0];
-      if (two) v1 = src[1];
-      for (int s = 1; s < split; ++s) {
-        v0 += src[s * plane];
-        if (two) v1 += src[s * plane + 1];
-      }
-    }
-    store_pair(p, r, col, v0, v1);
-  }
-}
-
 }  // namespace
-
-// The split instance on a grid of tiles x plan.split_k, then the planes' sum into c.
-template <typename K>
-cudaError_t launch_split(K kernel, const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
-  if (!grid_fits(plan.grid) || plan.split_k > 65535) return cudaErrorInvalidConfiguration;
-  kernel<<<dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(plan.split_k)), kSimtThreads, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const int64_t pairs = p.m * ((p.n + 1) / 2);
-  return launch_blocks(sum_partials, std::min<int64_t>((pairs + 255) / 256, 4096), 256, 0, stream, p, plan.split_k);
-}
 
 cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
     if (plan.bm == 128 && plan.bn == 128 && plan.bk == 8) {
-      if (plan.split_k > 1) return launch_split(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan, p, stream);
+      if (plan.split_k > 1) return launch_split_planes<float>(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan.grid, plan.split_k, kSimtThreads, 0, stream, p);
       return launch_blocks(sgemm_simt<128, 128, 8, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0, stream, p);
     }
     if (plan.bm == 64 && plan.bn == 64 && plan.bk == 16) {
-      if (plan.split_k > 1) return launch_split(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan, p, stream);
+      if (plan.split_k > 1) return launch_split_planes<float>(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan.grid, plan.split_k, kSimtThreads, 0, stream, p);
       return launch_blocks(sgemm_simt<64, 64, 16, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0, stream, p);
     }
     return cudaErrorInvalidValue;

@@ -1,10 +1,9 @@
 // The float64 kernel (kernels/gemm_f64.cu), or with SWEEP_DTYPE=float32 the float32 "highest" SIMT
 // kernel (kernels/gemm_simt.cu), over its tiles and k splits, against cublasDgemm / cublasSgemm on the
-// same inputs: which tile and split the planner (kernels/gemm_plan.cpp: plan_f64, the SIMT rule) should
-// pick.
-// Per shape: cuBLAS, the planner's pick, then every tile x split the library compiles (splits only
-// where clusters run). Each checked against cuBLAS (max relative error) before it is timed; medians of
-// event-timed calls on the same operands (L2-warm, as a sweep: the bench's rows are the reference).
+// same inputs: which tile and split the planner (kernels/gemm_plan.cpp: plan_f64, plan_simt) should
+// pick. Per shape: cuBLAS, the planner's pick, then every tile x split the library compiles. Each
+// checked against cuBLAS (max relative error) before it is timed; medians of event-timed calls on the
+// same operands (L2-warm, as a sweep: the bench's rows are the reference).
 // Built by CMake as <build>/bench/sweep/f64_sweep; not part of the tests.
 //   SWEEP_SHAPES="m,n,k;m,n,k" replaces the shape list; SWEEP_ALL=0 prints only cuBLAS and the pick;
 //   SWEEP_DTYPE=float32 sweeps the SIMT kernel (splits 1-16) in place of the float64 one.
@@ -33,7 +32,7 @@ template <> struct Sweep<double> {
   static constexpr double kTol = 1e-12;
   static constexpr int kBk = 16;
   static constexpr std::pair<int, int> kTiles[] = {{128, 64}, {128, 128}, {64, 64}, {16, 128}};
-  static constexpr int kSplits[] = {1, 2, 3, 4, 8};
+  static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
   static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const double* a, const double* b, double* c) {
     const double one = 1, zero = 0;
     return cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, c, n);
@@ -97,7 +96,7 @@ template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const s
     report(label, plan);
     for (const auto [bm, bn] : S::kTiles) {
       for (int split : S::kSplits) {
-        if (!ours || !all || (split > 1 && S::kType == DType::Float64 && !dev.clusters)) break;
+        if (!ours || !all) break;
         const GemmPlan q = with_split_k(with_tile(plan, bm, bn, S::kBk ? S::kBk : (bm == 128 ? 8 : 16), 1, dev), split);
         snprintf(label, sizeof label, "%dx%d split %d", bm, bn, split);
         report(label, q);

@@ -384,7 +384,7 @@ TEST(GemmPlan, Float32HighestRunsTheSimtKernel) {
   EXPECT_EQ(p.grid, 8 * 8);
   EXPECT_EQ(p.split_k, 2);
   EXPECT_EQ(p.workspace_bytes, 2 * 1024 * 1024 * 4);
-  EXPECT_EQ(p.workspace_bytes, cuops::kernels::simt_split_workspace_bytes(1024, 1024, 2));
+  EXPECT_EQ(p.workspace_bytes, cuops::kernels::split_planes_bytes(1024, 1024, 2, 4));
   p = plan_gemm(row_major(DType::Float32, 128, 4096, 4096), kH100);
   EXPECT_EQ(p.grid, 32);
   EXPECT_EQ(p.split_k, 8);  // 256 CTAs: one wave of pairs
