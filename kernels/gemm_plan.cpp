@@ -388,18 +388,20 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // its SM alone (a partial wave of at most one block an SM); the busiest SM's waves set the time. The
 // 128 x 128 tile's checked (edge) copy spills (up to 168 bytes of stack): where m or n leaves edge
 // tiles, or k is under one 32-deep stage, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x
-// cuBLAS, 128 x 64 at 0.82x; 6144 x 4096 x 16 at 0.78x, 64 x 64 at 1.10x). Fitted
-// rates: on 77 products the picks run at 0.937x cuBLAS (geomean, steady state), the best of each
-// at 0.949x.
+// cuBLAS, 128 x 64 at 0.82x; 6144 x 4096 x 16 at 0.78x, 64 x 64 at 1.10x). Rates and constants
+// refitted in session 20 to the independent-CTA split (bench/results/f64/h100_s20_f64_split_sweep.txt,
+// every tile x split 1-16 on 61 of the suite's products): the picks run at 0.991x the best of each
+// (geomean; worst 0.905x, 128 x 6144 x 4096). The 16-row tile's pairs share an SM's L2 bandwidth
+// (rate 25 in pairs, 60 alone).
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
 };
-constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 90, 60}, {64, 64, 2, 80, 70}, {16, 128, 2, 40, 40}};
-constexpr int64_t kF64CtaK = 64, kF64MinSlice = 64, kF64MaxSplit = 16;
+constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 2, 85, 85}, {16, 128, 2, 25, 60}};
+constexpr int64_t kF64CtaK = 96, kF64MinSlice = 64, kF64MaxSplit = 16;
 // A split's planes summed (sum_planes): ~2 us and the planes' bytes at ~6 TB/s (L2), in units of
 // one 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate).
-constexpr int64_t kF64SumFixed = 2000 * 225, kF64SumBytesPerUnit = 26;
+constexpr int64_t kF64SumFixed = 2000 * 225, kF64SumBytesPerUnit = 34;
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate.
 int64_t busiest_sm_time(const CostTile& t, int64_t ctas, int64_t slots, int64_t work) {

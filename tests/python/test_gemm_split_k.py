@@ -63,7 +63,7 @@ def test_split_k_kernel_choice(m, n, k, split):
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the split counts are the planner's for 132 SMs")
     assert any(re.search(r"sgemm_simt<.*, true>", x) for x in simt) == split, names
-    assert any("sum_partials" in x for x in names) == split, names
+    assert any("sum_planes" in x for x in names) == split, names
 
 
 @pytest.mark.quick
