@@ -390,18 +390,22 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // tiles, or k is under one 32-deep stage, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x
 // cuBLAS, 128 x 64 at 0.82x; 6144 x 4096 x 16 at 0.78x, 64 x 64 at 1.10x). Rates and constants
 // refitted in session 20 to the independent-CTA split (bench/results/f64/h100_s20_f64_split_sweep.txt,
-// every tile x split 1-16 on 61 of the suite's products): the picks run at 0.991x the best of each
-// (geomean; worst 0.905x, 128 x 6144 x 4096). The 16-row tile's pairs share an SM's L2 bandwidth
-// (rate 25 in pairs, 60 alone).
+// every tile x split 1-16 on 61 of the suite's products): the picks run at 0.986x the best of each
+// (geomean; worst 0.83x). The 16-row tile's pairs share an SM's L2 bandwidth (rate 25 in pairs, 60
+// alone). 64 x 64 pairs at 80, not the sweep's 85: 1024 x 4544 x 18176 (not swept, 169 GFLOP) ran
+// 64 x 64 at 0.80x in the bench where 128 x 64 had run 0.94x.
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
 };
-constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 2, 85, 85}, {16, 128, 2, 25, 60}};
+constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 2, 80, 85}, {16, 128, 2, 25, 60}};
 constexpr int64_t kF64CtaK = 96, kF64MinSlice = 64, kF64MaxSplit = 16;
-// A split's planes summed (sum_planes): ~2 us and the planes' bytes at ~6 TB/s (L2), in units of
-// one 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate).
-constexpr int64_t kF64SumFixed = 2000 * 225, kF64SumBytesPerUnit = 34;
+// A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
+// 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench
+// (cold L2) ran gpt-2's 768-wide products 5-8 us slower split into planes than over a cluster
+// (1024 x 768 x 768: 0.77 -> 0.63x), so the fixed cost carries that margin (sweep picks 0.991 ->
+// 0.986x the best).
+constexpr int64_t kF64SumFixed = 6000 * 225, kF64SumBytesPerUnit = 26;
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate.
 int64_t busiest_sm_time(const CostTile& t, int64_t ctas, int64_t slots, int64_t work) {
