@@ -109,8 +109,9 @@ void run_gemm(const at::Tensor& c, at::Tensor a, at::Tensor b, double alpha, dou
     TORCH_INTERNAL_ASSERT(plan.copy_a == kernels::OperandCopy::None && plan.copy_b == kernels::OperandCopy::None,
                           "cuops::gemm: the planner asked to copy an operand twice");
   }
-  // The split tail's partial tiles and flags: from torch's allocator on the op's stream (a CUDA graph keeps
-  // it in its pool; launch_gemm zeroes the flags on the stream before each run).
+  // A split's workspace (the wgmma tail's partial tiles and flags, or the SIMT / float64 split's partial
+  // planes): from torch's allocator on the op's stream (a CUDA graph keeps it in its pool; launch_gemm
+  // zeroes the tail's flags on the stream before each run).
   at::Tensor workspace;
   if (plan.workspace_bytes > 0) workspace = at::empty({plan.workspace_bytes}, c.options().dtype(at::kByte));
   C10_CUDA_CHECK(kernels::launch_gemm(plan, current_stream(c), workspace.defined() ? workspace.data_ptr() : nullptr));
