@@ -1,11 +1,11 @@
-// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k8 on sm_90 (two
-// m16n8k4 halves, each two m8n8k4, on sm_80-89, which lack those shapes). Tiles (F64Tiling): 128 x 128
-// and 64 x 64 of 8 warps (2 x 4); 128 x 64 of 4 warps (2 x 2, each 64 x 32) two blocks per SM, the
-// shape of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute, bench/NOTES.md
-// session 18); 16 x 128 of 8 warps (1 x 8) for few-row products (decode: the weight streamed, the
-// tensor pipe mostly idle). Operands come in by cp.async over a shared-memory ring, each laid out as it
-// is in global memory, so every layout is a straight 16-byte copy; an interior stage's copies are
-// issued after the DMMAs of the stage before it (the main loop below says why).
+// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k16 / m16n8k8 on
+// sm_90 (the same products in m8n8k4 pieces on sm_80-89, which lack those shapes). Tiles (F64Tiling,
+// below): 128 x 128 of 8 warps; 128 x 64, 64 x 64 and 32 x 64 of 4 warps, two or three blocks per SM,
+// the shapes of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute,
+// bench/NOTES.md session 18); 16 x 128 of 8 warps for few-row products. Operands come in by cp.async
+// over a shared-memory ring, each laid out as it is in global memory, so every layout is a straight
+// 16-byte copy; an interior stage's copies are issued after the DMMAs of the stage before it (the
+// main loop below says why).
 //
 // Why this shape: a DMMA m16n8k4 is 512 FMAs, 16 cycles of its sub-partition's FP64 tensor pipe (the
 // H100's 67 TFLOPS: 128 FP64 FMAs per clock per SM), so the pipe, not the issue slots or shared memory,
@@ -19,35 +19,50 @@
 namespace cuops::kernels::detail {
 namespace {
 
-// Threads, warps along m and n, and blocks per SM of each tile.
-template <int BM, int BN> struct F64Tiling {
-  static constexpr bool kQuad = BM == 128 && BN == 64;  // the 4-warp tile, two blocks per SM
-  static constexpr int kThreads = kQuad ? 128 : 256;
-  static constexpr int kWM = BM >= 64 ? 2 : 1, kWN = kThreads / 32 / kWM;
-  // One block of the 8-warp 128 x 128 (its 64 accumulators a thread are 128 registers, its ring 216 KB);
-  // two of the others (128 x 64: 246-255 registers of 128 threads fill the register file twice over
-  // exactly; 64 x 64 and 16 x 128 under 128 registers, rings of 80 and 92 KB).
-  static constexpr int kMinBlocks = BM * BN > 64 * 128 && !kQuad ? 1 : 2;
+// Each tile's shape: warps along m and n, k per ring stage, stages, blocks per SM and the depth of
+// its DMMAs. cuBLAS's sm90 DGEMM picks small tiles of 4 warps, three blocks an SM, for all but the
+// largest products (torch.profiler on the shape suite, bench/NOTES.md session 21: 64 x 64 x 16 with 4
+// stages, 32 x 64 x 32, 32 x 32 x 32; 128 x 128 x 16 of 8 warps from ~28672 x 4096 up), all with
+// DMMA.16x8x16: the third block on an SM keeps its FP64 pipes fed while the other two wait on the
+// ring, and more, smaller CTAs even out the last wave.
+//   128 x 128: 8 warps (2 x 4, each 64 x 32), 32 k a stage, 3 stages (216 KB), one block an SM; its 64
+//     accumulators and double-buffered k8 fragments fill a thread's 255 registers (k16 would spill).
+//   128 x 64: 4 warps (each 64 x 32), 3 stages, two blocks (246-255 registers of 128 threads fill the
+//     register file twice over exactly; 4 stages would need 233 KB for the two, over the H100's 227);
+//     k8, as with k16 ptxas spills 12-32 bytes in the main loop of three of its four layouts.
+//   64 x 64 and 32 x 64: 4 warps (32 x 32, 16 x 32), three blocks an SM (168 registers at most),
+//     rings of 3 x 20 and 4 x 15 KB.
+//   16 x 128: 8 warps (1 x 8, each 16 x 16) for few-row products (decode: the weight streamed, the
+//     tensor pipe mostly idle), two blocks.
+template <int WM_, int WN_, int BK, int STAGES, int BLOCKS, int MMAK> struct F64Shape {
+  static constexpr int kWM = WM_, kWN = WN_, kThreads = 32 * WM_ * WN_;
+  static constexpr int kBK = BK, kStages = STAGES, kMinBlocks = BLOCKS, kMmaK = MMAK;
 };
+template <int BM, int BN> struct F64Tiling;
+template <> struct F64Tiling<128, 128> : F64Shape<2, 4, 32, 3, 1, 8> {};
+template <> struct F64Tiling<128, 64> : F64Shape<2, 2, 16, 3, 2, 8> {};
+template <> struct F64Tiling<64, 64> : F64Shape<2, 2, 16, 3, 3, 16> {};
+template <> struct F64Tiling<32, 64> : F64Shape<2, 2, 16, 4, 3, 16> {};
+template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, 8> {};
 
 // One stage's operands. Rows are padded by 4 doubles: the fragment reads are 8-byte loads, served half
 // a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read element (g, t) of a
 // block whose rows are ld apart, or (t, g): 8-byte slots g * ld + t (or t * ld + g) are 16 distinct
 // slots of the 32 banks when ld = 4 (mod 16). Row pitches stay 16-byte multiples for cp.async.
-// Stage depth: the 128 x 128 tile takes 32 k a stage (3 stages, 216 KB: one barrier per 32 DMMAs of a
-// warp; at 16 deep it ran 0.73x cuBLAS), the smaller tiles 16 (4 stages, two blocks per SM).
+// The 128 x 128 tile's 32-deep stages: one barrier per 32 DMMAs of a warp (at 16 deep it ran 0.73x
+// cuBLAS).
 template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
-  static constexpr int kBK = BM * BN >= 128 * 128 ? 32 : 16;
+  static constexpr int kBK = F64Tiling<BM, BN>::kBK;
   static constexpr int kALd = AK ? kBK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
   static constexpr int kBLd = BNM ? BN + 4 : kBK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
   static_assert(kALd % 16 == 4 && kBLd % 16 == 4, "conflict-free fragment reads");
   static constexpr int kA = AK ? BM * kALd : kBK * kALd;
   static constexpr int kB = BNM ? kBK * kBLd : BN * kBLd;
   static constexpr int kStage = kA + kB;  // doubles
-  // 216 KB for 128 x 128 (one block per SM); 87 KB for 128 x 64, 80 and 92 KB for 64 x 64 and 16 x 128
-  // (two; 128 x 64 at 4 stages would need 233 KB for its two, over the H100's 227).
-  static constexpr int kStages = kBK == 32 || F64Tiling<BM, BN>::kQuad ? 3 : 4;
+  static constexpr int kStages = F64Tiling<BM, BN>::kStages;
   static constexpr int kBytes = kStages * kStage * 8;
+  // The blocks an SM is meant to hold fit its 227 KB (plus 1 KB the runtime reserves per block).
+  static_assert(F64Tiling<BM, BN>::kMinBlocks * (kBytes + 1024) <= 228 * 1024, "ring too large for its blocks");
   __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
   __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
 };
@@ -123,12 +138,40 @@ __device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4],
 #endif
 }
 
+// d += a b for one 16 x 8 x 16 block: a[i] = A[g + 8 (i % 2)][t + 4 (i / 2)], b[j] = B[t + 4 j][g]
+// (CUTLASS's SM90_16x8x16_F64F64F64F64_TN), i.e. two 16 x 8 x 8 blocks, k 0-7 and 8-15. cuBLAS's
+// sm90 DGEMM tiles run this shape: half the DMMAs of the k8 form again, so a warp's fixed waits
+// between its DMMAs sit under 64 cycles of pipe each.
+__device__ __forceinline__ void mma_f64_k16(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
+      "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]),
+        "d"(b[2]), "d"(b[3]));
+#else
+  mma_f64_k8(d, reinterpret_cast<const double(&)[4]>(a[0]), reinterpret_cast<const double(&)[2]>(b[0]));
+  mma_f64_k8(d, reinterpret_cast<const double(&)[4]>(a[4]), reinterpret_cast<const double(&)[2]>(b[2]));
+#endif
+}
+
+// One DMMA of depth K (8 or 16) on fragments of K / 2 (a) and K / 4 (b) doubles a thread.
+template <int K> __device__ __forceinline__ void mma_f64(double (&d)[4], const double (&a)[K / 2], const double (&b)[K / 4]) {
+  if constexpr (K == 16) {
+    mma_f64_k16(d, a, b);
+  } else {
+    mma_f64_k8(d, a, b);
+  }
+}
+
 template <int BM, int BN, bool AK, bool BNM, bool kSplit>
 __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>::kMinBlocks)
     dgemm_mma(const GemmProblem whole) {
   using S = F64Smem<BM, BN, AK, BNM>;
   using T = F64Tiling<BM, BN>;
   constexpr int kThreads = T::kThreads, WM = T::kWM, WN = T::kWN;  // warps along m and n
+  constexpr int kMmaK = T::kMmaK;
   constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
   static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
   extern __shared__ __align__(16) double smem_f64[];
@@ -179,30 +222,32 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   // constant once unrolled), where the next stage's copies go.
   auto multiply = [&](const double* as, auto&& between) {
     const double* bs = as + S::kA;
-    // The stage in 8-deep steps (m16n8k8), software-pipelined: step s + 1's fragments (24 loads for
-    // the 64 x 32 warp tile) come in while step s's 16 DMMAs run, so no warp waits on shared memory
-    // between its DMMAs. A warp's k16 form loaded a slice's 48 fragments, then multiplied (0.80x
-    // cuBLAS at 4096^3); 4-deep steps (m16n8k4) the same, 0.80x.
-    constexpr int kSteps = S::kBK / 8;
-    double fa[2][MI][4], fb[2][NI][2];
+    // The stage in steps of one DMMA depth (kMmaK), software-pipelined where a stage holds several:
+    // step s + 1's fragments (24 loads for the 64 x 32 warp tile at k8) come in while step s's DMMAs
+    // run, so no warp waits on shared memory between its DMMAs (session 17: loading a 16-deep slice's
+    // 48 fragments, then multiplying, ran 0.80x cuBLAS at 4096^3 with one block of 8 warps). A stage
+    // of one k16 step leaves that overlap to the SM's other blocks' warps.
+    constexpr int kSteps = S::kBK / kMmaK;
+    double fa[2][MI][kMmaK / 2], fb[2][NI][kMmaK / 4];
     auto load_step = [&](int buf, int ks) {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) fa[buf][mi][i] = S::a(as, wm0 + mi * 16 + g + 8 * (i % 2), ks + t + 4 * (i / 2));
+        for (int i = 0; i < kMmaK / 2; ++i)
+          fa[buf][mi][i] = S::a(as, wm0 + mi * 16 + g + 8 * (i % 2), ks + t + 4 * (i / 2));
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) fb[buf][ni][j] = S::b(bs, ks + t + 4 * j, wn0 + ni * 8 + g);
+        for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, ks + t + 4 * j, wn0 + ni * 8 + g);
     };
     load_step(0, 0);
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
-      if (st + 1 < kSteps) load_step((st + 1) % 2, 8 * (st + 1));
+      if (st + 1 < kSteps) load_step((st + 1) % 2, kMmaK * (st + 1));
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) mma_f64_k8(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
+        for (int ni = 0; ni < NI; ++ni) mma_f64<kMmaK>(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
         between(st * MI + mi);
       }
     }
@@ -213,7 +258,7 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   // waiting on its own copies' register reads and the LSU queue) left its sub-partition's FP64 pipe to
   // the other warp; between DMMA rows they take the issue slots of the NOPs ptxas puts between DMMAs,
   // as cuBLAS's loop does. Stage indices counted, not divided (64-bit % 3 was ~15 instructions).
-  constexpr int kRows = S::kBK / 8 * MI, kCopies = CopyA::kPasses + CopyB::kPasses;
+  constexpr int kRows = S::kBK / kMmaK * MI, kCopies = CopyA::kPasses + CopyB::kPasses;
 #pragma unroll
   for (int st = 0; st < S::kStages - 1; ++st) {
     if (st < ktiles) load_stage(st, st);
@@ -267,6 +312,11 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
 template <int BM, int BN, bool AK, bool BNM>
 cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes, threads = F64Tiling<BM, BN>::kThreads;
+  // Every block an SM is meant to hold needs the whole carveout for shared memory (the rings bypass L1).
+  auto kernel = plan.split_k <= 1 ? dgemm_mma<BM, BN, AK, BNM, false> : dgemm_mma<BM, BN, AK, BNM, true>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
   if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, threads, smem, stream, p);
   return launch_split_planes<double>(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, threads, smem, stream, p);
 }
@@ -279,6 +329,7 @@ cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cuda
     if (plan.bm == 128 && plan.bn == 128) return launch_f64<128, 128, AK, BNM>(plan, p, stream);
     if (plan.bm == 128 && plan.bn == 64) return launch_f64<128, 64, AK, BNM>(plan, p, stream);
     if (plan.bm == 64 && plan.bn == 64) return launch_f64<64, 64, AK, BNM>(plan, p, stream);
+    if (plan.bm == 32 && plan.bn == 64) return launch_f64<32, 64, AK, BNM>(plan, p, stream);
     if (plan.bm == 16 && plan.bn == 128) return launch_f64<16, 128, AK, BNM>(plan, p, stream);
     return cudaErrorInvalidValue;
   });

@@ -381,24 +381,24 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
 constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 
 // The float64 kernel's tiles and the cost model that picks one and a k split, fitted to the H100
-// sweeps (bench/results/f64/h100_f64_sweep*.txt: every tile x split on the shape suite's products;
-// bench/NOTES.md session 18). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the ring's fill
-// and the epilogue's bm x bn stores, which decide products of short k). Tiles of two blocks per SM run
-// at `rate` (percent of one 128 x 128 block's) when both blocks are busy and at `rate1` when a block has
-// its SM alone (a partial wave of at most one block an SM); the busiest SM's waves set the time. The
-// 128 x 128 tile's checked (edge) copy spills (up to 168 bytes of stack): where m or n leaves edge
-// tiles, or k is under one 32-deep stage, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x
-// cuBLAS, 128 x 64 at 0.82x; 6144 x 4096 x 16 at 0.78x, 64 x 64 at 1.10x). Rates and constants
-// refitted in session 20 to the independent-CTA split (bench/results/f64/h100_s20_f64_split_sweep.txt,
-// every tile x split 1-16 on 61 of the suite's products): the picks run at 0.986x the best of each
-// (geomean; worst 0.83x). The 16-row tile's pairs share an SM's L2 bandwidth (rate 25 in pairs, 60
-// alone). 64 x 64 pairs at 80, not the sweep's 85: 1024 x 4544 x 18176 (not swept, 169 GFLOP) ran
-// 64 x 64 at 0.80x in the bench where 128 x 64 had run 0.94x.
+// sweeps (bench/results/f64/h100_*sweep*.txt: tiles x splits on the shape suite's products;
+// bench/NOTES.md sessions 18, 20, 21). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the
+// ring's fill and the epilogue's bm x bn stores, which decide products of short k). Tiles of several
+// blocks per SM run at `rate` (percent of one 128 x 128 block's) when all of an SM's blocks are busy and
+// at `rate1` when a block has its SM alone; the busiest SM's waves set the time. The 128 x 128 tile's
+// checked (edge) copy spills (up to 168 bytes of stack): where m or n leaves edge tiles, or k is under
+// one 32-deep stage, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x cuBLAS, 128 x 64 at
+// 0.82x; 6144 x 4096 x 16 at 0.78x). Session 21 added the 4-warp 64 x 64 and 32 x 64 tiles, three
+// blocks an SM (cuBLAS's choice for most of the suite), and refitted their rates to the sweeps of every
+// tile x split 1-8 in the suite's three layouts (bench/results/f64/h100_s21_f64_sweep_*.txt, 72
+// products): the picks run at 0.983x the best of each (geomean). The 16-row tile's pairs share an SM's
+// L2 bandwidth (rate 25 in pairs, 60 alone); it serves decode only.
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
 };
-constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 2, 80, 85}, {16, 128, 2, 25, 60}};
+constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 3, 97, 60},
+                                   {32, 64, 3, 85, 40}, {16, 128, 2, 25, 60}};
 constexpr int64_t kF64CtaK = 96, kF64MinSlice = 64, kF64MaxSplit = 16;
 // A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
 // 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench
@@ -407,11 +407,17 @@ constexpr int64_t kF64CtaK = 96, kF64MinSlice = 64, kF64MaxSplit = 16;
 // 0.986x the best).
 constexpr int64_t kF64SumFixed = 6000 * 225, kF64SumBytesPerUnit = 26;
 
-// The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate.
+// The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate. A last
+// wave that leaves the busiest SM c of its `blocks` blocks runs them at a rate between rate1 (alone)
+// and rate (all blocks busy), in proportion.
 int64_t busiest_sm_time(const CostTile& t, int64_t ctas, int64_t slots, int64_t work) {
   const int64_t full = ctas / (slots * t.blocks), rest = ctas % (slots * t.blocks);
   int64_t time = full * t.blocks * work * 100 / t.rate;
-  if (rest > 0) time += rest <= slots ? work * 100 / t.rate1 : t.blocks * work * 100 / t.rate;
+  if (rest > 0) {
+    const int64_t c = (rest + slots - 1) / slots;
+    const int64_t rate = t.blocks == 1 ? t.rate : t.rate1 + (t.rate - t.rate1) * (c - 1) / (t.blocks - 1);
+    time += c * work * 100 / rate;
+  }
   return time;
 }
 
@@ -421,6 +427,9 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   int64_t best = -1;
   for (const CostTile& t : kF64Tiles) {
     if (t.bm == 128 && t.bn == 128 && !dev.dmma_wide) continue;
+    // The 16-row tile serves decode (m <= 16, swept there) and nothing past 32 rows, where its B panels
+    // would be read once per 16 rows; the 32-row tile was swept from 128 rows up only.
+    if ((t.bm == 16 && p.m > 32) || (t.bm == 32 && p.m <= 16)) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
       if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;

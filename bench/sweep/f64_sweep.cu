@@ -6,7 +6,9 @@
 // same operands (L2-warm, as a sweep: the bench's rows are the reference).
 // Built by CMake as <build>/bench/sweep/f64_sweep; not part of the tests.
 //   SWEEP_SHAPES="m,n,k;m,n,k" replaces the shape list; SWEEP_ALL=0 prints only cuBLAS and the pick;
-//   SWEEP_DTYPE=float32 sweeps the SIMT kernel (splits 1-16) in place of the float64 one.
+//   SWEEP_DTYPE=float32 sweeps the SIMT kernel (splits 1-16) in place of the float64 one; SWEEP_LAYOUT
+//   (kn, kk, mn: a's and b's majors) the operands' layout; SWEEP_TILES="64x64,32x64" and
+//   SWEEP_SPLITS="1,2,4" narrow the tiles and splits tried.
 #include <cublas_v2.h>
 
 #include <cstdio>
@@ -31,11 +33,13 @@ template <> struct Sweep<double> {
   static constexpr const char* kName = "float64";
   static constexpr double kTol = 1e-12;
   static constexpr int kBk = 16;
-  static constexpr std::pair<int, int> kTiles[] = {{128, 64}, {128, 128}, {64, 64}, {16, 128}};
+  static constexpr std::pair<int, int> kTiles[] = {{128, 64}, {128, 128}, {64, 64}, {32, 64}, {16, 128}};
   static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
-  static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const double* a, const double* b, double* c) {
+  static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const double* a, bool ak, const double* b, bool bn,
+                             double* c) {
     const double one = 1, zero = 0;
-    return cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, c, n);
+    return cublasDgemm(h, bn ? CUBLAS_OP_N : CUBLAS_OP_T, ak ? CUBLAS_OP_N : CUBLAS_OP_T, n, m, k, &one, b, bn ? n : k, a,
+                       ak ? k : m, &zero, c, n);
   }
 };
 template <> struct Sweep<float> {
@@ -45,13 +49,22 @@ template <> struct Sweep<float> {
   static constexpr int kBk = 0;  // the tile's own: 8 for 128 x 128, 16 for 64 x 64
   static constexpr std::pair<int, int> kTiles[] = {{128, 128}, {64, 64}};
   static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16};
-  static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const float* a, const float* b, float* c) {
+  static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const float* a, bool ak, const float* b, bool bn,
+                             float* c) {
     const float one = 1, zero = 0;
-    return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, c, n);
+    return cublasSgemm(h, bn ? CUBLAS_OP_N : CUBLAS_OP_T, ak ? CUBLAS_OP_N : CUBLAS_OP_T, n, m, k, &one, b, bn ? n : k, a,
+                       ak ? k : m, &zero, c, n);
   }
 };
 
-template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const std::vector<Shape>& shapes, bool all) {
+// Whether `item` is in the comma-separated list in environment variable `var` (all when unset).
+bool listed(const char* var, const std::string& item) {
+  const char* e = getenv(var);
+  return !e || ("," + std::string(e) + ",").find("," + item + ",") != std::string::npos;
+}
+
+template <typename T>
+int sweep(cublasHandle_t h, const GemmDevice& dev, const std::vector<Shape>& shapes, bool all, bool ak, bool bn) {
   using S = Sweep<T>;
   int failures = 0;
   for (const Shape& s : shapes) {
@@ -65,10 +78,11 @@ template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const s
     const double flops = 2.0 * s.m * s.n * s.k;
     const int reps = flops > 5e11 ? 10 : 30;
     // Row-major c = a @ b as cuBLAS's column-major c^T = b^T a^T.
-    auto cublas = [&] { CB(S::gemm(h, s.m, s.n, s.k, A, B, R)); };
+    auto cublas = [&] { CB(S::gemm(h, s.m, s.n, s.k, A, ak, B, bn, R)); };
     const float tb = median_ms(cublas, reps);
-    printf("\n== %ld x %ld x %ld %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", s.m, s.n, s.k, S::kName, tb, flops / tb / 1e9);
-    const GemmPlan plan = plan_gemm(sweep_request(S::kType, s.m, s.n, s.k, A, true, B, true, C, 1.f, 0.f, false), dev);
+    printf("\n== %ld x %ld x %ld %s a %s b %s: cuBLAS %.3f ms, %.1f TFLOP/s\n", s.m, s.n, s.k, S::kName, ak ? "k-major" : "m-major",
+           bn ? "n-major" : "k-major", tb, flops / tb / 1e9);
+    const GemmPlan plan = plan_gemm(sweep_request(S::kType, s.m, s.n, s.k, A, ak, B, bn, C, 1.f, 0.f, false), dev);
     void* ws = nullptr;  // the largest workspace a plan asked for so far
     int64_t ws_bytes = 0;
     auto report = [&](const std::string& name, const GemmPlan& p) {
@@ -97,6 +111,9 @@ template <typename T> int sweep(cublasHandle_t h, const GemmDevice& dev, const s
     for (const auto [bm, bn] : S::kTiles) {
       for (int split : S::kSplits) {
         if (!ours || !all) break;
+        if (!listed("SWEEP_TILES", std::to_string(bm) + "x" + std::to_string(bn)) ||
+            !listed("SWEEP_SPLITS", std::to_string(split)))
+          continue;
         const GemmPlan q = with_split_k(with_tile(plan, bm, bn, S::kBk ? S::kBk : (bm == 128 ? 8 : 16), 1, dev), split);
         snprintf(label, sizeof label, "%dx%d split %d", bm, bn, split);
         report(label, q);
@@ -128,7 +145,11 @@ int main() {
   }
   const bool all = !getenv("SWEEP_ALL") || atoi(getenv("SWEEP_ALL")) != 0;
   const bool f32 = getenv("SWEEP_DTYPE") && strcmp(getenv("SWEEP_DTYPE"), "float32") == 0;
-  const int failures = f32 ? sweep<float>(h, dev, shapes, all) : sweep<double>(h, dev, shapes, all);
+  // SWEEP_LAYOUT: a's and b's majors as the shape suite names an nn.Linear's products: "kn" (a k-major,
+  // b n-major: the input gradient; the default), "kk" (the forward), "mn" (the weight gradient).
+  const std::string layout = getenv("SWEEP_LAYOUT") ? getenv("SWEEP_LAYOUT") : "kn";
+  const bool ak = layout[0] == 'k', bn = layout.size() > 1 && layout[1] == 'n';
+  const int failures = f32 ? sweep<float>(h, dev, shapes, all, ak, bn) : sweep<double>(h, dev, shapes, all, ak, bn);
   CB(cublasDestroy(h));
   printf("\n%s\n", failures ? "SOME RESULTS WRONG" : (f32 ? "all results within 1e-5 of cuBLAS" : "all results within 1e-12 of cuBLAS"));
   return failures ? 1 : 0;

@@ -88,7 +88,7 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   EXPECT_EQ(p.grid, 64);
   EXPECT_EQ(p.split_k, 2);
   EXPECT_EQ(p.workspace_bytes, cuops::kernels::split_planes_bytes(1024, 1024, 2, 8));
-  // 1024^3: 256 tiles of 64 x 64 (two blocks an SM) beat 128 x 128 in halves of k.
+  // 1024^3: 256 tiles of 64 x 64 (three blocks an SM) beat 128 x 128 in halves of k.
   p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kH100);
   EXPECT_EQ(p.bm, 64);
   EXPECT_EQ(p.split_k, 1);
