@@ -392,13 +392,16 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // blocks an SM (cuBLAS's choice for most of the suite), and refitted their rates to the sweeps of every
 // tile x split 1-8 in the suite's three layouts (bench/results/f64/h100_s21_f64_sweep_*.txt, 72
 // products): the picks run at 0.983x the best of each (geomean). The 16-row tile's pairs share an SM's
-// L2 bandwidth (rate 25 in pairs, 60 alone); it serves decode only.
+// L2 bandwidth (rate 25 in pairs, 60 alone). Row ranges: the 16-row tile serves decode (swept there)
+// and nothing past 32 rows, where its B panels would be read once per 16 rows; the 32-row tile was
+// swept from 128 rows up only, so decode keeps the 16-row one.
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
+  int64_t min_m = 0, max_m = INT64_MAX;  // the problem rows (after any swap) the tile may take
 };
 constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 3, 97, 60},
-                                   {32, 64, 3, 85, 40}, {16, 128, 2, 25, 60}};
+                                   {32, 64, 3, 85, 40, 17}, {16, 128, 2, 25, 60, 0, 32}};
 constexpr int64_t kF64CtaK = 96, kF64MinSlice = 64, kF64MaxSplit = 16;
 // A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
 // 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench
@@ -427,9 +430,7 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
   int64_t best = -1;
   for (const CostTile& t : kF64Tiles) {
     if (t.bm == 128 && t.bn == 128 && !dev.dmma_wide) continue;
-    // The 16-row tile serves decode (m <= 16, swept there) and nothing past 32 rows, where its B panels
-    // would be read once per 16 rows; the 32-row tile was swept from 128 rows up only.
-    if ((t.bm == 16 && p.m > 32) || (t.bm == 32 && p.m <= 16)) continue;
+    if (p.m < t.min_m || p.m > t.max_m) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
       if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;
