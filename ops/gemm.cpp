@@ -152,7 +152,15 @@ void gemm_autograd(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b
   torch::autograd::impl::bump_version(c);
 }
 
-// grad_a = g @ b^T, grad_b = a^T @ g, through cuops::mm, which reads the transposed views in place.
+// An operand laid out column-major (a transposed row-major tensor, such as nn.Linear's weight.t()) gets
+// its gradient column-major too, as torch.mm's backward does: AccumulateGrad copies a gradient whose
+// strides differ from its parameter's, and a row-major grad of weight.t() made that a transposing
+// float32 copy of every weight on every training step (bench/NOTES.md, session 22). Symbolic sizes
+// compare with a guard, so a compiled graph keeps the layout it was traced with.
+bool column_major(const at::Tensor& t) { return t.sym_stride(0) == 1 && t.sym_stride(1) == t.sym_size(0); }
+
+// grad_a = g @ b^T, grad_b = a^T @ g, through cuops::mm, which reads the transposed views in place; a
+// column-major operand's gradient as the transpose of grad^T's row-major product.
 class MmFunction : public torch::autograd::Function<MmFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
@@ -164,8 +172,9 @@ class MmFunction : public torch::autograd::Function<MmFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grads[0];
     at::Tensor grad_a, grad_b;
-    if (ctx->needs_input_grad(0)) grad_a = cuops::mm(g, saved[1].t());
-    if (ctx->needs_input_grad(1)) grad_b = cuops::mm(saved[0].t(), g);
+    const at::Tensor &a = saved[0], &b = saved[1];
+    if (ctx->needs_input_grad(0)) grad_a = column_major(a) ? cuops::mm(b, g.t()).t() : cuops::mm(g, b.t());
+    if (ctx->needs_input_grad(1)) grad_b = column_major(b) ? cuops::mm(g.t(), a).t() : cuops::mm(a.t(), g);
     return {grad_a, grad_b};
   }
 };

@@ -190,6 +190,25 @@ def test_mm_and_gemm(device, dtype, mkn, layout_a, layout_b):
         assert rel_error(c, alpha * ref + beta * c0.double(), abs(alpha) * scale + abs(beta) * c0.double().abs()) <= 2 * tol
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
+def test_mm_gradients_take_their_operands_layout(device, dtype, layout_a, layout_b):
+    # nn.Linear's x @ W.t(): W's gradient must come back in W's own strides (torch.mm's backward does
+    # the same), or AccumulateGrad copies it into them on every step.
+    m, k, n = 37, 24, 19
+    a = make((m, k), dtype, device, layout_a).requires_grad_()
+    b = make((k, n), dtype, device, layout_b).requires_grad_()
+    g = make((m, n), dtype, device)
+    ga, gb = torch.autograd.grad(ops.mm(a, b), (a, b), g)
+    ta, tb = torch.autograd.grad(torch.mm(a, b), (a, b), g)
+    assert ga.stride() == ta.stride() == a.stride() and gb.stride() == tb.stride() == b.stride()
+    tol = REDUCTION_TOL[dtype]
+    assert rel_error(ga, g.double() @ b.detach().double().t(), g.double().abs() @ b.detach().double().abs().t()) <= tol
+    assert rel_error(gb, a.detach().double().t() @ g.double(), a.detach().double().abs().t() @ g.double().abs()) <= tol
+
+
 # float32 on the fast kernels (gemm_simt.cu, gemm_tf32.cu): shapes that pick every tile
 # configuration and cut every tile edge (m, n, k off the tile grid, k = 1, one row or column),
 # operands row-major or transposed (the four no-copy layouts), c row- or column-major. Operand rows
