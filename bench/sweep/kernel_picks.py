@@ -8,15 +8,14 @@ What the planner should learn from, not a benchmark: times are warm (no L2 flush
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuops_bench.library import load_library  # noqa: E402
+from cuops_bench.profiling import gpu_events  # noqa: E402
 from cuops_bench.shapes import products  # noqa: E402
 
 import torch  # noqa: E402
@@ -27,18 +26,10 @@ DTYPES = {"float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch
 
 def calls_kernels(fn, calls: int) -> list[list[dict]]:
     """The kernels (and memsets) of each of `calls` calls of fn, in launch order."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            with torch.profiler.record_function(f"call{i}"):
-                fn()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
-    events = [e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
-    events.sort(key=lambda e: e["ts"])
+    def run():
+        for _ in range(calls):
+            fn()
+    events = gpu_events(run)
     per = max(1, len(events) // calls)
     out = []
     for i in range(calls):

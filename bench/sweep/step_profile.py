@@ -10,15 +10,14 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import json
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuops_bench.context import GptTrainBench  # noqa: E402
 from cuops_bench.library import load_library  # noqa: E402
+from cuops_bench.profiling import gpu_events  # noqa: E402
 from cuops_bench.llama_model import cuops_twin  # noqa: E402
 from cuops_bench.sections.gpt_train import Gpt, make_step  # noqa: E402
 
@@ -45,21 +44,14 @@ def short(name: str) -> str:
 
 def profile_steps(step, batches, steps: int) -> dict[str, list[float]]:
     """Per kernel name: [total us a step, launches a step]."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def run():
         for i in range(steps):
             step(batches[i % len(batches)])
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
     out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for e in trace["traceEvents"]:
-        if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
-            entry = out[short(e["name"])]
-            entry[0] += e["dur"] / steps
-            entry[1] += 1 / steps
+    for e in gpu_events(run):
+        entry = out[short(e["name"])]
+        entry[0] += e["dur"] / steps
+        entry[1] += 1 / steps
     return out
 
 
