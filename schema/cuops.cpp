@@ -9,6 +9,11 @@ int64_t link_anchor() { return 1; }
 
 TORCH_LIBRARY(cuops, m) {
   const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  // gemm and mm read any strides (the planner copies only what its kernels cannot read), so the
+  // compiler may hand them any layout (flexible_layout). Without it Inductor materializes each input in
+  // its eager strides, and a value two of them read (g and g^T in a Linear's backward) was written to
+  // two buffers. Other ops keep the default: their kernels want what eager gives them.
+  const std::vector<at::Tag> gemm_tags = {at::Tag::pt2_compliant_tag, at::Tag::flexible_layout};
   // c <- a + b elementwise, written into c (c may be a or b); equal shapes, no broadcasting.
   m.def("add2(Tensor(a!) c, Tensor a, Tensor b) -> ()", tags);
   // a + b elementwise as a new contiguous tensor.
@@ -20,9 +25,9 @@ TORCH_LIBRARY(cuops, m) {
   // 0-dim Euclidean norm of a - b over all elements (0 for empty inputs).
   m.def("two_norm(Tensor a, Tensor b) -> Tensor", tags);
   // c <- alpha * a @ b + beta * c for a [M, K], b [K, N], c [M, N]; beta = 0 ignores c's contents.
-  m.def("gemm(Tensor(a!) c, Tensor a, Tensor b, float alpha=1.0, float beta=0.0) -> ()", tags);
+  m.def("gemm(Tensor(a!) c, Tensor a, Tensor b, float alpha=1.0, float beta=0.0) -> ()", gemm_tags);
   // a @ b as a new contiguous [M, N] tensor.
-  m.def("mm(Tensor a, Tensor b) -> Tensor", tags);
+  m.def("mm(Tensor a, Tensor b) -> Tensor", gemm_tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
 }

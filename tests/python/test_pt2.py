@@ -1,5 +1,7 @@
 """Native-op behaviour: opcheck, gradcheck, torch.compile (fullgraph, dynamic, reduce-overhead),
 autocast, side streams and CUDA graphs."""
+import re
+
 import pytest
 import torch
 import torch._dynamo.testing
@@ -113,6 +115,33 @@ def test_compile_backward_through_cuops(device):
     ga, gw = torch.autograd.grad(torch.compile(loss, fullgraph=True)(a, w), (a, w))
     ea, ew = torch.autograd.grad(loss(a, w), (a, w))
     torch.testing.assert_close((ga, gw), (ea, ew))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_one_buffer_for_a_value_two_gemms_read(device):
+    # A Linear's backward in one: the cast of g feeds mm(g, W) and, transposed, mm(g^T, x) and gemm.
+    # gemm and mm read any strides (flexible_layout), so Inductor writes the cast once and hands the
+    # transposed readers a view of it; with the custom-op default (exact eager strides) it wrote the
+    # transposed copy to a second buffer, a whole extra pass over g each step.
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+
+    def step(g32, w, x, c):
+        g = (g32 * 2).to(torch.bfloat16)
+        ops.gemm(c, g.t(), x, 0.5, 1.0)
+        return ops.mm(g, w), ops.mm(g.t(), x)
+
+    g32 = torch.randn(64, 40, device=device)
+    w, x = (torch.randn(s, device=device).to(torch.bfloat16) for s in ((40, 24), (64, 16)))
+    c = torch.randn(40, 16, device=device).to(torch.bfloat16)
+    c_eager = c.clone()
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph's code predates the tags
+        got, codes = run_and_get_code(torch.compile(step, fullgraph=True), g32, w, x, c)
+    eager = step(g32, w, x, c_eager)
+    torch.testing.assert_close((got, c), (eager, c_eager), rtol=0, atol=0)
+    code = "\n".join(codes)
+    g_buffers = re.findall(r"empty_strided_\w+\(\((?:64, 40|40, 64)\)", code)
+    assert len(g_buffers) == 1, f"the cast of g written to {len(g_buffers)} buffers:\n{code}"
 
 
 @requires_cuda
