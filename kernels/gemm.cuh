@@ -103,36 +103,37 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
 // global memory, by 16-byte chunks (copy_chunk: zeros past an edge): A's BM x BK rows (AK: k-major)
 // or BK x BM (m-major) at AS, rows ALD elements apart; B's BK x BN (BNM: n-major) or BN x BK at BS,
 // rows BLD apart. P: the GemmProblem; A, B its typed operand pointers; ROW0, COL0, K0: the slice's
-// corner; thread TID of THREADS takes chunks TID, TID + THREADS, ...
+// corner; thread TID of THREADS takes chunks TID, TID + THREADS, ... ASWZ / BSWZ (float64's swizzled
+// operands, kernels/gemm_f64.cu): element (r, c) of a stored row sits at column c ^ 4 (r % 4).
 // A macro, expanded inside each kernel's own load lambda: as a __forceinline__ function (tried per
 // slice, per chunk, with the row pitch a constant or not) the same statements compiled to other
 // address arithmetic, up to 11 % more instructions in a bf16 loop and 2.5 % slower on the H100 (with
 // CUOPS_DISABLE_WGMMA; bench/NOTES.md, "operand staging").
-#define CUOPS_STAGE_CHUNK(T, DST, LD, SRC, G_LD, ROW_CHUNKS, IDX, OUTER0, OUTER_N, INNER0, INNER_N)                \
+#define CUOPS_STAGE_CHUNK(T, DST, LD, SWZ, SRC, G_LD, ROW_CHUNKS, IDX, OUTER0, OUTER_N, INNER0, INNER_N)           \
   do {                                                                                                            \
     constexpr int kPer_ = 16 / static_cast<int>(sizeof(T));                                                       \
     const int r_ = (IDX) / (ROW_CHUNKS), c_ = ((IDX) % (ROW_CHUNKS)) * kPer_;                                     \
     const int64_t go_ = (OUTER0) + r_, gi_ = (INNER0) + c_;                                                       \
-    copy_chunk<sizeof(T)>((DST) + r_ * (LD) + c_, (SRC) + go_ * (G_LD) + gi_,                                     \
+    copy_chunk<sizeof(T)>((DST) + r_ * (LD) + ((SWZ) ? c_ ^ ((r_ & 3) << 2) : c_), (SRC) + go_ * (G_LD) + gi_,    \
                           go_ < (OUTER_N) ? chunk_valid<kPer_>((INNER_N) - gi_) : 0);                             \
   } while (0)
-#define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0, COL0, K0, TID)        \
+#define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0, COL0, K0, TID, ASWZ, BSWZ) \
   do {                                                                                                            \
     constexpr int kPerS_ = 16 / static_cast<int>(sizeof(T));                                                      \
     constexpr int kAChunks_ = (BM) * (BK) / kPerS_;  /* fewer than THREADS in float64's 16-row tile */           \
     _Pragma("unroll") for (int i_ = 0; i_ < (kAChunks_ + (THREADS) - 1) / (THREADS); ++i_) {                     \
       if (kAChunks_ % (THREADS) != 0 && (TID) + i_ * (THREADS) >= kAChunks_) break;                               \
       if constexpr (AK) {                                                                                         \
-        CUOPS_STAGE_CHUNK(T, AS, ALD, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS), ROW0, (P).m, K0, (P).k);   \
+        CUOPS_STAGE_CHUNK(T, AS, ALD, ASWZ, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS), ROW0, (P).m, K0, (P).k);   \
       } else {                                                                                                    \
-        CUOPS_STAGE_CHUNK(T, AS, ALD, A, (P).lda, (BM) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, ROW0, (P).m);   \
+        CUOPS_STAGE_CHUNK(T, AS, ALD, ASWZ, A, (P).lda, (BM) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, ROW0, (P).m);   \
       }                                                                                                           \
     }                                                                                                             \
     _Pragma("unroll") for (int i_ = 0; i_ < (BN) * (BK) / kPerS_ / (THREADS); ++i_) {                            \
       if constexpr (BNM) {                                                                                        \
-        CUOPS_STAGE_CHUNK(T, BS, BLD, B, (P).ldb, (BN) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, COL0, (P).n);   \
+        CUOPS_STAGE_CHUNK(T, BS, BLD, BSWZ, B, (P).ldb, (BN) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, COL0, (P).n);   \
       } else {                                                                                                    \
-        CUOPS_STAGE_CHUNK(T, BS, BLD, B, (P).ldb, (BK) / kPerS_, (TID) + i_ * (THREADS), COL0, (P).n, K0, (P).k);   \
+        CUOPS_STAGE_CHUNK(T, BS, BLD, BSWZ, B, (P).ldb, (BK) / kPerS_, (TID) + i_ * (THREADS), COL0, (P).n, K0, (P).k);   \
       }                                                                                                           \
     }                                                                                                             \
   } while (0)

@@ -27,35 +27,49 @@ namespace {
 // ring, and more, smaller CTAs even out the last wave.
 //   128 x 128: 8 warps (2 x 4, each 64 x 32), 32 k a stage, 3 stages (216 KB), one block an SM; its 64
 //     accumulators and double-buffered k8 fragments fill a thread's 255 registers (k16 would spill).
-//   128 x 64: 4 warps (each 64 x 32), 3 stages, two blocks (246-255 registers of 128 threads fill the
-//     register file twice over exactly; 4 stages would need 233 KB for the two, over the H100's 227);
-//     k8, as with k16 ptxas spills 12-32 bytes in the main loop of three of its four layouts.
+//   128 x 64: 4 warps (each 64 x 32), 4 stages (<= 100 KB with k-major operands swizzled, F64Smem),
+//     two blocks (242-255 registers of 128 threads fill the register file twice over exactly); k8, as
+//     with k16 ptxas spills 12-32 bytes in the main loop of three of its four layouts.
 //   64 x 64 and 32 x 64: 4 warps (32 x 32, 16 x 32), three blocks an SM (168 registers at most),
-//     rings of 3 x 20 and 4 x 15 KB.
+//     rings of 4 x <= 17 and 5 x <= 13 KB. The deeper rings (session 23: 3 and 4 stages with padded
+//     rows before) ran 3-7 % faster where an operand is k-major, 1 % where neither is
+//     (bench/NOTES.md).
 //   16 x 128: 8 warps (1 x 8, each 16 x 16) for few-row products (decode: the weight streamed, the
 //     tensor pipe mostly idle), two blocks.
-template <int WM_, int WN_, int BK, int STAGES, int BLOCKS, int MMAK> struct F64Shape {
+template <int WM_, int WN_, int BK, int STAGES, int BLOCKS, int MMAK, bool SWIZZLE> struct F64Shape {
   static constexpr int kWM = WM_, kWN = WN_, kThreads = 32 * WM_ * WN_;
   static constexpr int kBK = BK, kStages = STAGES, kMinBlocks = BLOCKS, kMmaK = MMAK;
+  static constexpr bool kSwizzle = SWIZZLE;
 };
 template <int BM, int BN> struct F64Tiling;
-template <> struct F64Tiling<128, 128> : F64Shape<2, 4, 32, 3, 1, 8> {};
-template <> struct F64Tiling<128, 64> : F64Shape<2, 2, 16, 3, 2, 8> {};
-template <> struct F64Tiling<64, 64> : F64Shape<2, 2, 16, 3, 3, 16> {};
-template <> struct F64Tiling<32, 64> : F64Shape<2, 2, 16, 4, 3, 16> {};
-template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, 8> {};
+template <> struct F64Tiling<128, 128> : F64Shape<2, 4, 32, 3, 1, 8, false> {};
+template <> struct F64Tiling<128, 64> : F64Shape<2, 2, 16, 4, 2, 8, true> {};
+template <> struct F64Tiling<64, 64> : F64Shape<2, 2, 16, 4, 3, 16, true> {};
+template <> struct F64Tiling<32, 64> : F64Shape<2, 2, 16, 5, 3, 16, true> {};
+template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, 8, false> {};
 
-// One stage's operands. Rows are padded by 4 doubles: the fragment reads are 8-byte loads, served half
-// a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read element (g, t) of a
-// block whose rows are ld apart, or (t, g): 8-byte slots g * ld + t (or t * ld + g) are 16 distinct
-// slots of the 32 banks when ld = 4 (mod 16). Row pitches stay 16-byte multiples for cp.async.
+// One stage's operands, each stored row as it lies in global memory. The fragment reads are 8-byte
+// loads, served half a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read
+// element (g, t) of a 4 x 4 block of stored rows (or (t, g)), the block's corner at a row and a column
+// that are multiples of 4. Two layouts keep those 16 reads on 16 distinct 8-byte slots of the 32 banks:
+//   padded: rows ld = 4 (mod 16) doubles apart (slot g * ld + t);
+//   swizzled: rows of the stored width (a multiple of 16 doubles), element (r, c) at column
+//     c ^ 4 (r % 4), i.e. the 16-byte chunk index XOR 2 (r % 4), so the four rows' two chunks land on
+//     eight distinct chunk positions of a 128-byte bank line.
+// Padding a k-major operand's 16-wide rows costs a quarter of its stage, an m- or n-major one's 64- or
+// 128-wide rows 3-6 %; a swizzled operand costs registers instead (four row bases, Frag below). So the
+// 4-warp tiles (kSwizzle) swizzle their k-major operands and pad the others, which fits cuBLAS's ring
+// depth in every layout: 64 x 64 4 stages of <= 17 KB for three blocks an SM (padded: 3 of 19 KB);
+// 128 x 64 4 of <= 25 KB for two (3 of 29 KB); 32 x 64 5 of <= 13 KB (4 of 15 KB).
+// Row pitches stay 16-byte multiples and chunks stay whole (the XOR moves whole chunks) for cp.async.
 // The 128 x 128 tile's 32-deep stages: one barrier per 32 DMMAs of a warp (at 16 deep it ran 0.73x
-// cuBLAS).
+// cuBLAS); its 3 stages of 64 KB fill the SM either way, so it keeps the padded rows.
 template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
   static constexpr int kBK = F64Tiling<BM, BN>::kBK;
-  static constexpr int kALd = AK ? kBK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
-  static constexpr int kBLd = BNM ? BN + 4 : kBK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
-  static_assert(kALd % 16 == 4 && kBLd % 16 == 4, "conflict-free fragment reads");
+  static constexpr bool kASwz = F64Tiling<BM, BN>::kSwizzle && AK, kBSwz = F64Tiling<BM, BN>::kSwizzle && !BNM;
+  static constexpr int kALd = (AK ? kBK : BM) + (kASwz ? 0 : 4);  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd = (BNM ? BN : kBK) + (kBSwz ? 0 : 4);  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static_assert(kALd % 16 == (kASwz ? 0 : 4) && kBLd % 16 == (kBSwz ? 0 : 4), "conflict-free fragment reads");
   static constexpr int kA = AK ? BM * kALd : kBK * kALd;
   static constexpr int kB = BNM ? kBK * kBLd : BN * kBLd;
   static constexpr int kStage = kA + kB;  // doubles
@@ -63,8 +77,29 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
   static constexpr int kBytes = kStages * kStage * 8;
   // The blocks an SM is meant to hold fit its 227 KB (plus 1 KB the runtime reserves per block).
   static_assert(F64Tiling<BM, BN>::kMinBlocks * (kBytes + 1024) <= 228 * 1024, "ring too large for its blocks");
-  __device__ static double a(const double* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
-  __device__ static double b(const double* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
+
+  // A thread's fragment reads: element (w_r + rl + R, w_c + cl + C) of a stored operand, with w_r, w_c
+  // the warp's corner (multiples of 16), rl, cl the lane's part (g or t) and R, C constants of the
+  // unrolled loop (multiples of 4). Swizzled, the column's bits 2-3 mix with the row's, so the lane's
+  // offset depends on C / 4 mod 4: base[u] holds it for each u, set once, and a read is base[u] plus
+  // a constant (ptxas otherwise rebuilt every address in the main loop: 50-80 % more instructions
+  // there). Padded, base[u] = base[0] + 4 u, which the compiler folds into the constant.
+  template <bool SWZ> struct Frag {
+    int base[4];
+    __device__ Frag(int w_r, int rl, int w_c, int cl, int ld) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) base[u] = (w_r + rl) * ld + w_c + (SWZ ? (4 * u + cl) ^ ((rl & 3) << 2) : 4 * u + cl);
+    }
+    __device__ int at(int R, int C, int ld) const { return base[(C >> 2) & 3] + R * ld + (C & ~15); }
+  };
+  using AFrag = Frag<kASwz>;
+  using BFrag = Frag<kBSwz>;
+  // A's and B's fragment readers for lane (g, t) of a warp whose tile starts at (wm0, wn0): A[m][k]
+  // read at m = wm0 + g + R, k = t + C (AK, else stored transposed); B[k][n] at k = t + C, n = wn0 + g + R.
+  __device__ static AFrag a_frag(int wm0, int g, int t) { return AK ? AFrag(wm0, g, 0, t, kALd) : AFrag(0, t, wm0, g, kALd); }
+  __device__ static BFrag b_frag(int wn0, int g, int t) { return BNM ? BFrag(0, t, wn0, g, kBLd) : BFrag(wn0, g, 0, t, kBLd); }
+  __device__ static double a(const double* as, const AFrag& f, int m, int k) { return as[AK ? f.at(m, k, kALd) : f.at(k, m, kALd)]; }
+  __device__ static double b(const double* bs, const BFrag& f, int k, int n) { return bs[BNM ? f.at(k, n, kBLd) : f.at(n, k, kBLd)]; }
 };
 
 // The 16-byte copies of one operand's stage when the whole stage lies inside the matrix: OUTER
@@ -74,7 +109,7 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
 // 64-bit index arithmetic (which, issued by the warps that also feed the DMMAs, held the first
 // version at 0.62x cuBLAS; bench/NOTES.md, session 17). Edge tiles and a ragged last slice keep the
 // checked copy.
-template <int OUTER, int INNER, int kLd, int THREADS> struct F64StageCopy {
+template <int OUTER, int INNER, int kLd, int THREADS, bool SWIZZLE> struct F64StageCopy {
   static constexpr int kRowChunks = INNER / 2, kChunks = OUTER * kRowChunks;
   static constexpr int kRowsPerPass = THREADS / kRowChunks;
   static constexpr int kPasses = (kChunks + THREADS - 1) / THREADS;
@@ -82,13 +117,12 @@ template <int OUTER, int INNER, int kLd, int THREADS> struct F64StageCopy {
                 "whole passes, or one partial pass");
   const double* src;  // this thread's first chunk at slice 0
   int64_t pass_step;  // elements between its chunks in global memory
-  int dst;            // its first chunk's offset in the stage (doubles)
+  int row, col;       // its first chunk's stored row and column in the stage
   bool active;
   __device__ F64StageCopy(const double* tile, int64_t ld, int tid) {
-    const int r = tid / kRowChunks, c = (tid % kRowChunks) * 2;
-    src = tile + r * ld + c;
+    row = tid / kRowChunks, col = (tid % kRowChunks) * 2;
+    src = tile + row * ld + col;
     pass_step = kRowsPerPass * ld;
-    dst = r * kLd + c;
     active = kChunks % THREADS == 0 || tid < kChunks;
   }
   // advance: elements from slice 0 to this slice (kBK along a stored row, or kBK rows).
@@ -96,9 +130,12 @@ template <int OUTER, int INNER, int kLd, int THREADS> struct F64StageCopy {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) pass(stage, advance, i);
   }
-  // The i-th of a thread's kPasses chunks (i a constant once unrolled).
+  // The i-th of a thread's kPasses chunks (i a constant once unrolled). Swizzled, a chunk's column
+  // depends on its row mod 4, the same for all passes when they are a multiple of 4 rows apart.
   __device__ __forceinline__ void pass(double* stage, int64_t advance, int i) const {
-    if (active) cp_async16(stage + dst + i * kRowsPerPass * kLd, src + advance + i * pass_step, 16);
+    const int r = kRowsPerPass % 4 == 0 ? row : row + i * kRowsPerPass;
+    const int dst = r * kLd + (SWIZZLE ? col ^ ((r & 3) << 2) : col);
+    if (active) cp_async16(stage + dst + (kRowsPerPass % 4 == 0 ? i * kRowsPerPass * kLd : 0), src + advance + i * pass_step, 16);
   }
 };
 
@@ -193,14 +230,17 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm0 = (warp / WN) * (BM / WM), wn0 = (warp % WN) * (BN / WN);  // the warp tile's corner
+  static_assert((BM / WM) % 16 == 0 && (BN / WN) % 16 == 0, "warp corners leave the swizzled bits alone");
+  const typename S::AFrag frag_a = S::a_frag(wm0, g, t);
+  const typename S::BFrag frag_b = S::b_frag(wn0, g, t);
   const int64_t ktiles = (p.k + S::kBK - 1) / S::kBK;
 
   // Interior tiles copy every whole 16-deep slice unchecked (F64StageCopy); the rest, checked.
   const int64_t fast_ktiles = row0 + BM <= p.m && col0 + BN <= p.n ? p.k / S::kBK : 0;
-  using CopyA = std::conditional_t<AK, F64StageCopy<BM, S::kBK, S::kALd, kThreads>,
-                                   F64StageCopy<S::kBK, BM, S::kALd, kThreads>>;
-  using CopyB = std::conditional_t<BNM, F64StageCopy<S::kBK, BN, S::kBLd, kThreads>,
-                                   F64StageCopy<BN, S::kBK, S::kBLd, kThreads>>;
+  using CopyA = std::conditional_t<AK, F64StageCopy<BM, S::kBK, S::kALd, kThreads, S::kASwz>,
+                                   F64StageCopy<S::kBK, BM, S::kALd, kThreads, S::kASwz>>;
+  using CopyB = std::conditional_t<BNM, F64StageCopy<S::kBK, BN, S::kBLd, kThreads, S::kBSwz>,
+                                   F64StageCopy<BN, S::kBK, S::kBLd, kThreads, S::kBSwz>>;
   const CopyA copy_a(AK ? A + row0 * p.lda : A + row0, p.lda, tid);
   const CopyB copy_b(BNM ? B + col0 : B + col0 * p.ldb, p.ldb, tid);
 
@@ -214,7 +254,7 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
       return;
     }
     CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
-                         k0, tid);
+                         k0, tid, S::kASwz, S::kBSwz);
   };
 
   double acc[MI][NI][4] = {};
@@ -234,11 +274,11 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int i = 0; i < kMmaK / 2; ++i)
-          fa[buf][mi][i] = S::a(as, wm0 + mi * 16 + g + 8 * (i % 2), ks + t + 4 * (i / 2));
+          fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-        for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, ks + t + 4 * j, wn0 + ni * 8 + g);
+        for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, frag_b, ks + 4 * j, ni * 8);
     };
     load_step(0, 0);
 #pragma unroll

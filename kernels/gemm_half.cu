@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
     const int64_t k0 = kt * kHBK;
     T* as = smem + stage * S::kStageElems;
     T* bs = as + S::kAElems;
-    CUOPS_STAGE_OPERANDS(T, BM, BN, kHBK, kHalfThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid);
+    CUOPS_STAGE_OPERANDS(T, BM, BN, kHBK, kHalfThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid, false, false);
   };
 
   float acc[MI][NI][4] = {};

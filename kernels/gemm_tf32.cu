@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
     const int64_t k0 = kt * kBK;
     float* as = smem + stage * S::kStageFloats;
     float* bs = as + S::kAFloats;
-    CUOPS_STAGE_OPERANDS(float, BM, BN, kBK, kTf32Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid);
+    CUOPS_STAGE_OPERANDS(float, BM, BN, kBK, kTf32Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid, false, false);
   };
 
   float acc[MI][NI][4] = {};
