@@ -56,14 +56,14 @@ template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, 8, false> {};
 //   swizzled: rows of the stored width (a multiple of 16 doubles), element (r, c) at column
 //     c ^ 4 (r % 4), i.e. the 16-byte chunk index XOR 2 (r % 4), so the four rows' two chunks land on
 //     eight distinct chunk positions of a 128-byte bank line.
-// Padding a k-major operand's 16-wide rows costs a quarter of its stage, an m- or n-major one's 64- or
-// 128-wide rows 3-6 %; a swizzled operand costs registers instead (four row bases, Frag below). So the
+// Padding a k-major operand's 16-wide rows costs a quarter of its stage, an m- or n-major one's 32- to
+// 128-wide rows 3-12 %; a swizzled operand costs registers instead (four row bases, Frag below). So the
 // 4-warp tiles (kSwizzle) swizzle their k-major operands and pad the others, which fits cuBLAS's ring
-// depth in every layout: 64 x 64 4 stages of <= 17 KB for three blocks an SM (padded: 3 of 19 KB);
-// 128 x 64 4 of <= 25 KB for two (3 of 29 KB); 32 x 64 5 of <= 13 KB (4 of 15 KB).
+// depth in every layout: 64 x 64 4 stages of <= 17 KB for three blocks an SM (padded: 3 of <= 20 KB);
+// 128 x 64 4 of <= 25 KB for two (3 of <= 30 KB); 32 x 64 5 of <= 13 KB (4 of <= 15 KB).
 // Row pitches stay 16-byte multiples and chunks stay whole (the XOR moves whole chunks) for cp.async.
 // The 128 x 128 tile's 32-deep stages: one barrier per 32 DMMAs of a warp (at 16 deep it ran 0.73x
-// cuBLAS); its 3 stages of 64 KB fill the SM either way, so it keeps the padded rows.
+// cuBLAS); its 3 stages of 66-72 KB (64 KB unpadded) fill the SM either way, so it keeps the padded rows.
 template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
   static constexpr int kBK = F64Tiling<BM, BN>::kBK;
   static constexpr bool kASwz = F64Tiling<BM, BN>::kSwizzle && AK, kBSwz = F64Tiling<BM, BN>::kSwizzle && !BNM;

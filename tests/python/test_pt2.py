@@ -139,6 +139,7 @@ def test_compile_one_buffer_for_a_value_two_gemms_read(device):
         got, codes = run_and_get_code(torch.compile(step, fullgraph=True), g32, w, x, c)
     eager = step(g32, w, x, c_eager)
     torch.testing.assert_close((got, c), (eager, c_eager), rtol=0, atol=0)
+    assert all(torch.Tag.flexible_layout in op.default.tags for op in (torch.ops.cuops.mm, torch.ops.cuops.gemm))
     code = "\n".join(codes)
     g_buffers = re.findall(r"empty_strided_\w+\(\((?:64, 40|40, 64)\)", code)
     assert len(g_buffers) == 1, f"the cast of g written to {len(g_buffers)} buffers:\n{code}"
