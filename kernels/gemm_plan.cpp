@@ -38,6 +38,9 @@
 // |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. 16-bit: col |
 // |                                                |   least (bn + col) x (waves x k / split |   and fixed fitted to every width on the bf16 suite|
 // |                                                |   + fixed); pairs multicast B           |   (NOTES, s. 18). The split lost everywhere: off   |
+// | wgmma, 16-bit, one wave of 192 x 128 tiles     | 192 x 128 (three consumer warpgroups),  | cuBLAS's tile for the c_attn weight gradient |
+// |   costs less than the 128-row plans            |   single CTAs                           |   3072 x 1024 x 8192: 0.85x -> 0.99-1.23x; gpt-2  |
+// |                                                |                                         |   dW over 1-4k tokens 0.73 -> 0.90x (NOTES s. 24) |
 // | wgmma, a partial last wave over a long k        | the full waves, then the last wave's    | the idle SMs take the rest of k: gpt-2 768-wide    |
 // |                                                |   tiles each cut into runs of k over the|   weight gradients 0.69x -> 0.94x, falcon          |
 // |                                                |   SMs it leaves idle (single CTAs of a  |   1024 x 4544 x 18176 0.76x -> 1.00x; a fixed cost |
@@ -68,6 +71,14 @@ namespace cuops::kernels {
 namespace {
 
 constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two consumers of 64
+// Its tall tile, 192 x 128 (three consumers; 16-bit types): the work a tile does per k in the units of
+// plan_wgmma's cost (128 x bn tiles: bn + col), and its fixed cost in k. 240: 128 x 128's rate per
+// output (160 for 16384), which fits the bf16 suite swept with the tile (every product, all widths, L2
+// flushed: bench/results/train/h100_s24_wgmma_tall_sweep.txt): 0.957 -> 0.964x cuBLAS for the best
+// pick, the gain all in weight gradients that one wave of tall tiles covers (gpt-2 768 x 3072 over
+// 1024-4096 tokens 0.73-0.79 -> 0.90x). 208 (the rate its operand rows a output predicted) sent
+// 1024-k products there too, where 128 x 128 ran 5-10 % faster.
+constexpr int64_t kWgTallBM = 192, kWgTallBN = 128, kWgTallWork = 240;
 // The wgmma k split: slices of at least kWgMinSlice k (8 k-tiles of 16-bit types), a split tile's
 // reduction (staging 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more
 // k. Measured on the H100 (bench/NOTES.md, session 17) the split instance (one tile per cluster, not
@@ -146,10 +157,10 @@ int64_t balanced(int64_t units, int64_t most) {
   return cdiv(units, waves);
 }
 
-// A wgmma tile of 128 x bn in clusters of cm along m, on a persistent grid.
-void wgmma_tile(GemmPlan& p, int bn, int cm, const GemmDevice& dev) {
-  p.bm = kWgmmaBM, p.bn = bn, p.bk = 0, p.cluster_m = cm;
-  const int64_t units = cdiv(p.m, kWgmmaBM * cm) * cdiv(p.n, bn);
+// A wgmma tile of bm x bn in clusters of cm along m, on a persistent grid.
+void wgmma_tile(GemmPlan& p, int bm, int bn, int cm, const GemmDevice& dev) {
+  p.bm = bm, p.bn = bn, p.bk = 0, p.cluster_m = cm;
+  const int64_t units = cdiv(p.m, int64_t{bm} * cm) * cdiv(p.n, bn);
   const int64_t most = cm == 1 ? dev.sms : (dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2);
   p.grid = balanced(units, std::max<int64_t>(most, 1)) * cm;
 }
@@ -170,7 +181,7 @@ void set_tail(GemmPlan& p, int bn, int64_t grid, int64_t units, int split) {
   p.split_k = 1;
   p.tail_units = units % grid;
   p.tail_split = split;
-  p.workspace_bytes = tail_workspace_bytes(grid, bn);
+  p.workspace_bytes = tail_workspace_bytes(grid, kWgmmaBM, bn);
 }
 
 // 16-bit outputs leave by TMA store where beta is 0, TMA describes c, and k is not split (a split
@@ -232,6 +243,15 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
     if (cost(128, s) < best) best = cost(128, s), bn = 128, split = s;
   }
+  // The tall tile (16-bit types), single CTAs: where a third more rows a tile turn a partial last wave
+  // into a full one (cuBLAS's choice for the c_attn weight gradient 3072 x 1024 x 8192: 128 tiles,
+  // where 128 x 128 makes 192 on 132 SMs).
+  bool tall = false;
+  if (!tf32) {
+    const int64_t tiles = cdiv(p.m, kWgTallBM) * cdiv(p.n, kWgTallBN);
+    const int64_t c = kWgTallWork * (cdiv(tiles, dev.sms) * r.k + 512);
+    if (c < best) best = c, tall = true;
+  }
   // The split tail on single CTAs of each width, one per SM: the full waves, then the partial last
   // wave's tiles cut along k over the SMs it leaves idle. It wins where that wave is short over a long
   // k (the 768-wide weight gradients: 144 tiles on 132 SMs ran 0.68-0.70x cuBLAS in every width,
@@ -254,13 +274,16 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   if (tail_bn > 0) {
     set_tail(p, static_cast<int>(tail_bn), dev.sms, tiles_m * cdiv(p.n, tail_bn), tail_runs);
     p.why = "wgmma: the partial last wave split along k";
+  } else if (tall) {
+    wgmma_tile(p, kWgTallBM, kWgTallBN, 1, dev);
+    p.why = "wgmma: 192 x 128 tiles, fewer waves";
   } else if (split > 1) {
-    wgmma_tile(p, 128, 1, dev);
+    wgmma_tile(p, kWgmmaBM, 128, 1, dev);
     p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
     p.split_k = static_cast<int>(split);
     p.why = "wgmma: k split over a cluster (fewer tiles than SMs, k long)";
   } else {
-    wgmma_tile(p, static_cast<int>(bn), bn == 256 && tiles_m >= 2 ? 2 : 1, dev);
+    wgmma_tile(p, kWgmmaBM, static_cast<int>(bn), bn == 256 && tiles_m >= 2 ? 2 : 1, dev);
     p.why = bn == 256 ? "wgmma: 128 x 256 tiles" : "wgmma: narrower tiles, fewer waves";
   }
   wgmma_tma_store(p);
@@ -605,7 +628,7 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
   plan.tail_units = plan.workspace_bytes = 0;
   plan.tail_split = 1;
   if (plan.kernel == GemmKernel::Wgmma) {
-    wgmma_tile(plan, bn, cluster_m, dev);
+    wgmma_tile(plan, bm == kWgTallBM ? kWgTallBM : kWgmmaBM, bn, cluster_m, dev);
     wgmma_tma_store(plan);
     plan.bm = bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check
   } else {

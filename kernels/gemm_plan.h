@@ -113,7 +113,7 @@ struct GemmPlan {
   // The split tail (wgmma, cluster_m 1, split_k 1): the last tail_units tiles of the persistent walk
   // (a partial last wave) are each cut into tail_split runs of k-tiles, one CTA each, every CTA
   // resident at once (grid <= SMs). A tile's later runs leave their partial sums in the workspace
-  // (tail_workspace_bytes: zeroed flags, then one 128 x bn float tile per CTA); its first run waits
+  // (tail_workspace_bytes: zeroed flags, then one bm x bn float tile per CTA); its first run waits
   // for them and adds them in run order (the same bits on every run) before its epilogue. launch_gemm
   // then needs workspace_bytes of device memory.
   int64_t tail_units = 0;
@@ -152,11 +152,13 @@ GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
 // dependent or not (a plan that cannot stream stays as it was, its why saying so).
 GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl = true);
 
-// The split tail's workspace on a grid of `grid` CTAs with tiles bn wide: a flag per CTA (rounded up to
-// 256 bytes), then a 128 x bn float32 partial tile per CTA. One home for the planner's size and the
+// The split tail's workspace on a grid of `grid` CTAs with tiles of bm x bn: a flag per CTA (rounded up
+// to 256 bytes), then a bm x bn float32 partial tile per CTA. One home for the planner's size and the
 // launcher's layout.
 inline int64_t tail_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
-inline int64_t tail_workspace_bytes(int64_t grid, int64_t bn) { return tail_flag_bytes(grid) + grid * 128 * bn * 4; }
+inline int64_t tail_workspace_bytes(int64_t grid, int64_t bm, int64_t bn) {
+  return tail_flag_bytes(grid) + grid * bm * bn * 4;
+}
 
 // The workspace of a k split on independent CTAs (the SIMT and float64 kernels): split_k planes of
 // m x n partial sums of `elem` bytes (4: float32, 8: float64).

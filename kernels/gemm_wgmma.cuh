@@ -1,9 +1,10 @@
 // Hopper GEMM (sm_90a): operands brought in by the bulk tensor copy engine (TMA) into 128-byte
 // swizzled shared memory over a multi-stage mbarrier ring, multiplied by wgmma with float32
 // accumulators. Warp-specialised: warpgroup 0 is the producer (one thread issues the copies; the
-// group gives its registers to the others with setmaxnreg), warpgroups 1 and 2 each compute 64 rows
-// of the 128 x BN block tile. Persistent: one block per SM walks the tiles in grouped order, so the
-// producer already fills the ring for the next tile while the consumers run the epilogue.
+// group gives its registers to the others with setmaxnreg), the others (two, or three for the 192-row
+// tile) each compute 64 rows of the BM x BN block tile. Persistent: one block per SM walks the tiles in
+// grouped order, so the producer already fills the ring for the next tile while the consumers run the
+// epilogue.
 // bfloat16 / float16 take all four layouts (wgmma transposes m-major A and n-major B itself). float32
 // runs as TF32 (torch's "high" precision), whose wgmma reads shared operands k-major only: a k-major A
 // comes from shared memory, an m-major one from registers (each consumer loads its fragments from the
@@ -26,26 +27,38 @@ namespace cuops::kernels::detail {
 
 namespace {
 
-constexpr int kWgThreads = 384, kWgBM = 128;
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+// The block tile's rows: BM = 128 (two consumer warpgroups of 64 rows) or 192 (three). cuBLAS runs
+// 192-row tiles where they make one full wave of a long reduction (the c_attn weight gradient
+// 3072 x 1024 x 8192: 128 tiles of 192 x 128 where 128 x 128 leaves 1.45 waves; NOTES.md session 24).
+// The producer warpgroup gives its registers to the consumers with setmaxnreg: 128 * 40 + 256 * 232 and
+// 128 * 40 + 384 * 152 fit the SM's 65536.
+template <int BM> struct WgShape {
+  static_assert(BM == 128 || BM == 192, "two or three consumer warpgroups");
+  static constexpr int kConsumers = BM / 64, kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 40, kConsumerRegs = BM == 128 ? 232 : 152;
+  // Named barriers: 1 + cw for consumer cw's epilogue, kAll for all consumers together.
+  static constexpr int kAll = 1 + kConsumers;
+};
 
-// Geometry of one ring stage: A 128 x BK and B BN x BK, BK = one 128-byte swizzle row of k. Each
+// Geometry of one ring stage: A BM x BK and B BN x BK, BK = one 128-byte swizzle row of k. Each
 // operand is a set of boxes of 64 rows (or its whole k-major extent) that TMA writes with the
 // 128-byte swizzle wgmma's descriptors name; every box starts 1024-byte aligned.
-// 16-bit outputs leave through shared memory (kCBytes: the 128 x BN tile, as boxes of 64 x 64) by
+// 16-bit outputs leave through shared memory (kCBytes: the BM x BN tile, as boxes of 64 x 64) by
 // TMA stores that run on while the consumers start the next tile: the stores of the direct epilogue
 // cost 10-13 % of the time at 4096^3-8192^3 (NOTES.md). float32 (TF32) results would need 128 KiB
 // there, so they are stored directly.
-template <typename T, int BN> struct WgCfg {
+template <typename T, int BM, int BN> struct WgCfg {
   static constexpr int kBK = 128 / static_cast<int>(sizeof(T));
-  static constexpr int kABytes = kWgBM * 128, kBBytes = BN * 128;
+  static constexpr int kABytes = BM * 128, kBBytes = BN * 128;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr bool kTmaStore = sizeof(T) == 2;
   // The output tile leaves in kCSplit parts through a buffer of 1 / kCSplit of it: at 128 x 256 half
-  // (32 KiB), so the ring keeps 4 stages instead of 3 (NOTES.md, wgmma v6).
-  static constexpr int kCSplit = BN == 256 ? 2 : 1;
-  static constexpr int kCBytes = kTmaStore ? kWgBM * BN * 2 / kCSplit : 0;
-  // 4 stages of 48 KiB, 6 of 32 KiB or 8 of 24 KiB beside the output buffer; 4 of 48 KiB without it.
+  // (32 KiB), so the ring keeps 4 stages instead of 3 (NOTES.md, wgmma v6); at 192 x 128 half (24 KiB),
+  // 5 stages of 40 KiB instead of 4.
+  static constexpr int kCSplit = BN == 256 || BM == 192 ? 2 : 1;
+  static constexpr int kCBytes = kTmaStore ? BM * BN * 2 / kCSplit : 0;
+  // 128 rows: 4 stages of 48 KiB, 6 of 32 KiB or 8 of 24 KiB beside the output buffer; 4 of 48 KiB
+  // without it. 192 x 128: 5 of 40 KiB.
   static constexpr int kStages = (225 * 1024 - kCBytes) / kStageBytes;
   static constexpr int kSmem = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
   static_assert(kSmem <= 227 * 1024, "one block per SM's shared memory");
@@ -120,29 +133,31 @@ __device__ __forceinline__ void st_release(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-// A Tail's sums into this CTA's slot, then its flag (after both consumers' stores: named barrier 3).
-template <int BN>
+// A Tail's sums into this CTA's slot, then its flag (after all consumers' stores: named barrier kAll).
+template <int BM, int BN>
 __device__ __forceinline__ void tail_put(const WgTail& tail, const float (&d)[BN / 2], int cw, int tid) {
-  float4* slot = tail.part + (int64_t{blockIdx.x} * 2 + cw) * (BN / 8) * 128 + tid;
+  using Sh = WgShape<BM>;
+  float4* slot = tail.part + (int64_t{blockIdx.x} * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
 #pragma unroll
   for (int q = 0; q < BN / 8; ++q) __stcg(slot + q * 128, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
   __threadfence();
-  wg::named_sync(3, 256);
+  wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
   if (cw == 0 && tid == 0) st_release(tail.flags + blockIdx.x, 1);
 }
 
 // A Head's tile: wait for its other runs' slots (CTAs blockIdx.x + r units) and add them to d in run
 // order.
-template <int BN>
+template <int BM, int BN>
 __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2], int cw, int tid) {
+  using Sh = WgShape<BM>;
   if (cw == 0 && tid == 0) {
     for (int r = 1; r < tail.split; ++r) {
       while (ld_acquire(tail.flags + blockIdx.x + r * tail.units) == 0) __nanosleep(32);
     }
   }
-  wg::named_sync(3, 256);
+  wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
   for (int r = 1; r < tail.split; ++r) {
-    const float4* slot = tail.part + ((blockIdx.x + r * tail.units) * 2 + cw) * (BN / 8) * 128 + tid;
+    const float4* slot = tail.part + ((blockIdx.x + r * tail.units) * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
     constexpr int kBatch = BN / 8 < 16 ? BN / 8 : 16;  // loads in flight, within the consumer's registers
 #pragma unroll
     for (int q0 = 0; q0 < BN / 8; q0 += kBatch) {
@@ -161,11 +176,12 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
 // The producer thread: k-tiles kt0 .. kt0 + ktiles - 1 of the unit whose tile starts at (row0, col0),
 // each into the next free stage (waited on with the parity of the use before: for a fresh barrier that
 // preceding phase counts as complete, so the first kStages waits return at once).
-template <typename T, int BN, bool AK, bool BNM, int kCM>
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
 __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b, int row0, int col0,
                                           int kt0, int ktiles, uint32_t base_s, uint32_t full_s, uint32_t empty_s,
-                                          uint32_t rank, WgRing<WgCfg<T, BN>::kStages>& ring) {
-  using Cfg = WgCfg<T, BN>;
+                                          uint32_t rank, WgRing<WgCfg<T, BM, BN>::kStages>& ring) {
+  using Cfg = WgCfg<T, BM, BN>;
+  constexpr int kConsumers = WgShape<BM>::kConsumers;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   for (int kt = 0; kt < ktiles; ++kt) {
     wg::mbar_wait(empty_s + 8 * ring.stage, ring.phase ^ 1);
@@ -176,10 +192,10 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
       wg::tma_load(sa, &map_a, k0, row0, bar);
     } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
 #pragma unroll
-      for (int i = 0; i < 4; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
+      for (int i = 0; i < 2 * kConsumers; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
     } else {  // boxes of 64 m x 64 k, one per consumer
-      wg::tma_load(sa, &map_a, row0, k0, bar);
-      wg::tma_load(sa + 8192, &map_a, row0 + 64, k0, bar);
+#pragma unroll
+      for (int i = 0; i < kConsumers; ++i) wg::tma_load(sa + i * 8192, &map_a, row0 + 64 * i, k0, bar);
     }
     // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
     auto load_b = [&](uint32_t dst, int c0, int c1) {
@@ -209,11 +225,11 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
 // constants (make_desc: no carry out of the address field), the high words constant. Each stage goes
 // back (release) once the group after it is issued: one group stays in flight, so the tensor cores
 // never wait on this thread.
-template <typename T, int BN, bool AK, bool BNM, typename Release>
+template <typename T, int BM, int BN, bool AK, bool BNM, typename Release>
 __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint64_t da_hi,
                                                 uint32_t da_lo, uint64_t db_hi, uint32_t db_lo,
-                                                WgRing<WgCfg<T, BN>::kStages>& ring, Release release) {
-  using Cfg = WgCfg<T, BN>;
+                                                WgRing<WgCfg<T, BM, BN>::kStages>& ring, Release release) {
+  using Cfg = WgCfg<T, BM, BN>;
   uint32_t prev = 0;  // the stage of the group before
   for (int kt = 0; kt < ktiles; ++kt) {
     wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
@@ -241,11 +257,11 @@ __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, 
 // m-major tile by 16 loads of 4 bytes per thread, from the rows rs_row names (the epilogue stores
 // them there), into one of two register sets: a group's registers stay untouched until it has been
 // waited for, so the next k-tile loads into the other. box0: this warp's 32-row box in stage 0.
-template <int BN, typename Release>
+template <int BM, int BN, typename Release>
 __device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint32_t box0,
                                                    const uint32_t (&off)[2][2], uint64_t db_hi, uint32_t db_lo,
-                                                   WgRing<WgCfg<float, BN>::kStages>& ring, Release release) {
-  using Cfg = WgCfg<float, BN>;
+                                                   WgRing<WgCfg<float, BM, BN>::kStages>& ring, Release release) {
+  using Cfg = WgCfg<float, BM, BN>;
   uint32_t prev = 0;  // the stage of the group before
   // step(fr, other, first): the next k-tile into fr; other holds the previous k-tile's fragments, free
   // again once that group has been waited for.
@@ -285,16 +301,16 @@ __device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktile
   if (ktiles > 0) release(prev);
 }
 
-// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded, through its half of the
+// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded, through its share of the
 // shared buffer by TMA stores that run on while it starts the next tile: BN / 64 boxes of 64 x 64
 // (8 KiB), 128-byte swizzled as the store's tensor map reads them (16-byte chunk q of row x at chunk
 // q ^ (x % 8), so a warp's 8 rows x 16 bytes land on 32 different banks), in kCSplit parts one after
 // the other, each written once the last stores have read the buffer.
-template <typename T, int BN>
+template <typename T, int BM, int BN>
 __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2], uint32_t mine,
                                                float alpha, int64_t tm, int64_t tn, int cw, int tid, int warp,
                                                int lane) {
-  using Cfg = WgCfg<T, BN>;
+  using Cfg = WgCfg<T, BM, BN>;
   constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
   const int x = warp * 16 + lane / 4;
   const uint32_t row_x = mine + x * 128 + (lane % 4) * 4, row_x8 = row_x + 8 * 128;
@@ -312,7 +328,7 @@ __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const f
     wg::fence_proxy_async();
     wg::named_sync(1 + cw, 128);
     if (tid == 0) {
-      const int row = static_cast<int>(tm * kWgBM + cw * 64);
+      const int row = static_cast<int>(tm * BM + cw * 64);
 #pragma unroll
       for (int b = 0; b < kPartBoxes; ++b) {
         const int col = static_cast<int>(tn * BN) + 64 * (part * kPartBoxes + b);
@@ -328,11 +344,11 @@ __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const f
 // columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower; under kRS the warp's
 // rows are the permuted ones the fragments were loaded from. c_trans (float only): the problem is
 // C^T = B^T A^T, so each lane's two adjacent rows go out as pairs of c's columns.
-template <typename T, int BN, bool kRS>
+template <typename T, int BM, int BN, bool kRS>
 __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const float (&d)[BN / 2], int64_t tm,
                                                   int64_t tn, int cw, int warp, int lane, bool c_trans) {
-  const int64_t r = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
-  const int64_t r8 = tm * kWgBM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
+  const int64_t r = tm * BM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
+  const int64_t r8 = tm * BM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
   if constexpr (std::is_same_v<T, float>) {
     if (c_trans) {
 #pragma unroll
@@ -377,16 +393,18 @@ __device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN /
 // k-tiles, both consumers stage their sums in the drained ring, and the cluster adds the S partial
 // tiles in rank order through distributed shared memory (gemm.cuh's reduce_cluster_tile), applying
 // alpha/beta as the direct epilogue does: the same bits on every run, no workspace.
-template <typename T, int BN, bool AK, bool BNM, int kCM, bool kSplit>
-__global__ void __launch_bounds__(kWgThreads, 1)
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kSplit>
+__global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans,
                const WgTail tail) {
-  using Cfg = WgCfg<T, BN>;
+  using Cfg = WgCfg<T, BM, BN>;
+  using Sh = WgShape<BM>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   static_assert(!kSplit || kCM == 1, "a k split's cluster is its own: no multicast pairs");
-  static_assert(!kSplit || kWgBM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes, "the partial tile fits the ring");
+  static_assert(!kSplit || BM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes, "the partial tile fits the ring");
+  static_assert(BM == 128 || (!kSplit && kCM == 1 && !kRS), "192-row tiles: 16-bit, single CTAs, no cluster split");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -398,7 +416,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint32_t base_s = smem_addr(base), full_s = smem_addr(full), empty_s = smem_addr(empty);
   // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
-  const int64_t tiles_m = (p.m + kWgBM - 1) / kWgBM, tiles_n = (p.n + BN - 1) / BN;
+  const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
   const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
   // Under kSplit a cluster (split CTAs) shares one unit; rank is then this CTA's slice of k, not a
   // tile of a pair (kCM = 1 keeps the tile rank 0).
@@ -415,7 +433,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       wg::mbar_init(&full[s], 1);             // the producer's expect_tx arrival, plus the bytes
-      wg::mbar_init(&empty[s], 2 * kCM);      // each consumer warpgroup of each CTA
+      wg::mbar_init(&empty[s], Sh::kConsumers * kCM);  // each consumer warpgroup of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -427,13 +445,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
 
   if (threadIdx.x < 128) {
-    wg::setmaxnreg_dec<kProducerRegs>();
+    wg::setmaxnreg_dec<Sh::kProducerRegs>();
     if (threadIdx.x == 0) {
       WgRing<kStages> ring;
       walk_units(units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int k0, int n, WgPart) {
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
-        load_unit<T, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * kWgBM),
+        load_unit<T, BM, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
                                        static_cast<int>(tn * BN), k0, n, base_s, full_s, empty_s, rank, ring);
       });
     }
@@ -446,7 +464,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wg::cluster_sync();
     }
   } else {
-    wg::setmaxnreg_inc<kConsumerRegs>();
+    wg::setmaxnreg_inc<Sh::kConsumerRegs>();
     // This consumer's 64 rows of the block tile. Read through a shuffle from lane 0 so the compiler
     // knows it is warp-uniform and keeps the descriptors built from it in uniform registers.
     const int cw = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0) - 1;
@@ -493,29 +511,29 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
       if constexpr (kRS) {
-        mma_unit_registers<BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
+        mma_unit_registers<BM, BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
                                release);
       } else {
-        mma_unit_shared<T, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
+        mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
       }
       if constexpr (kSplit) {
         // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
         // done with it: then it holds the partial tile, finished below with the cluster's.
-        wg::named_sync(3, 256);
+        wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
         stage_partial<BN, kRS>(reinterpret_cast<float*>(base), d, cw, warp, lane);
         return;
       }
       if constexpr (kCM == 1) {
-        if (part == WgPart::Tail) return tail_put<BN>(tail, d, cw, tid);
-        if (part == WgPart::Head) tail_add<BN>(tail, d, cw, tid);
+        if (part == WgPart::Tail) return tail_put<BM, BN>(tail, d, cw, tid);
+        if (part == WgPart::Head) tail_add<BM, BN>(tail, d, cw, tid);
       }
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
-          return store_unit_tma<T, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / 2), p.alpha, tm, tn, cw,
-                                       tid, warp, lane);
+          return store_unit_tma<T, BM, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
+                                           p.alpha, tm, tn, cw, tid, warp, lane);
         }
       }
-      store_unit_direct<T, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
+      store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
     });
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
@@ -525,8 +543,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       // is whole clusters, one unit each (launch_wg), so first_unit is this cluster's tile.
       int64_t um, tn;
       tile_coords<8>(first_unit, units_m, tiles_n, um, tn);
-      const int64_t row0 = um * kWgBM, col0 = tn * BN;
-      reduce_cluster_tile<kWgBM, BN, 256>(reinterpret_cast<const float*>(base), kWgPartLd<BN>, split,
+      const int64_t row0 = um * BM, col0 = tn * BN;
+      reduce_cluster_tile<BM, BN, 128 * Sh::kConsumers>(reinterpret_cast<const float*>(base), kWgPartLd<BN>, split,
                                           static_cast<int>(threadIdx.x) - 128, [&](int r, int c, float v0, float v1) {
                                             if constexpr (std::is_same_v<T, float>) {
                                               if (c_trans) return store_pair_transposed(p, row0 + r, col0 + c, v0, v1);
@@ -543,14 +561,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 // Tensor maps: tma.cuh's make_map (one layout for both TMA kernels).
 
-// A launch of `grid` blocks of kWgThreads in clusters of `cm` along x, for the occupancy query and
+// A launch of `grid` blocks of `threads` in clusters of `cm` along x, for the occupancy query and
 // the launch itself. Not copyable: cfg points at the member attribute.
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
-  ClusterLaunch(unsigned grid, int cm, int smem, cudaStream_t stream) {
+  ClusterLaunch(unsigned grid, int cm, int threads, int smem, cudaStream_t stream) {
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(kWgThreads);
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
     cfg.dynamicSmemBytes = static_cast<size_t>(smem);
     cfg.stream = stream;
     attr.id = cudaLaunchAttributeClusterDimension;
@@ -562,20 +580,21 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-template <typename T, int BN, bool AK, bool BNM, int kCM, bool kSplit = false>
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kSplit = false>
 cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
-  using Cfg = WgCfg<T, BN>;
+  using Cfg = WgCfg<T, BM, BN>;
+  constexpr int kThreads = WgShape<BM>::kThreads;
   CUtensorMap ma, mb, mc{};
   // m-major A: boxes of 128 bytes of m (64 16-bit elements, or the 32 floats of the TF32 register path).
   // The planner checked that TMA describes every operand; the driver refusing one is an error.
-  const bool maps = (AK ? make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, kWgBM)
+  const bool maps = (AK ? make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, BM)
                         : make_map<T>(ma, p.a, p.m, p.k, p.lda, 128 / sizeof(T), Cfg::kBK)) &&
                     (BNM ? make_map<T>(mb, p.b, p.n, p.k, p.ldb, 64, Cfg::kBK)
                          : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM)) &&
                     (!plan.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
   if (!maps) return cudaErrorInvalidValue;
   const bool tma_store = Cfg::kTmaStore && plan.tma_store && !kSplit;
-  constexpr auto kernel = gemm_wgmma<T, BN, AK, BNM, kCM, kSplit>;
+  constexpr auto kernel = gemm_wgmma<T, BM, BN, AK, BNM, kCM, kSplit>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
   // device is whichever the op's guard selected.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
@@ -586,10 +605,10 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
     // The split tail: every run resident at once (grid <= SMs, one CTA each: the planner's grid; a Head
     // waits on its Tails), the workspace laid out as gemm_plan.h's tail_workspace_bytes counts it, the
     // flags zeroed on the stream.
-    const int64_t units = (p.m + kWgBM - 1) / kWgBM * ((p.n + BN - 1) / BN);
+    const int64_t units = (p.m + BM - 1) / BM * ((p.n + BN - 1) / BN);
     if (kSplit || kCM != 1 || plan.tail_units > units || plan.tail_split < 1 ||
         plan.tail_units * plan.tail_split > plan.grid || p.workspace == nullptr ||
-        plan.workspace_bytes < tail_workspace_bytes(plan.grid, BN)) {
+        plan.workspace_bytes < tail_workspace_bytes(plan.grid, BM, BN)) {
       return cudaErrorInvalidValue;
     }
     tail.flags = static_cast<int*>(p.workspace);
@@ -602,29 +621,38 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   if constexpr (kSplit) {
     // plan.grid: the tiles, each a cluster of plan.split_k CTAs along x.
     if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k)) return cudaErrorInvalidConfiguration;
-    const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, Cfg::kSmem, stream);
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, kThreads, Cfg::kSmem,
+                               stream);
     return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
   } else if constexpr (kCM == 1) {
-    kernel<<<static_cast<unsigned>(plan.grid), kWgThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
-                                                                                  plan.c_trans, tail);
+    kernel<<<static_cast<unsigned>(plan.grid), kThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
+                                                                                plan.c_trans, tail);
     return cudaGetLastError();
   } else {
-    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, Cfg::kSmem, stream);
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, kThreads, Cfg::kSmem, stream);
     return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
   }
 }
 
 // The instance of the plan's tile and cluster (and k split: 128 x 128 tiles only), for 16-bit types in
 // all four layouts and TF32 with B k-major (the planner's transposed problem makes every other TF32
-// layout that).
+// layout that); 192 x 128 single CTAs for 16-bit types only.
 template <typename T, bool AK, bool BNM>
 cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
-  if (plan.bm != kWgBM) return cudaErrorInvalidValue;
-  if (plan.bn == 256 && plan.cluster_m == 2) return launch_wg<T, 256, AK, BNM, 2>(plan, p, stream);
-  if (plan.bn == 256 && plan.cluster_m == 1) return launch_wg<T, 256, AK, BNM, 1>(plan, p, stream);
-  if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k > 1) return launch_wg<T, 128, AK, BNM, 1, true>(plan, p, stream);
-  if (plan.bn == 128 && plan.cluster_m == 1) return launch_wg<T, 128, AK, BNM, 1>(plan, p, stream);
-  if (plan.bn == 64 && plan.cluster_m == 1) return launch_wg<T, 64, AK, BNM, 1>(plan, p, stream);
+  if (plan.bm == 192) {
+    if constexpr (sizeof(T) == 2) {
+      if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k == 1) return launch_wg<T, 192, 128, AK, BNM, 1>(plan, p, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
+  if (plan.bm != 128) return cudaErrorInvalidValue;
+  if (plan.bn == 256 && plan.cluster_m == 2) return launch_wg<T, 128, 256, AK, BNM, 2>(plan, p, stream);
+  if (plan.bn == 256 && plan.cluster_m == 1) return launch_wg<T, 128, 256, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k > 1) {
+    return launch_wg<T, 128, 128, AK, BNM, 1, true>(plan, p, stream);
+  }
+  if (plan.bn == 128 && plan.cluster_m == 1) return launch_wg<T, 128, 128, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 64 && plan.cluster_m == 1) return launch_wg<T, 128, 64, AK, BNM, 1>(plan, p, stream);
   return cudaErrorInvalidValue;
 }
 

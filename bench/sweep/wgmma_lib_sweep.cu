@@ -124,6 +124,7 @@ void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool
   one(plan, pairs ? " pairs" : plan.tail_units > 0 ? " (split tail)" : "");
   if (pairs) return;
   const GemmDevice dev = current_gemm_device();
+  if (sizeof(T) == 2 && plan.bm != 192) one(with_tile(plan, 192, 128, 0, 1, dev), " 192x128");
   for (int w : {64, 128, 256}) {
     for (int s : {0, 2}) {
       const GemmPlan q = with_tail_split(plan, w, s, dev);
@@ -205,6 +206,7 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   report("128x64", with_tile(plan, 128, 64, 0, 1, dev));
   report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
   report("128x128", base);
+  if (!std::is_same_v<T, float>) report("192x128", with_tile(plan, 192, 128, 0, 1, dev));
   // The split tail at each width, as many runs as fit (the cluster split, which lost everywhere in
   // session 17, is no longer swept).
   for (int w : {64, 128, 256}) {

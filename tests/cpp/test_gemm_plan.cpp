@@ -210,26 +210,48 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   EXPECT_EQ(v.grid, 64);
 }
 
-TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
-  // A GPT-style c_attn weight gradient, 3072 x 1024 over k = 8192 (a m-major): 192 tiles of 128 x 128,
-  // one full wave on 132 SMs, then the last 60 tiles in two runs of k each (1.05x cuBLAS; data-parallel
-  // 0.93x at best, bench/results/train/h100_s19_tail_sweep_bf16.txt).
+TEST(GemmPlan, OneWaveOfTallTilesWhereNarrowerOnesLeaveAPartialOne) {
+  // A GPT-style c_attn weight gradient, 3072 x 1024 over k = 8192 (a m-major): 128 tiles of 192 x 128,
+  // one wave on 132 SMs (cuBLAS's tile there), where 128 x 128 makes 192 (1.45 waves; its split tail
+  // ran 1.09x cuBLAS, the tall tiles 1.09-1.23x: bench/results/train/h100_s24_wgmma_tall_sweep.txt).
   GemmRequest w = row_major(DType::BFloat16, 3072, 1024, 8192);
   w.a = {w.a.ptr, 1, 3072};
   GemmPlan p = plan_gemm(w, kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+  EXPECT_EQ(p.bm, 192);
   EXPECT_EQ(p.bn, 128);
   EXPECT_EQ(p.cluster_m, 1);
-  EXPECT_EQ(p.split_k, 1);
-  EXPECT_EQ(p.grid, 132);
-  EXPECT_EQ(p.tail_units, 60);
-  EXPECT_EQ(p.tail_split, 2);
-  EXPECT_EQ(p.workspace_bytes, tail_workspace_bytes(132, 128));
-  // gpt-2's c_fc weight gradient over 16384 tokens: 144 tiles, the last 12 in 11 runs (0.94x; 0.69x
-  // without).
-  w = row_major(DType::BFloat16, 768, 3072, 16384);
+  EXPECT_EQ(p.grid, 128);
+  EXPECT_EQ(p.tail_units, 0);
+  EXPECT_EQ(p.workspace_bytes, 0);
+  // gpt-2's c_fc weight gradient over 4096 tokens: 96 tall tiles (0.90x) against 144 of 128 x 128 and
+  // their tail (0.73x).
+  w = row_major(DType::Float16, 768, 3072, 4096);
   w.a = {w.a.ptr, 1, 768};
-  p = plan_gemm(w, kH100);
+  EXPECT_EQ(plan_gemm(w, kH100).bm, 192);
+  // Not where 128-row tiles fill their waves as well: big squares keep their pairs, the forwards at
+  // 8192 tokens 128 x 128 (1536 tiles, 11.6 waves, against 1032 tall in 7.8); TF32 has no tall tile.
+  for (const GemmRequest& r : {row_major(DType::BFloat16, 4096, 4096, 4096), row_major(DType::BFloat16, 8192, 8192, 8192),
+                               row_major(DType::BFloat16, 8192, 3072, 1024), row_major(DType::BFloat16, 1024, 6144, 4096),
+                               tf32(row_major(DType::Float32, 3072, 1024, 8192))}) {
+    EXPECT_EQ(plan_gemm(r, kH100).bm, 128) << r.m << " x " << r.n << " x " << r.k;
+  }
+  // The sweep's override takes the tall tile too, and only 128 or 192 rows.
+  const GemmPlan t = with_tile(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 192, 128, 0, 1, kH100);
+  EXPECT_EQ(t.bm, 192);
+  EXPECT_EQ(t.grid, 118);  // 22 x 32 tiles: 6 waves of 118
+}
+
+TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
+  // gpt-2's c_fc weight gradient over 16384 tokens: 144 tiles, the last 12 in 11 runs (0.94x; 0.69x
+  // without; 96 tall tiles, one wave, 0.89x).
+  GemmRequest w = row_major(DType::BFloat16, 768, 3072, 16384);
+  w.a = {w.a.ptr, 1, 768};
+  GemmPlan p = plan_gemm(w, kH100);
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.bn, 128);
+  EXPECT_EQ(p.grid, 132);
+  EXPECT_EQ(p.workspace_bytes, tail_workspace_bytes(132, 128, 128));
   EXPECT_EQ(p.tail_units, 12);
   EXPECT_EQ(p.tail_split, 11);
   // TF32 too, in its transposed problem: 1024 x 4544 x 18176 (0.75x data-parallel, 1.05x split).
@@ -249,14 +271,18 @@ TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
   // The cluster split stays off (kWgMaxSplit): it lost to the best unsplit tile everywhere.
   EXPECT_EQ(plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100).split_k, 1);
   // A sweep's tile override is data-parallel and unsplit; its tail override cuts as asked, within
-  // the idle SMs (60 tiles: at most 2 runs) and the k-tiles.
+  // the idle SMs (60 tiles of 128 x 128 at 3072 x 1024: at most 2 runs) and the k-tiles.
   const GemmPlan t = with_tile(p, 128, 128, 0, 1, kH100);
   EXPECT_EQ(t.split_k, 1);
   EXPECT_EQ(t.tail_units, 0);
   EXPECT_EQ(t.workspace_bytes, 0);
   const GemmPlan base = plan_gemm(row_major(DType::BFloat16, 3072, 1024, 8192), kH100);
-  EXPECT_EQ(with_tail_split(base, 128, 2, kH100).tail_split, 2);
-  EXPECT_EQ(with_tail_split(base, 128, 3, kH100).tail_units, base.tail_units);  // refused: unchanged
+  const GemmPlan two = with_tail_split(base, 128, 2, kH100);
+  EXPECT_EQ(two.bm, 128);
+  EXPECT_EQ(two.tail_units, 60);
+  EXPECT_EQ(two.tail_split, 2);
+  EXPECT_EQ(two.workspace_bytes, tail_workspace_bytes(132, 128, 128));
+  EXPECT_EQ(with_tail_split(two, 128, 3, kH100).tail_units, two.tail_units);  // refused: unchanged
   EXPECT_EQ(with_tail_split(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 256, 0, kH100).tail_units,
             0);  // 512 tiles of 128 x 256 on 132 SMs: 116 left, room for one run each
 }

@@ -82,7 +82,8 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
 # kernels/gemm_plan.cpp); it does not split over a cluster (kWgMaxSplit: that instance measured slower
 # than the best unsplit tile on every shape). The products are checked whichever plan runs; on a
 # 132-SM H100 the plans are:
-WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: 192 tiles, the last 60 in two runs
+WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: one wave of 128 tiles of 192 x 128
+             (3000, 1000, 8200),  # the same on 192 x 128 with m, n and k no multiple of the tile's
              (768, 3072, 4097),   # 144 tiles (1.09 waves), k not a multiple of a k-tile: 12 in 11 runs
              (128, 4096, 4096),   # 64 tiles of 128 x 64: one wave, k unsplit
              (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or of a run
@@ -132,7 +133,7 @@ def test_wgmma_split_k_kernel_choice(m, n, k, split):
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,n,k,tail", [(3072, 1024, 8192, True), (768, 3072, 16384, True), (128, 4096, 4096, False),
+@pytest.mark.parametrize("m,n,k,tail", [(3072, 1024, 8192, False), (768, 3072, 16384, True), (128, 4096, 4096, False),
                                         (4096, 4096, 4096, False), (1024, 1024, 1024, False)], ids=str)
 def test_wgmma_split_tail_choice(m, n, k, tail):
     """The split tail runs where the last wave leaves SMs idle over a long k, and only there: its launch
@@ -146,10 +147,28 @@ def test_wgmma_split_tail_choice(m, n, k, tail):
     assert any("memset" in x.lower() for x in names) == tail, names
 
 
+@requires_cuda
+@pytest.mark.parametrize("m,n,k,tall", [(3072, 1024, 8192, True), (3000, 1000, 8200, True), (4096, 4096, 4096, False),
+                                        (8192, 8192, 8192, False), (1024, 6144, 4096, False)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_wgmma_tall_tile_choice(m, n, k, tall, dtype):
+    """192 x 128 tiles (three consumer warpgroups) run where they make one full wave of a long k that
+    128-row tiles leave partial (the c_attn weight gradient: 128 tiles against 192 of 128 x 128), and
+    not where the wide pairs or 128 x 128 finish first."""
+    if not wgmma_runs_here() or torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the plans named here are a 132-SM H100's (sm_90a wgmma kernel)")
+    a, b = wg_operands(m, n, k, "m" if k > 4096 else "k", "n", dtype)
+    ops.mm(a, b)
+    names = [x for x in cuda_kernel_names(lambda: ops.mm(a, b)) if "gemm_wgmma" in x]
+    assert names, "the wgmma kernel ran"
+    assert any(re.search(r"gemm_wgmma<[^,]+, 192, 128,", x) for x in names) == tall, names
+
+
 @pytest.mark.quick
 @requires_cuda
 @pytest.mark.parametrize("dtype,precision", WG_CASES, ids=str)
-@pytest.mark.parametrize("m,n,k,a_major", [(3072, 1024, 8192, "m"), (768, 3072, 4097, "k")], ids=str)
+@pytest.mark.parametrize("m,n,k,a_major", [(3072, 1024, 8192, "m"), (3000, 1000, 8200, "k"), (768, 3072, 4097, "k")],
+                         ids=str)
 def test_wgmma_split_k_is_bitwise_repeatable_and_graph_safe(dtype, precision, m, n, k, a_major):
     a, b = wg_operands(m, n, k, a_major, "n", dtype)
     with matmul_precision(precision):
