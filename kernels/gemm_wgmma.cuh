@@ -99,8 +99,8 @@ template <int kStages> struct WgRing {
 // Tail: its sums go to the workspace, slot b, then its flag; the first run is the Head: it waits for
 // its tile's other runs (CTAs b + units, b + 2 units, ...: all resident, grid <= SMs, and none of them
 // waits) and adds them in run order before the epilogue: the same bits on every run.
-// part: G x 2 consumers x (BN / 8) x 128 float4 in accumulator-fragment order (each thread writes and
-// reads only its own, coalesced); flags: G ints, zeroed before the launch.
+// part: G x kConsumers x (BN / 8) x 128 float4 (a BM x BN float tile each) in accumulator-fragment
+// order (each thread writes and reads only its own, coalesced); flags: G ints, zeroed before the launch.
 struct WgTail {
   float4* part;
   int* flags;

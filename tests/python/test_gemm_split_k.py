@@ -81,10 +81,12 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
 # The planner cuts the last wave's tiles along k over the SMs it leaves idle (the split tail,
 # kernels/gemm_plan.cpp); it does not split over a cluster (kWgMaxSplit: that instance measured slower
 # than the best unsplit tile on every shape). The products are checked whichever plan runs; on a
-# 132-SM H100 the plans are:
+# 132-SM H100 the plans are (16-bit types; TF32, which has no 192-row tile, splits the first three's
+# last wave along k):
 WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: one wave of 128 tiles of 192 x 128
              (3000, 1000, 8200),  # the same on 192 x 128 with m, n and k no multiple of the tile's
-             (768, 3072, 4097),   # 144 tiles (1.09 waves), k not a multiple of a k-tile: 12 in 11 runs
+             (768, 3072, 4097),   # one wave of 96 tiles of 192 x 128, k not a multiple of a k-tile
+             (768, 3072, 16384),  # 144 tiles of 128 x 128 (1.09 waves): the last 12 in 11 runs
              (128, 4096, 4096),   # 64 tiles of 128 x 64: one wave, k unsplit
              (200, 1000, 4097),   # 16 tiles, k not a multiple of a k-tile or of a run
              (100, 130, 65537),   # 2 tiles, a long k: 16 runs each
@@ -167,8 +169,8 @@ def test_wgmma_tall_tile_choice(m, n, k, tall, dtype):
 @pytest.mark.quick
 @requires_cuda
 @pytest.mark.parametrize("dtype,precision", WG_CASES, ids=str)
-@pytest.mark.parametrize("m,n,k,a_major", [(3072, 1024, 8192, "m"), (3000, 1000, 8200, "k"), (768, 3072, 4097, "k")],
-                         ids=str)
+@pytest.mark.parametrize("m,n,k,a_major", [(3072, 1024, 8192, "m"), (3000, 1000, 8200, "k"), (768, 3072, 4097, "k"),
+                                            (768, 3072, 16384, "m")], ids=str)
 def test_wgmma_split_k_is_bitwise_repeatable_and_graph_safe(dtype, precision, m, n, k, a_major):
     a, b = wg_operands(m, n, k, a_major, "n", dtype)
     with matmul_precision(precision):
