@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -20,8 +21,20 @@
 
 // Median of `reps` single-call event timings after 3 warm-up calls; `before` (if any) runs ahead of
 // each timed call, outside the timer (an L2 flush, say). The events are recorded on `stream`.
+// The first call in a process first keeps the GPU busy with f for 300 ms: the SM clock starts at its
+// idle value and takes that long to rise, and without it the first rows of a sweep read low (the
+// float64 pick at 1024^3 0.73x cuBLAS, the same plan 0.95x a few rows later; NOTES.md session 24).
 inline float median_ms(const std::function<void()>& f, int reps = 30, const std::function<void()>& before = {},
                        cudaStream_t stream = nullptr) {
+  static bool clocked_up = false;
+  if (!clocked_up) {
+    clocked_up = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300)) {
+      for (int i = 0; i < 10; ++i) f();
+      CK(cudaStreamSynchronize(stream));
+    }
+  }
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
