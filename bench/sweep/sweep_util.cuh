@@ -20,7 +20,8 @@
   } while (0)
 
 // Median of `reps` single-call event timings after 3 warm-up calls; `before` (if any) runs ahead of
-// each timed call, outside the timer (an L2 flush, say). The events are recorded on `stream`.
+// each timed call, outside the timer (an L2 flush, say), else an untimed call of f does. The events
+// are recorded on `stream`.
 // The first call in a process first keeps the GPU busy with f for 300 ms: the SM clock starts at its
 // idle value and takes that long to rise, and without it the first rows of a sweep read low (the
 // float64 pick at 1024^3 0.73x cuBLAS, the same plan 0.95x a few rows later; NOTES.md session 24).
@@ -41,7 +42,15 @@ inline float median_ms(const std::function<void()>& f, int reps = 30, const std:
   for (int i = 0; i < 3; ++i) f();
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    if (before) before();
+    // Something runs on the GPU while the host launches the timed call, so the interval holds the
+    // GPU's time and not the launch's: `before`, or else an untimed call of f. Without that, the idle
+    // GPU waited for each launch inside the interval (float64 1024^3: cuBLAS 64 us against its
+    // kernel's 41 us in the profiler; NOTES.md session 24).
+    if (before) {
+      before();
+    } else {
+      f();
+    }
     CK(cudaEventRecord(e0, stream));
     f();
     CK(cudaEventRecord(e1, stream));
