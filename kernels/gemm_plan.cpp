@@ -409,9 +409,11 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // ring's fill and the epilogue's bm x bn stores, which decide products of short k). Tiles of several
 // blocks per SM run at `rate` (percent of one 128 x 128 block's) when all of an SM's blocks are busy and
 // at `rate1` when a block has its SM alone; the busiest SM's waves set the time. The 128 x 128 tile's
-// checked (edge) copy spills (up to 168 bytes of stack): where m or n leaves edge tiles, or k is under
-// one 32-deep stage, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x cuBLAS, 128 x 64 at
-// 0.82x; 6144 x 4096 x 16 at 0.78x). Session 21 added the 4-warp 64 x 64 and 32 x 64 tiles, three
+// checked (edge) copy spills (up to 168 bytes of stack): where m or n leaves edge tiles, or k is at
+// most 128, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x cuBLAS, 128 x 64 at 0.82x;
+// 6144 x 4096 x 16 at 0.78x; the 128-token weight gradients 6144 / 4096 x 4096 x 128 at 0.80 / 0.78x
+// where 128 x 64 ran 0.93 / 0.91x, bench/results/f64/h100_s24_f64_suite_sweep_mn.txt: one block an SM
+// cannot hide its fill and epilogue behind a second, and the model otherwise ties the two). Session 21 added the 4-warp 64 x 64 and 32 x 64 tiles, three
 // blocks an SM (cuBLAS's choice for most of the suite), and refitted their rates to the sweeps of every
 // tile x split 1-8 in the suite's three layouts (bench/results/f64/h100_s21_f64_sweep_*.txt, 72
 // products): the picks run at 0.983x the best of each (geomean). The 16-row tile's pairs share an SM's
@@ -458,7 +460,7 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
     for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
       if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;
       int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
-      if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k < 32)) cost = cost * 3 / 2;
+      if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k <= 128)) cost = cost * 3 / 2;
       if (split > 1) cost += kF64SumFixed + (split + 1) * p.m * p.n * 8 / kF64SumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;
       best = cost;

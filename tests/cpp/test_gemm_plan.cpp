@@ -113,6 +113,14 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   // its spilling checked copy (0.78x cuBLAS; 64 x 64 1.10x).
   p = plan_gemm(row_major(DType::Float64, 6144, 4096, 16), kH100);
   EXPECT_LT(p.bm * p.bn, 128 * 128);
+  // k = 128 (a weight gradient over 128 tokens, a m-major): not 128 x 128 either (0.78-0.80x cuBLAS,
+  // 128 x 64 0.91-0.93x: bench/results/f64/h100_s24_f64_suite_sweep_mn.txt); from k = 512 its rate
+  // counts as before.
+  for (const int64_t m : {int64_t{4096}, int64_t{6144}}) {
+    GemmRequest w = row_major(DType::Float64, m, 4096, 128);
+    w.a = {w.a.ptr, 1, m};
+    EXPECT_LT(plan_gemm(w, kH100).bm * plan_gemm(w, kH100).bn, 128 * 128) << m;
+  }
   // Edge tiles along n (4544 = 35.5 x 128): not the 128 x 128 tile.
   p = plan_gemm(row_major(DType::Float64, 1024, 4544, 18176), kH100);
   EXPECT_LT(p.bm * p.bn, 128 * 128);
