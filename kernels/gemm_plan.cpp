@@ -77,8 +77,8 @@ constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two co
 // flushed: bench/results/train/h100_s24_wgmma_tall_sweep.txt): 0.957 -> 0.964x cuBLAS for the best
 // pick, the gain all in weight gradients that one wave of tall tiles covers (gpt-2 768 x 3072 over
 // 1024-4096 tokens 0.73-0.79 -> 0.90x). 208 (the rate its operand rows a output predicted) sent
-// 1024-k products there too, where 128 x 128 ran 5-10 % faster.
-constexpr int64_t kWgTallBM = 192, kWgTallBN = 128, kWgTallWork = 240;
+// 1024-k products there too, where 128 x 128 ran 5-10 % faster. Its fixed cost is 128 x 128's (512 k).
+constexpr int64_t kWgTallBM = 192, kWgTallBN = 128, kWgTallWork = 240, kWgTallFixedK = 512;
 // The wgmma k split: slices of at least kWgMinSlice k (8 k-tiles of 16-bit types), a split tile's
 // reduction (staging 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more
 // k. Measured on the H100 (bench/NOTES.md, session 17) the split instance (one tile per cluster, not
@@ -249,7 +249,7 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   bool tall = false;
   if (!tf32) {
     const int64_t tiles = cdiv(p.m, kWgTallBM) * cdiv(p.n, kWgTallBN);
-    const int64_t c = kWgTallWork * (cdiv(tiles, dev.sms) * r.k + 512);
+    const int64_t c = kWgTallWork * (cdiv(tiles, dev.sms) * r.k + kWgTallFixedK);
     if (c < best) best = c, tall = true;
   }
   // The split tail on single CTAs of each width, one per SM: the full waves, then the partial last
@@ -413,8 +413,8 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // most 128, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x cuBLAS, 128 x 64 at 0.82x;
 // 6144 x 4096 x 16 at 0.78x; the 128-token weight gradients 6144 / 4096 x 4096 x 128 at 0.80 / 0.78x
 // where 128 x 64 ran 0.93 / 0.91x, bench/results/f64/h100_s24_f64_suite_sweep_mn.txt: one block an SM
-// cannot hide its fill and epilogue behind a second, and the model otherwise ties the two). Session 21 added the 4-warp 64 x 64 and 32 x 64 tiles, three
-// blocks an SM (cuBLAS's choice for most of the suite), and refitted their rates to the sweeps of every
+// cannot hide its fill and epilogue behind a second, and the model otherwise ties the two). Session 21
+// added the 4-warp 64 x 64 and 32 x 64 tiles, three blocks an SM (cuBLAS's choice for most of the suite), and refitted their rates to the sweeps of every
 // tile x split 1-8 in the suite's three layouts (bench/results/f64/h100_s21_f64_sweep_*.txt, 72
 // products): the picks run at 0.983x the best of each (geomean). The 16-row tile's pairs share an SM's
 // L2 bandwidth (rate 25 in pairs, 60 alone). Row ranges: the 16-row tile serves decode (swept there)
