@@ -1,11 +1,11 @@
-// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k16 / m16n8k8 on
-// sm_90 (the same products in m8n8k4 pieces on sm_80-89, which lack those shapes). Tiles (F64Tiling,
-// below): 128 x 128 of 8 warps; 128 x 64, 64 x 64 and 32 x 64 of 4 warps, two or three blocks per SM,
-// the shapes of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute,
+// float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k8 on sm_90 (the
+// same products in m8n8k4 pieces on sm_80-89, which lack that shape). Tiles (F64Tiling, below):
+// 128 x 128 of 8 warps; 128 x 64, 64 x 64 and 32 x 64 of 4 warps, two or three blocks per SM, the
+// shapes of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute,
 // bench/NOTES.md session 18); 16 x 128 of 8 warps for few-row products. Operands come in by cp.async
 // over a shared-memory ring, each laid out as it is in global memory, so every layout is a straight
-// 16-byte copy; an interior stage's copies are issued after the DMMAs of the stage before it (the
-// main loop below says why).
+// 16-byte copy; an interior stage's copies are issued among the DMMAs of the stage before it, and the
+// next stage's first fragments load under a stage's last DMMAs (the main loop below says why).
 //
 // Why this shape: a DMMA m16n8k4 is 512 FMAs, 16 cycles of its sub-partition's FP64 tensor pipe (the
 // H100's 67 TFLOPS: 128 FP64 FMAs per clock per SM), so the pipe, not the issue slots or shared memory,
@@ -19,34 +19,36 @@
 namespace cuops::kernels::detail {
 namespace {
 
-// Each tile's shape: warps along m and n, k per ring stage, stages, blocks per SM and the depth of
-// its DMMAs. cuBLAS's sm90 DGEMM picks small tiles of 4 warps, three blocks an SM, for all but the
-// largest products (torch.profiler on the shape suite, bench/NOTES.md session 21: 64 x 64 x 16 with 4
-// stages, 32 x 64 x 32, 32 x 32 x 32; 128 x 128 x 16 of 8 warps from ~28672 x 4096 up), all with
-// DMMA.16x8x16: the third block on an SM keeps its FP64 pipes fed while the other two wait on the
-// ring, and more, smaller CTAs even out the last wave.
+// Each tile's shape: warps along m and n, k per ring stage, stages and blocks per SM. cuBLAS's sm90
+// DGEMM picks small tiles of 4 warps, three blocks an SM, for all but the largest products
+// (torch.profiler on the shape suite, bench/NOTES.md session 21: 64 x 64 x 16 with 4 stages,
+// 32 x 64 x 32, 32 x 32 x 32; 128 x 128 x 16 of 8 warps from ~28672 x 4096 up): the third block on an
+// SM keeps its FP64 pipes fed while the other two wait on the ring, and more, smaller CTAs even out the
+// last wave. Every tile multiplies in DMMA.16x8x8 steps, two or more a stage, so a warp holds two
+// steps' fragments and the next step's (or the next stage's) loads run under the current step's
+// DMMAs. (cuBLAS runs DMMA.16x8x16; its fragments, double-buffered, spill 128 x 64, and single-buffered
+// on 64 x 64 and 32 x 64 they ran 4-25 % slower than k8 with the loads overlapped, session 25.)
 //   128 x 128: 8 warps (2 x 4, each 64 x 32), 32 k a stage, 3 stages (216 KB), one block an SM; its 64
-//     accumulators and double-buffered k8 fragments fill a thread's 255 registers (k16 would spill).
+//     accumulators and double-buffered fragments fill a thread's 255 registers.
 //   128 x 64: 4 warps (each 64 x 32), 4 stages (<= 100 KB with k-major operands swizzled, F64Smem),
-//     two blocks (242-255 registers of 128 threads fill the register file twice over exactly); k8, as
-//     with k16 ptxas spills 12-32 bytes in the main loop of three of its four layouts.
+//     two blocks (242-255 registers of 128 threads fill the register file twice over exactly).
 //   64 x 64 and 32 x 64: 4 warps (32 x 32, 16 x 32), three blocks an SM (168 registers at most),
 //     rings of 4 x <= 17 and 5 x <= 13 KB. The deeper rings (session 23: 3 and 4 stages with padded
 //     rows before) ran 3-7 % faster where an operand is k-major, 1 % where neither is
 //     (bench/NOTES.md).
 //   16 x 128: 8 warps (1 x 8, each 16 x 16) for few-row products (decode: the weight streamed, the
 //     tensor pipe mostly idle), two blocks.
-template <int WM_, int WN_, int BK, int STAGES, int BLOCKS, int MMAK, bool SWIZZLE> struct F64Shape {
+template <int WM_, int WN_, int BK, int STAGES, int BLOCKS, bool SWIZZLE> struct F64Shape {
   static constexpr int kWM = WM_, kWN = WN_, kThreads = 32 * WM_ * WN_;
-  static constexpr int kBK = BK, kStages = STAGES, kMinBlocks = BLOCKS, kMmaK = MMAK;
+  static constexpr int kBK = BK, kStages = STAGES, kMinBlocks = BLOCKS;
   static constexpr bool kSwizzle = SWIZZLE;
 };
 template <int BM, int BN> struct F64Tiling;
-template <> struct F64Tiling<128, 128> : F64Shape<2, 4, 32, 3, 1, 8, false> {};
-template <> struct F64Tiling<128, 64> : F64Shape<2, 2, 16, 4, 2, 8, true> {};
-template <> struct F64Tiling<64, 64> : F64Shape<2, 2, 16, 4, 3, 16, true> {};
-template <> struct F64Tiling<32, 64> : F64Shape<2, 2, 16, 5, 3, 16, true> {};
-template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, 8, false> {};
+template <> struct F64Tiling<128, 128> : F64Shape<2, 4, 32, 3, 1, false> {};
+template <> struct F64Tiling<128, 64> : F64Shape<2, 2, 16, 4, 2, true> {};
+template <> struct F64Tiling<64, 64> : F64Shape<2, 2, 16, 4, 3, true> {};
+template <> struct F64Tiling<32, 64> : F64Shape<2, 2, 16, 5, 3, true> {};
+template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, false> {};
 
 // One stage's operands, each stored row as it lies in global memory. The fragment reads are 8-byte
 // loads, served half a warp per wavefront, and lanes (g, t) of a half warp (g = 0..3, t = 0..3) read
@@ -175,40 +177,13 @@ __device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4],
 #endif
 }
 
-// d += a b for one 16 x 8 x 16 block: a[i] = A[g + 8 (i % 2)][t + 4 (i / 2)], b[j] = B[t + 4 j][g]
-// (CUTLASS's SM90_16x8x16_F64F64F64F64_TN), i.e. two 16 x 8 x 8 blocks, k 0-7 and 8-15. cuBLAS's
-// sm90 DGEMM tiles run this shape: half the DMMAs of the k8 form again, so a warp's fixed waits
-// between its DMMAs sit under 64 cycles of pipe each.
-__device__ __forceinline__ void mma_f64_k16(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
-      "{%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
-      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]),
-        "d"(b[2]), "d"(b[3]));
-#else
-  mma_f64_k8(d, reinterpret_cast<const double(&)[4]>(a[0]), reinterpret_cast<const double(&)[2]>(b[0]));
-  mma_f64_k8(d, reinterpret_cast<const double(&)[4]>(a[4]), reinterpret_cast<const double(&)[2]>(b[2]));
-#endif
-}
-
-// One DMMA of depth K (8 or 16) on fragments of K / 2 (a) and K / 4 (b) doubles a thread.
-template <int K> __device__ __forceinline__ void mma_f64(double (&d)[4], const double (&a)[K / 2], const double (&b)[K / 4]) {
-  if constexpr (K == 16) {
-    mma_f64_k16(d, a, b);
-  } else {
-    mma_f64_k8(d, a, b);
-  }
-}
-
 template <int BM, int BN, bool AK, bool BNM, bool kSplit>
 __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>::kMinBlocks)
     dgemm_mma(const GemmProblem whole) {
   using S = F64Smem<BM, BN, AK, BNM>;
   using T = F64Tiling<BM, BN>;
   constexpr int kThreads = T::kThreads, WM = T::kWM, WN = T::kWN;  // warps along m and n
-  constexpr int kMmaK = T::kMmaK;
+  constexpr int kMmaK = 8;  // DMMA.16x8x8 steps (F64Tiling says why)
   constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
   static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
   extern __shared__ __align__(16) double smem_f64[];
@@ -258,78 +233,120 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   };
 
   double acc[MI][NI][4] = {};
-  // One stage's product; between(q) after the DMMAs of the q-th of kSteps x MI rows of blocks (q a
-  // constant once unrolled), where the next stage's copies go.
-  auto multiply = [&](const double* as, auto&& between) {
+  // A stage's product in DMMA.16x8x8 steps, software-pipelined: step s + 1's fragments (24 loads for
+  // the 64 x 32 warp tile) come in while step s's DMMAs run, so no warp waits on shared memory between
+  // its DMMAs (session 17: loading a 16-deep slice's 48 fragments, then multiplying, ran 0.80x cuBLAS
+  // at 4096^3 with one block of 8 warps). Across stages too ("crossing"): the ring's wait and barrier
+  // sit before a stage's last step, and the next stage's first fragments load under that step's DMMAs,
+  // as CUTLASS's multistage mainloop does. Before (session 24), a warp issued a stage's last DMMA, then
+  // waited at the barrier and on the next stage's first loads with at most a DMMA or two left in its
+  // pipe: a bubble every stage that an SM's other blocks filled only in part (Nsight Compute, session
+  // 18: 26 % of 128 x 64's samples before a stage's first DMMA). Crossing ran 5-10 % faster on the
+  // 128-row tiles, and 128 x 64 alone on its SM (1024^3, cuBLAS's grid there) 0.81 -> 1.00x cuBLAS
+  // (bench/NOTES.md session 25).
+  constexpr int kSteps = S::kBK / kMmaK;
+  static_assert(kSteps % 2 == 0, "a stage's steps alternate the two buffers, the next stage starts in buffer 0");
+  double fa[2][MI][kMmaK / 2], fb[2][NI][kMmaK / 4];
+  auto load_step = [&](int buf, const double* as, int ks) {
     const double* bs = as + S::kA;
-    // The stage in steps of one DMMA depth (kMmaK), software-pipelined where a stage holds several:
-    // step s + 1's fragments (24 loads for the 64 x 32 warp tile at k8) come in while step s's DMMAs
-    // run, so no warp waits on shared memory between its DMMAs (session 17: loading a 16-deep slice's
-    // 48 fragments, then multiplying, ran 0.80x cuBLAS at 4096^3 with one block of 8 warps). A stage
-    // of one k16 step leaves that overlap to the SM's other blocks' warps.
-    constexpr int kSteps = S::kBK / kMmaK;
-    double fa[2][MI][kMmaK / 2], fb[2][NI][kMmaK / 4];
-    auto load_step = [&](int buf, int ks) {
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int i = 0; i < kMmaK / 2; ++i)
-          fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
+      for (int i = 0; i < kMmaK / 2; ++i) fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
 #pragma unroll
-      for (int ni = 0; ni < NI; ++ni)
+    for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-        for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, frag_b, ks + 4 * j, ni * 8);
-    };
-    load_step(0, 0);
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      if (st + 1 < kSteps) load_step((st + 1) % 2, kMmaK * (st + 1));
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) mma_f64<kMmaK>(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
-        between(st * MI + mi);
-      }
-    }
+      for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, frag_b, ks + 4 * j, ni * 8);
   };
 
   // The cp.async ring (as cp_async_ring), with an interior stage's copies spread over the product of
   // the stage before it: a warp that issued them all at once (~25 % of its time in Nsight Compute,
   // waiting on its own copies' register reads and the LSU queue) left its sub-partition's FP64 pipe to
   // the other warp; between DMMA rows they take the issue slots of the NOPs ptxas puts between DMMAs,
-  // as cuBLAS's loop does. Stage indices counted, not divided (64-bit % 3 was ~15 instructions).
-  constexpr int kRows = S::kBK / kMmaK * MI, kCopies = CopyA::kPasses + CopyB::kPasses;
+  // as cuBLAS's loop does. Crossing, they go in the steps before the last, so the stage's group is
+  // committed before its barrier. Stage indices counted, not divided (64-bit % 3 was ~15 instructions).
+  constexpr int kCopies = CopyA::kPasses + CopyB::kPasses;
+  // A stage's product, between(rows, q) after the DMMAs of its q-th row of blocks (q < rows, a
+  // constant once unrolled); crossing, it ends with the next stage's first fragments in buffer 0.
+  auto multiply = [&](auto crossing, const double* as, const double* next_as, auto&& between) {
+    constexpr bool kX = decltype(crossing)::value;
+    constexpr int kRows = (kX ? kSteps - 1 : kSteps) * MI;
+    if constexpr (!kX) load_step(0, as, 0);
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      if (st + 1 < kSteps) {
+        load_step((st + 1) % 2, as, kMmaK * (st + 1));
+      } else if constexpr (kX) {
+        cp_async_commit();
+        cp_async_wait<S::kStages - 2>();
+        __syncthreads();  // the next stage has landed; every warp holds its last fragments of this one
+        // Unguarded (crossing stops short of the last stage): with a guard the loads were predicated
+        // and ptxas hoisted all but two of the step's DMMAs above the barrier, leaving nothing to
+        // cover them (128 x 64 at 1024^3: 1.00 -> 0.91x cuBLAS).
+        load_step(0, next_as, 0);
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma_f64_k8(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
+        if (st * MI + mi < kRows) between(std::integral_constant<int, kRows>{}, st * MI + mi);
+      }
+    }
+  };
+  // The copies of the stage at k0 into ws: the c-th of a thread's kCopies after row q of `rows`.
+  auto copies = [&](double* ws, int64_t k0) {
+    return [&, ws, k0](auto rows, int q) {
+      constexpr int kRows = decltype(rows)::value;
+#pragma unroll
+      for (int c = q * kCopies / kRows; c < (q + 1) * kCopies / kRows; ++c) {
+        if (c < CopyA::kPasses) {
+          copy_a.pass(ws, AK ? k0 : k0 * p.lda, c);
+        } else {
+          copy_b.pass(ws + S::kA, BNM ? k0 * p.ldb : k0, c - CopyA::kPasses);
+        }
+      }
+    };
+  };
+  auto no_copies = [](auto, int) {};
+
 #pragma unroll
   for (int st = 0; st < S::kStages - 1; ++st) {
     if (st < ktiles) load_stage(st, st);
     cp_async_commit();
   }
   int read = 0, write = S::kStages - 1;
-  for (int64_t kt = 0; kt < ktiles; ++kt) {
+  int64_t kt = 0;
+  auto advance = [&] {
+    read = read + 1 == S::kStages ? 0 : read + 1;
+    write = write + 1 == S::kStages ? 0 : write + 1;
+  };
+  // The stages whose next stage is copied unchecked cross; the rest (the ring's last stages, an edge
+  // tile's, a ragged last slice's) run the second loop. Its checked copies see no fragments held
+  // across the barrier: with them held there, the checked copy's address arithmetic spilled 150-400
+  // bytes in every 128-row instance. (Crossing the ring's last stages too, in a loop of their own,
+  // spilled into 64 x 64's main loop in the kk layout.)
+  const int64_t crossing = fast_ktiles - (S::kStages - 1);
+  if (crossing > 0) {
+    cp_async_wait<S::kStages - 2>();
+    __syncthreads();
+    load_step(0, smem_f64, 0);
+    for (; kt < crossing; ++kt) {
+      const int64_t next = kt + S::kStages - 1;
+      const double* as = smem_f64 + read * S::kStage;
+      const double* next_as = smem_f64 + (read + 1 == S::kStages ? 0 : read + 1) * S::kStage;
+      multiply(std::true_type{}, as, next_as, copies(smem_f64 + write * S::kStage, next * S::kBK));
+      advance();
+    }
+  }
+  for (; kt < ktiles; ++kt) {
     cp_async_wait<S::kStages - 2>();
     __syncthreads();  // stage `write` (read at the last trip) is free; stage `read` has landed
     const int64_t next = kt + S::kStages - 1;
+    if (next < ktiles) load_stage(write, next);  // checked: the interior stages crossed above
     const double* as = smem_f64 + read * S::kStage;
-    if (next < fast_ktiles) {
-      double* ws = smem_f64 + write * S::kStage;
-      const int64_t k0 = next * S::kBK;
-      multiply(as, [&](int q) {
-#pragma unroll
-        for (int c = q * kCopies / kRows; c < (q + 1) * kCopies / kRows; ++c) {
-          if (c < CopyA::kPasses) {
-            copy_a.pass(ws, AK ? k0 : k0 * p.lda, c);
-          } else {
-            copy_b.pass(ws + S::kA, BNM ? k0 * p.ldb : k0, c - CopyA::kPasses);
-          }
-        }
-      });
-    } else {
-      if (next < ktiles) load_stage(write, next);
-      multiply(as, [](int) {});
-    }
+    multiply(std::false_type{}, as, as, no_copies);
     cp_async_commit();
-    read = read + 1 == S::kStages ? 0 : read + 1;
-    write = write + 1 == S::kStages ? 0 : write + 1;
+    advance();
   }
   cp_async_wait<0>();
 

@@ -405,29 +405,32 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 
 // The float64 kernel's tiles and the cost model that picks one and a k split, fitted to the H100
 // sweeps (bench/results/f64/h100_*sweep*.txt: tiles x splits on the shape suite's products;
-// bench/NOTES.md sessions 18, 20, 21). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the
+// bench/NOTES.md sessions 18, 20, 21, 25). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the
 // ring's fill and the epilogue's bm x bn stores, which decide products of short k). Tiles of several
 // blocks per SM run at `rate` (percent of one 128 x 128 block's) when all of an SM's blocks are busy and
-// at `rate1` when a block has its SM alone; the busiest SM's waves set the time. The 128 x 128 tile's
-// checked (edge) copy spills (up to 168 bytes of stack): where m or n leaves edge tiles, or k is at
-// most 128, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x cuBLAS, 128 x 64 at 0.82x;
-// 6144 x 4096 x 16 at 0.78x; the 128-token weight gradients 6144 / 4096 x 4096 x 128 at 0.80 / 0.78x
-// where 128 x 64 ran 0.93 / 0.91x, bench/results/f64/h100_s24_f64_suite_sweep_mn.txt: one block an SM
-// cannot hide its fill and epilogue behind a second, and the model otherwise ties the two). Session 21
-// added the 4-warp 64 x 64 and 32 x 64 tiles, three blocks an SM (cuBLAS's choice for most of the suite), and refitted their rates to the sweeps of every
-// tile x split 1-8 in the suite's three layouts (bench/results/f64/h100_s21_f64_sweep_*.txt, 72
-// products): the picks run at 0.983x the best of each (geomean). The 16-row tile's pairs share an SM's
-// L2 bandwidth (rate 25 in pairs, 60 alone). Row ranges: the 16-row tile serves decode (swept there)
-// and nothing past 32 rows, where its B panels would be read once per 16 rows; the 32-row tile was
-// swept from 128 rows up only, so decode keeps the 16-row one.
+// at `rate1` when a block has its SM alone; the busiest SM's waves set the time. Since session 25 a
+// warp loads the next stage's first fragments under a stage's last DMMAs (gemm_f64.cu), so a block
+// alone on its SM runs nearly as fast as one of a full SM (rate1 ~ rate; before, 128 x 64 alone ran
+// at 65 % and 64 x 64 at 60 %). The 128 x 128 tile's checked (edge) copy spills: where m or n leaves
+// edge tiles, or k is at most kF64WideMinK, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x
+// cuBLAS, 128 x 64 at 0.82x; with k <= 512 one block an SM hides none of its fill and epilogue behind
+// a second, and the 128-token weight gradients ran it 5-10 % slower than 64 x 64). Rates, kF64CtaK and
+// kF64WideMinK fitted to session 25's sweep of every tile x split (1-8; 1, 2, 4 for weight gradients)
+// on the suite's products of up to 1024 tokens in its three layouts
+// (bench/results/f64/h100_s25_f64_suite_sweep_{kk,kn,mn}.txt, 85 products): the picks run at 0.988x
+// cuBLAS (geomean), the best of each product at 0.999x, the session-24 constants' picks at 0.952x;
+// fitted on two layouts, the third's picks gain 3-4 % (kk, mn) or lose 0.5 % (kn). The 16-row tile's
+// pairs share an SM's L2 bandwidth (rate 25 in pairs, 60 alone). Row ranges: the 16-row tile serves
+// decode (swept there) and nothing past 32 rows, where its B panels would be read once per 16 rows; the
+// 32-row tile was swept from 128 rows up only, so decode keeps the 16-row one.
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
   int64_t min_m = 0, max_m = INT64_MAX;  // the problem rows (after any swap) the tile may take
 };
-constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 100, 65}, {64, 64, 3, 97, 60},
-                                   {32, 64, 3, 85, 40, 17}, {16, 128, 2, 25, 60, 0, 32}};
-constexpr int64_t kF64CtaK = 96, kF64MinSlice = 64, kF64MaxSplit = 16;
+constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 95, 96}, {64, 64, 3, 95, 91},
+                                   {32, 64, 3, 82, 70, 17}, {16, 128, 2, 25, 60, 0, 32}};
+constexpr int64_t kF64CtaK = 32, kF64MinSlice = 64, kF64MaxSplit = 16, kF64WideMinK = 512;
 // A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
 // 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench
 // (cold L2) ran gpt-2's 768-wide products 5-8 us slower split into planes than over a cluster
@@ -460,7 +463,7 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
     for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
       if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;
       int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
-      if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k <= 128)) cost = cost * 3 / 2;
+      if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k <= kF64WideMinK)) cost = cost * 3 / 2;
       if (split > 1) cost += kF64SumFixed + (split + 1) * p.m * p.n * 8 / kF64SumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;
       best = cost;
