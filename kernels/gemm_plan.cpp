@@ -438,6 +438,12 @@ constexpr int64_t kF64CtaK = 32, kF64MinSlice = 64, kF64MaxSplit = 16, kF64WideM
 // 0.986x the best).
 constexpr int64_t kF64SumFixed = 6000 * 225, kF64SumBytesPerUnit = 26;
 
+// The k splits a tile may take: those swept for it, 1-4, 6 and 8 (f64_sweep on the shape suite), and
+// every one up to kF64MaxSplit for the 16-row tile (swept so in decode). The rates are fitted to
+// measured configurations and say nothing of the others: 128 x 64 split 11, never swept, ran gpt-2's
+// 128 x 768 x 3072 at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x (session 25).
+bool f64_split_swept(const CostTile& t, int64_t split) { return t.bm == 16 || split <= 4 || split == 6 || split == 8; }
+
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate. A last
 // wave that leaves the busiest SM c of its `blocks` blocks runs them at a rate between rate1 (alone)
 // and rate (all blocks busy), in proportion.
@@ -462,6 +468,7 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
       if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;
+      if (!f64_split_swept(t, split)) continue;
       int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
       if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k <= kF64WideMinK)) cost = cost * 3 / 2;
       if (split > 1) cost += kF64SumFixed + (split + 1) * p.m * p.n * 8 / kF64SumBytesPerUnit;

@@ -2,6 +2,7 @@
 // is a plain function of the problem and the device, so no GPU is needed to check what it picks.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 
 #include "kernels/gemm_plan.h"
@@ -121,6 +122,12 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
     GemmRequest w = row_major(DType::Float64, m, 4096, 128);
     w.a = {w.a.ptr, 1, m};
     EXPECT_LT(plan_gemm(w, kH100).bm * plan_gemm(w, kH100).bn, 128 * 128) << m;
+  }
+  // Outside decode, only the splits swept (1-4, 6, 8): gpt-2's 128 x 768 x 3072 took 128 x 64 split 11,
+  // never swept, at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x.
+  for (const auto& [m, n, k] : {std::array<int64_t, 3>{128, 768, 3072}, {128, 4544, 18176}, {768, 768, 4096}}) {
+    const int split = plan_gemm(row_major(DType::Float64, m, n, k), kH100).split_k;
+    EXPECT_TRUE(split <= 4 || split == 6 || split == 8) << m << " x " << n << " x " << k << ": split " << split;
   }
   // Edge tiles along n (4544 = 35.5 x 128): not the 128 x 128 tile.
   p = plan_gemm(row_major(DType::Float64, 1024, 4544, 18176), kH100);

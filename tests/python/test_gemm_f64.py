@@ -20,9 +20,9 @@ SHAPES = [(1000, 1000, 1000),   # 128 x 64 tiles cut at 1000, a ragged last slic
           (2000, 64, 1000),     # many 128 x 64 tiles over a short k, the last row of tiles 80 rows
           (200, 4096, 1000),    # 128 x 64 tiles cut at 200 rows, k split 4 ways
           (500, 4096, 1000),    # 64 x 64 tiles cut at 500 rows
-          (300, 8192, 500),     # 64 x 64 tiles cut both ways, k split 13 ways (slices of 640, the last 512)
+          (300, 8192, 500),     # 64 x 64 tiles cut both ways, k split 3 ways (slices of 2736, the last 2720)
           (7, 4096, 1000),      # 7 rows: 16 x 128 tiles, k split 16 ways
-          (100, 4096, 130),     # 4 x 3 32 x 64 tiles over a long k: split 11
+          (100, 4096, 130),     # 4 x 3 32 x 64 tiles over a long k: split 8
           (300, 17, 257),       # k of 17: one slice and a 1-deep edge
           (4097, 1, 7),         # k of 1
           (1, 1000, 4096),      # one row
