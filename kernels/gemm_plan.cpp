@@ -57,11 +57,12 @@
 // |                                                |   (summed in order by a second kernel): |   an even spread ran 0.74-0.78x (NOTES s. 20); cost|
 // |                                                |   least busiest-SM time (plan_simt)     |   fitted to the sweep (0.996x the best pick)       |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
-// | float64 (operands readable as above, or      | DMMA (gemm_f64.cu): 128 x 128, 64 x 64   | the FP64 pipe sets the pace: the time is the busiest|
-// |   copied)                                      |   or 16 x 128 tiles, k unsplit or split  |   SM's waves of CTAs, each its slice of k at the   |
-// |                                                |   into 2-16 CTAs writing partial planes |   tile's rate (L2 bytes per FMA) plus a fill and   |
-// |                                                |   (as SIMT), whichever leaves the       |   epilogue, and a split's planes summed. Fit to    |
-// |                                                |   busiest SM the least work (plan_f64)  |   the sweep (NOTES s. 18, s. 20)                   |
+// | float64 (operands readable as above, or        | DMMA (gemm_f64.cu): 128 x 128, 128 x 64,| the FP64 pipe sets the pace: the time, the busiest |
+// |   copied)                                      |   64 x 64, 32 x 64 or 16 x 128 tiles, k |   SM's waves of CTAs, each its slice of k at the   |
+// |                                                |   unsplit or split into 2-4, 6 or 8 CTAs|   tile's rate (all blocks of the SM busy, or alone)|
+// |                                                |   (16 x 128: 2-16) writing partial      |   plus a fill and epilogue, and a split's planes   |
+// |                                                |   planes (as SIMT), whichever leaves the|   summed. Fit to the sweep of every tile x split   |
+// |                                                |   busiest SM the least work (plan_f64)  |   (NOTES s. 18-25)                                 |
 #include "gemm_plan.h"
 
 #include <algorithm>
