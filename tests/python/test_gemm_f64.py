@@ -18,6 +18,8 @@ F64_TOL = 1e-12
 SHAPES = [(1000, 1000, 1000),   # 128 x 64 tiles cut at 1000, a ragged last slice of k (62.5 slices)
           (1024, 8192, 1024),   # 128 x 128, k split in two (partial planes)
           (2000, 64, 1000),     # many 128 x 64 tiles over a short k, the last row of tiles 80 rows
+          (2000, 48, 1000),     # 128 x 64 over three 16-deep slices: no stage crosses, the ring's last only
+          (2048, 600, 1024),    # 128 x 128 over a ragged k (18.75 32-deep stages): crossing, then the checked last
           (200, 4096, 1000),    # 128 x 64 tiles cut at 200 rows, k split 4 ways
           (500, 4096, 1000),    # 64 x 64 tiles cut at 500 rows
           (300, 8192, 500),     # 64 x 64 tiles cut both ways, k split 3 ways (slices of 2736, the last 2720)
