@@ -428,9 +428,10 @@ struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
   int64_t min_m = 0, max_m = INT64_MAX;  // the problem rows (after any swap) the tile may take
+  bool every_split = false;  // float64: any k split up to the maximum, not only the swept ones (f64_split_swept)
 };
 constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 95, 96}, {64, 64, 3, 95, 91},
-                                   {32, 64, 3, 82, 70, 17}, {16, 128, 2, 25, 60, 0, 32}};
+                                   {32, 64, 3, 82, 70, 17}, {16, 128, 2, 25, 60, 0, 32, true}};
 constexpr int64_t kF64CtaK = 32, kF64MinSlice = 64, kF64MaxSplit = 16, kF64WideMinK = 512;
 // A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
 // 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench
@@ -439,11 +440,11 @@ constexpr int64_t kF64CtaK = 32, kF64MinSlice = 64, kF64MaxSplit = 16, kF64WideM
 // 0.986x the best).
 constexpr int64_t kF64SumFixed = 6000 * 225, kF64SumBytesPerUnit = 26;
 
-// The k splits a tile may take: those swept for it, 1-4, 6 and 8 (f64_sweep on the shape suite), and
-// every one up to kF64MaxSplit for the 16-row tile (swept so in decode). The rates are fitted to
+// The k splits a tile may take: those swept for it, 1-4, 6 and 8 (f64_sweep on the shape suite), or
+// every one up to kF64MaxSplit for a tile swept so (the 16-row one, in decode). The rates are fitted to
 // measured configurations and say nothing of the others: 128 x 64 split 11, never swept, ran gpt-2's
 // 128 x 768 x 3072 at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x (session 25).
-bool f64_split_swept(const CostTile& t, int64_t split) { return t.bm == 16 || split <= 4 || split == 6 || split == 8; }
+bool f64_split_swept(const CostTile& t, int64_t split) { return t.every_split || split <= 4 || split == 6 || split == 8; }
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate. A last
 // wave that leaves the busiest SM c of its `blocks` blocks runs them at a rate between rate1 (alone)
