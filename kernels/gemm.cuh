@@ -393,6 +393,44 @@ __device__ __forceinline__ void reduce_cluster_tile(const float* part, int ld, i
   cluster_sync();
 }
 
+// The FP64 tensor-core products both float64 kernels multiply with (kernels/gemm_f64.cu, and the
+// small-M streaming form in kernels/gemm_skinny.cu).
+// d += a b for one 16 x 8 x 4 block. Fragments (lane = 4 g + t): a0 = A[g][t], a1 = A[g + 8][t],
+// b = B[t][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j] of an
+// 8 x 8 x 4 block, so the sm_80-89 form (no m16n8k4 there) is the same product in two halves.
+__device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1, double b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a0), "d"(a1), "d"(b));
+#elif __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a0), "d"(b));
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+               : "+d"(d[2]), "+d"(d[3])
+               : "d"(a1), "d"(b));
+#else
+  __trap();  // the planner runs DMMA only where dmma_runs_on (or skinny_tma_on) says the image has it
+#endif
+}
+
+// d += a b for one 16 x 8 x 8 block: a = {A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]},
+// b = {B[t][g], B[t + 4][g]} (CUTLASS's SM90_16x8x8_F64F64F64F64_TN layouts), i.e. two m16n8k4 blocks,
+// k 0-3 and 4-7, in one instruction on sm_90. One DMMA.16x8x8 is 32 cycles of the pipe where the
+// 16x8x4 is 16: a warp issues half as many, with the fixed wait ptxas puts between a warp's DMMAs (a
+// NOP each) now under more pipe time. cuBLAS's sm90 DGEMM runs this shape (bench/NOTES.md session 18).
+__device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4], const double (&b)[2]) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+#else
+  mma_f64_k4(d, a[0], a[1], b[0]);
+  mma_f64_k4(d, a[2], a[3], b[1]);
+#endif
+}
+
 // The fast kernels' launchers: the instance the plan names (its tile, layouts and grid), or
 // cudaErrorInvalidValue when no such instance is compiled.
 cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);

@@ -12,7 +12,8 @@
 // |   stride, rows not 16-byte multiples, or a     |   the other side has >= 256 rows; else  |   500 / n); the fallback is >= 4x slower (portable |
 // |   base not 16-byte aligned                     |   general                               |   TF32) to ~50x (general) |
 // | c's short side <= 16 (tokens) and that side's  | small-M kernel (gemm_skinny.cu), all     | bound by the weight's bytes: the tiled kernels' 128-row |
-// |   operand k-contiguous; bf16/fp16/float32     |   float types (TF32 computed in FP32)    |   tiles ran 1 x 4096 x 14336 bf16 at 0.43 of copy |
+// |   operand k-contiguous; bf16/fp16/float32     |   float types (TF32 computed in FP32;    |   tiles ran 1 x 4096 x 14336 bf16 at 0.43 of copy |
+// |   (float64: below)                             |   float64: the streaming form only)     |                                                    |
 // |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
@@ -28,6 +29,10 @@
 // |   (FP32 FMAs: <= SMs)                          |   split over a cluster up to SMs / 2    |   cost (4 CTAs slower everywhere); short slices    |
 // |                                                |   CTAs (FMAs: all SMs), >= 8 stages each|   only fill the ring; FP32 FMAs at 16 tokens bind  |
 // |                                                |                                         |   the SM: 0.55-0.65 of copy on half, 0.75-0.99 all |
+// | float64 small-M (sm_90 and the stream only:    | DMMA on the ring; deep stages always,   | its weight is 2-4x the bytes: one CTA an SM ran    |
+// |   no per-lane form; the tiled kernel's 16-row  |   except <= 16 groups of outputs: half  |   2-9 % faster than two; 12 deep CTAs left gpt-2's |
+// |   tile elsewhere)                              |   the k a stage, k split over 8 CTAs    |   768-output products at 0.60-0.96x cuBLAS, split  |
+// |                                                |   (>= 3 stages each)                    |   8 ran 0.90-1.31x (NOTES s. 26)                   |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
@@ -323,6 +328,14 @@ bool skinny_streams(const GemmPlan& p) {
 
 // The least number of ring stages of k a streaming CTA walks: fewer and its ring never fills.
 constexpr int64_t kSkinnyMinStages = 8;
+// float64's weight is 2-4x the bytes of the same product in the other types, so a CTA's share is
+// long and where its groups of 64 outputs are few (at most kSkinnyF64FewGroups, 1024 outputs) those
+// few SMs' own read rate sets the time: gpt-2's 768-output products ran 0.60-0.96x cuBLAS on 12 deep
+// CTAs, 0.90-1.31x with k split over 8 (stages of half the k; 3 stages a CTA are enough,
+// kSkinnyF64FewMinStages). Elsewhere it always takes deep stages: above half the SMs' groups one CTA
+// an SM with twice the bytes in flight ran 2-9 % faster than two (71-284 groups), and fewer larger
+// CTAs leave a last wave no emptier (bench/results/decode/h100_s26_f64_skinny_sweep.txt).
+constexpr int64_t kSkinnyF64FewGroups = 16, kSkinnyF64FewMinStages = 3;
 
 void skinny_stream(GemmPlan& p, int stages, int chunk, int split, bool pdl) {
   const int64_t outputs = p.sk_tokens_m ? p.n : p.m;
@@ -348,6 +361,8 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   } else {
     return false;
   }
+  // float64 has the streaming form only (DMMA; the tiled kernel's 16-row tile elsewhere).
+  if (r.dtype == DType::Float64 && !(dev.skinny_tma && skinny_streams(p))) return false;
   const bool half = r.dtype != DType::Float32;
   const int64_t tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
   p.kernel = GemmKernel::Skinny;
@@ -382,11 +397,15 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
     // SMs, 0.75-0.99 on all), where the tensor-core forms are bound by the stream alone.
     const int64_t sms_wanted = fma ? dev.sms : dev.sms / 2;
     const int64_t tma_groups = cdiv(outputs, kSkinnyTma.outputs);
-    const bool deep = tma_groups <= sms_wanted;
-    // The chunks are 16-bit elements' counts; float32 stages hold the same bytes (half the k).
+    const bool f64 = r.dtype == DType::Float64, few = f64 && tma_groups <= kSkinnyF64FewGroups;
+    const bool deep = f64 ? !few : tma_groups <= sms_wanted;
+    // The chunks are 16-bit elements' counts; float32 and float64 stages hold the same bytes.
     const int chunk = (deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk) * 2 / static_cast<int>(element_size(r.dtype));
-    const int64_t cap = std::clamp<int64_t>(cdiv(r.k, chunk) / kSkinnyMinStages, 1, kSkinnyMaxCluster);
-    const int64_t split_tma = deep ? std::clamp<int64_t>(sms_wanted / tma_groups, 1, cap) : 1;
+    const int64_t min_stages = few ? kSkinnyF64FewMinStages : kSkinnyMinStages;
+    const int64_t cap = std::clamp<int64_t>(cdiv(r.k, chunk) / min_stages, 1, kSkinnyMaxCluster);
+    const int64_t split_tma = few ? std::clamp<int64_t>(dev.sms / tma_groups, 1, cap)
+                              : deep && tma_groups <= sms_wanted ? std::clamp<int64_t>(sms_wanted / tma_groups, 1, cap)
+                                                                 : 1;
     p.sk_mt = std::max(p.sk_mt, 8);  // its token tiles are the mma's 8 columns
     skinny_stream(p, kSkinnyTmaStages, chunk, static_cast<int>(split_tma), true);
     p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";
@@ -573,6 +592,8 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16)) return general(p, "an operand's base not 16-byte aligned");
 
   if (r.dtype == DType::Float64) {
+    GemmPlan s = p;
+    if (plan_skinny(s, dev)) return s;
     plan_f64(p, dev);
     return p;
   }

@@ -74,12 +74,12 @@ struct SkinnyGeometry {
   int outputs, chunk;
 };
 constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128}, kSkinnyFloatN{128, 4};
-// Its streaming form (bf16/fp16 and TF32 on sm_90): a producer warp beside the kSkinnyWarps brings the
-// weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
+// Its streaming form (every float type on sm_90; float64's only form): a producer warp beside the
+// kSkinnyWarps brings the weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
 // stages per CTA; each of the other warps multiplies 16 of the CTA's outputs. A stage holds
 // kSkinnyTma.chunk k where the outputs' groups of 64 fill more than half the SMs (two CTAs fit per
 // SM), kSkinnyTmaDeepChunk where fewer (one CTA per SM, twice the bytes in flight each); counts of
-// 16-bit elements, float32 stages hold the same bytes.
+// 16-bit elements, float32 and float64 stages hold the same bytes.
 constexpr SkinnyGeometry kSkinnyTma{64, 128};
 constexpr int kSkinnyTmaStages = 4, kSkinnyTmaDeepChunk = 256;
 const char* kernel_name(GemmKernel k);

@@ -3,7 +3,8 @@
 // bound by reading the weight once, so everything here serves the stream. Two families:
 //   - the streaming form (every dtype on sm_90, gemm_skinny_tma below): a producer warp keeps a ring
 //     of TMA stages (64 outputs x 128 k of the weight, and x's tokens at the same k) full, four warps
-//     multiply them, on the tensor cores (bf16/fp16/TF32) or by FP32 FMAs (float32 "highest");
+//     multiply them, on the tensor cores (bf16/fp16/TF32; float64 by DMMA with float64 sums, its only
+//     form) or by FP32 FMAs (float32 "highest");
 //     ~72 KB in flight per CTA, within 2-5 % of a TMA read that does nothing else
 //     (bench/sweep/probe/stream_probe.cu, bench/NOTES.md);
 //   - the per-lane forms (GPUs before sm_90, operands TMA cannot describe): each lane loads its own
@@ -43,6 +44,7 @@ struct Skinny {
   void* out;
   int64_t ldo_t, ldo_n;
   float alpha, beta;
+  double alpha64, beta64;  // the same scalars unrounded, for float64
   int64_t slice;
   int rw, kw;
 };
@@ -488,10 +490,15 @@ template <int MT> struct FloatN {
 };
 
 #if __CUDA_ARCH__ >= 900
-// The float at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
+// The sum at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
 __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+__device__ __forceinline__ double ld_cluster(const double* local, int rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(map_cluster(smem_addr(local), rank)));
   return v;
 }
 #endif
@@ -518,8 +525,8 @@ template <typename T, int MT, typename SumAt> __device__ __forceinline__ void st
     const int t = e / outs, o = e % outs;
     const int64_t og = int64_t{blockIdx.x} * outs + o;
     if (t >= s.tokens || og >= s.outputs) continue;
-    const float* sum = sum_at(t, o);
-    float v = *sum;
+    const acc_t<T>* sum = sum_at(t, o);
+    acc_t<T> v = *sum;
 #if __CUDA_ARCH__ >= 900
     if (split > 1) {
       v = ld_cluster(sum, 0);
@@ -527,9 +534,15 @@ template <typename T, int MT, typename SumAt> __device__ __forceinline__ void st
     }
 #endif
     T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
-    float r = s.alpha * v;
-    if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);  // beta == 0 never reads out
-    *dst = from_acc<T>(r);
+    if constexpr (std::is_same_v<T, double>) {
+      double r = s.alpha64 * v;
+      if (s.beta64 != 0.0) r = fma(s.beta64, *dst, r);  // beta == 0 never reads out
+      *dst = r;
+    } else {
+      float r = s.alpha * v;
+      if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);
+      *dst = from_acc<T>(r);
+    }
   }
 #if __CUDA_ARCH__ >= 900
   if (split > 1) cluster_sync();  // no CTA leaves while another may still read its shared memory
@@ -578,9 +591,11 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
 constexpr int kTmaThreads = (kSkinnyWarps + 1) * 32;
 
 // Dynamic shared memory of a streaming CTA (elements of `elem` bytes): the ring, the part (MT x 64
-// sums), two barriers per stage, and slack to align the ring to 1024 bytes (the swizzle's period).
+// sums: doubles for float64, floats otherwise), two barriers per stage, and slack to align the ring
+// to 1024 bytes (the swizzle's period).
 constexpr int tma_smem(int elem, int mt, int stages, int chunk) {
-  return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * 4 + 16 * stages + 1024;
+  const int acc = elem == 8 ? 8 : 4;
+  return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * acc + 16 * stages + 1024;
 }
 
 #if __CUDA_ARCH__ >= 900  // the streaming form's helpers (its kernel body is sm_90 only)
@@ -725,6 +740,81 @@ __device__ __forceinline__ void fma_consume(void* ring, uint32_t base, int stage
     part[e] = v;
   }
 }
+
+__device__ __forceinline__ void lds_f64x2(double& x, double& y, uint32_t addr) {
+  asm volatile("ld.shared.v2.f64 {%0,%1}, [%2];\n" : "=d"(x), "=d"(y) : "r"(addr));
+}
+
+// float64 on the ring: DMMA.16x8x8 (mma_f64_k8) on out^T = W x^T with float64 sums, warp w owning
+// outputs 16 w .. 16 w + 15 over the whole stage, as the 16-bit consumer does; at 16 tokens a stream
+// of 3 TB/s keeps the FP64 pipe ~20 % busy. A step is 8 k; a box row (128 bytes) holds 16 doubles, two
+// steps. The mma's k slots may stand for any k as long as A and B agree, so each lane's 16-byte units
+// feed two slots at once (slot t and t + 4), one 16-byte shared load per fragment pair:
+//   k-contiguous weight: step h of a box takes logical unit 2t + h of a row (its two doubles in slots
+//     t, t + 4) for the weight's output rows g, g + 8 and x's token rows: 8 consecutive lanes read rows
+//     g, g + 1 at units {0, 2, 4, 6} + h, which the swizzle (unit ^ row % 8) puts on 8 distinct units;
+//   o-contiguous weight: slot t is k 8 h + 2 t and slot t + 4 the k after it, so lane (g, t) reads
+//     unit g (outputs 2 g, 2 g + 1: the mma's rows g and g + 8) of the box's k rows 8 h + 2 t and
+//     + 1 (distinct units again), and x's unit 4 h + t of token g (two lanes a bank: x is an eighth
+//     of the bytes).
+// The stage is released after its last batch's fragments are read, before their DMMAs, as the
+// 16-bit consumer does; two accumulator sets (even and odd steps) halve the chain of dependent DMMAs.
+template <int MT, bool WK>
+__device__ __forceinline__ void dmma_consume(uint32_t base, int stage_bytes, int w_bytes, int chunk, int stages, int n,
+                                             uint32_t full, uint32_t empty, int warp, int lane, double* part) {
+  constexpr int kOut = kSkinnyTma.outputs, kNT = MT / 8, kSteps = 4;  // a batch: two boxes
+  const int g = lane >> 2, t = lane & 3;
+  double acc[2][kNT][4] = {};
+  double a[kSteps][4], b[kSteps][kNT][2];
+  auto load = [&](uint32_t wt, uint32_t xt, int kk, double (&ra)[4], double (&rb)[kNT][2]) {
+    const int box = kk / 2, h = kk % 2;
+    const uint32_t xb = xt + box * MT * 128;
+    int xu;
+    if constexpr (WK) {
+      const uint32_t wb = wt + box * kOut * 128;
+      xu = 2 * t + h;
+      lds_f64x2(ra[0], ra[2], swz(wb, 16 * warp + g, xu));
+      lds_f64x2(ra[1], ra[3], swz(wb, 16 * warp + g + 8, xu));
+    } else {
+      const uint32_t wb = wt + warp * chunk * 128;
+      const int kr = 16 * box + 8 * h + 2 * t;
+      xu = 4 * h + t;
+      lds_f64x2(ra[0], ra[1], swz(wb, kr, g));
+      lds_f64x2(ra[2], ra[3], swz(wb, kr + 1, g));
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) lds_f64x2(rb[j][0], rb[j][1], swz(xb, 8 * j + g, xu));
+  };
+  const int steps = chunk / 8;
+  for (int i = 0; i < n; ++i) {
+    const int slot = i % stages;
+    mbar_wait(full + 8 * slot, (i / stages) & 1);
+    const uint32_t wt = base + slot * stage_bytes, xt = wt + w_bytes;
+    for (int k0 = 0; k0 < steps; k0 += kSteps) {
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) load(wt, xt, k0 + s, a[s], b[s]);
+      if (k0 + kSteps == steps) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * slot);
+      }
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) mma_f64_k8(acc[s & 1][j], a[s], b[s][j]);
+    }
+  }
+  // acc[.][j][2 r + c]: the mma's row g + 8 r, token 8 j + 2 t + c; row g + 8 r is output
+  // 16 warp + g + 8 r (k-contiguous weight) or 16 warp + 2 g + r (o-contiguous).
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int o = 16 * warp + (WK ? g + 8 * r : 2 * g + r), tok = 8 * j + 2 * t + c;
+        part[tok * kOut + o] = acc[0][j][2 * r + c] + acc[1][j][2 * r + c];
+      }
+}
 #endif
 
 template <typename T, int MT, bool WK, bool FMA>
@@ -736,11 +826,12 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
   // A box row is 128 bytes: kBoxK elements; one mma step takes kStepK of k (two 16-byte units).
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem, kStepK = 32 / kElem;
   constexpr bool kTf32 = std::is_same_v<T, float>;
+  using Acc = acc_t<T>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
   unsigned char* const smem = smem_raw + (base - raw);
   const int w_bytes = kOut * chunk * kElem, stage_bytes = (kOut + MT) * chunk * kElem;
-  float* const part = reinterpret_cast<float*>(smem + stages * stage_bytes);
+  Acc* const part = reinterpret_cast<Acc*>(smem + stages * stage_bytes);
   uint64_t* const bars = reinterpret_cast<uint64_t*>(part + MT * kOut);
   const uint32_t full = smem_addr(bars), empty = full + 8 * stages;  // barrier i at + 8 i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -780,6 +871,8 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
     }
   } else if constexpr (FMA) {
     fma_consume<MT, WK>(smem, base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane, part);
+  } else if constexpr (std::is_same_v<T, double>) {
+    dmma_consume<MT, WK>(base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane, part);
   } else {
     // Two accumulator sets (even and odd k steps) halve the chain of dependent mma per stage. Each
     // 8 steps (two boxes) of a stage are read into registers first (ldmatrix), and the stage is
@@ -962,6 +1055,7 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
   s.k = p.k;
   s.out = p.c;
   s.alpha = p.alpha, s.beta = p.beta;
+  s.alpha64 = p.alpha64, s.beta64 = p.beta64;
   s.slice = plan.sk_slice;
   s.rw = plan.sk_rw, s.kw = plan.sk_kw;
   if (plan.sk_tokens_m) {  // x = A (k-major), the weight B: out[t][o] = C[t][o]
@@ -978,6 +1072,7 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
       case DType::BFloat16: return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
       case DType::Float16: return launch_tma_typed<__half>(plan, s, stream);
       case DType::Float32: return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : launch_tma_typed<float, true>(plan, s, stream);
+      case DType::Float64: return launch_tma_typed<double>(plan, s, stream);
       default: return cudaErrorInvalidValue;
     }
   }

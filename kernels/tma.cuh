@@ -29,6 +29,7 @@ inline EncodeTiled tma_encoder() {
 }
 
 template <typename T> constexpr CUtensorMapDataType tma_dtype() {
+  if constexpr (std::is_same_v<T, double>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT64;
   if constexpr (std::is_same_v<T, float>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;

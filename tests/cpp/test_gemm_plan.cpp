@@ -100,9 +100,9 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   // k too short to split: slices would be under kF64MinSlice.
   p = plan_gemm(row_major(DType::Float64, 1024, 1024, 100), kH100);
   EXPECT_EQ(p.split_k, 1);
-  // 16 tokens against a 4096 x 14336 weight (decode): the 16-row tile, 32 of them, k split 4 ways:
-  // 128 CTAs, each alone on its SM (clusters of 4 could not all run at once).
-  p = plan_gemm(transposed_b(row_major(DType::Float64, 16, 4096, 14336)), kH100);
+  // 16 tokens against a 4096 x 14336 weight (decode) where the small-M kernel cannot stream: the
+  // 16-row tile, 32 of them, k split 4 ways: 128 CTAs, each alone on its SM.
+  p = plan_gemm(transposed_b(row_major(DType::Float64, 16, 4096, 14336)), kH100Lanes);
   EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
   EXPECT_EQ(p.bm, 16);
   EXPECT_EQ(p.bn, 128);
@@ -495,8 +495,33 @@ TEST(GemmPlan, FewTokensTakeTheSmallMKernelInEveryFloatType) {
       EXPECT_NE(plan_gemm(r, kH100).kernel, GemmKernel::Skinny);
     }
   }
-  // float64 has no small-M form yet: the DMMA kernel's small tiles, k split.
-  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, 1, 4096, 4096), kH100).kernel, GemmKernel::MmaF64);
+  // float64 streams (DMMA on the ring) where the streaming form runs; it has no per-lane form, so
+  // elsewhere the tiled float64 kernel's small tiles, k split.
+  for (int64_t m : {int64_t{1}, int64_t{9}, int64_t{kSkinnyMaxTokens}}) {
+    GemmPlan p = plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kH100);
+    EXPECT_EQ(p.kernel, GemmKernel::Skinny) << m;
+    EXPECT_TRUE(p.sk_tma);
+    EXPECT_EQ(p.sk_mt, m <= 8 ? 8 : 16);
+    p = plan_gemm(row_major(DType::Float64, m, 4096, 4096), kH100);  // g @ W
+    EXPECT_EQ(p.kernel, GemmKernel::Skinny) << m;
+    EXPECT_FALSE(p.sk_w_kmajor);
+    EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kH100Lanes).kernel, GemmKernel::MmaF64);
+    EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kA100).kernel, GemmKernel::MmaF64);
+  }
+  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, kSkinnyMaxTokens + 1, 4096, 4096), kH100).kernel,
+            GemmKernel::MmaF64);
+  // Its stages: deep (one CTA an SM) however many groups of 64 outputs (71-284 groups: 2-9 % faster
+  // than two CTAs an SM), except at most 16 groups, whose few SMs' own read rate bound gpt-2's
+  // 768-output products: half the k a stage and k split over 8 CTAs (0.60-0.96x -> 0.90-1.31x).
+  for (int64_t n : {int64_t{2304}, int64_t{14336}, int64_t{28672}}) {
+    const GemmPlan p = plan_gemm(linear_forward(DType::Float64, 1, n, 4096), kH100);
+    EXPECT_EQ(p.sk_chunk, cuops::kernels::kSkinnyTmaDeepChunk / 4) << n;
+  }
+  for (int64_t k : {int64_t{768}, int64_t{3072}}) {
+    const GemmPlan p = plan_gemm(linear_forward(DType::Float64, 1, 768, k), kH100);
+    EXPECT_EQ(p.sk_chunk, cuops::kernels::kSkinnyTma.chunk / 4) << k;
+    EXPECT_EQ(p.sk_split, 8) << k;
+  }
 }
 
 TEST(GemmPlan, SmallMTokensMayBeTheColumnsOfC) {

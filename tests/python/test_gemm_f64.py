@@ -87,10 +87,11 @@ def test_float64_odd_strides_copy_or_run_general():
 @pytest.mark.quick
 @requires_cuda
 @pytest.mark.parametrize("m,k,n,split", [(4096, 512, 4096, False), (1024, 8192, 1024, True),
-                                         (16, 14336, 4096, True), (512, 100, 512, False)], ids=str)
+                                         (17, 14336, 4096, True), (512, 100, 512, False)], ids=str)
 def test_float64_kernel_choice(m, k, n, split):
     """The DMMA kernel runs float64 (the split instance and the planes' sum where the planner splits k,
-    on a 132-SM H100), not the general one."""
+    on a 132-SM H100), not the general one. (At most 16 rows with a's k contiguous: the small-M
+    kernel's stream on sm_90, tests/python/test_gemm_small_m.py.)"""
     if not dmma_here():
         pytest.skip("no FP64 tensor cores before sm_80: the general kernel serves float64")
     a, b = make((m, k), torch.float64, "cuda"), make((k, n), torch.float64, "cuda")

@@ -12,8 +12,9 @@ from conftest import REDUCTION_TOL, make, ops, rel_error, requires_cuda
 from test_ops import cuda_kernel_names, fast_kernel_tol, matmul_precision
 
 MAX_TOKENS = 16  # kernels/gemm_plan.h kSkinnyMaxTokens
-# The streaming form (TMA ring) runs every dtype (bf16/fp16 and TF32 on the tensor cores, float32
-# "highest" by FP32 FMAs) on compute capability 9.0 unless switched off.
+# The streaming form (TMA ring) runs every dtype (bf16/fp16, TF32 and float64 on the tensor cores,
+# float32 "highest" by FP32 FMAs) on compute capability 9.0 unless switched off. float64 has no per-lane
+# form: without the stream it runs the tiled float64 kernel (tests/python/test_gemm_f64.py).
 STREAM_DISABLED = os.environ.get("CUOPS_DISABLE_SKINNY_TMA") is not None
 
 
@@ -30,7 +31,7 @@ TOKENS = [1, 2, 3, 15, 16, 17, 63]
 # at larger M c's short side is its 3 columns, whose operand is not k-contiguous: the tiled kernels).
 OUTPUTS_K = [(1000, 4097), (4100, 1000), (24000, 333), (3, 20000), (20000, 3)]
 CASES = [(torch.bfloat16, "highest"), (torch.float16, "highest"), (torch.float32, "highest"),
-         (torch.float32, "high")]
+         (torch.float32, "high"), (torch.float64, "highest")]
 
 
 def padded(rows, cols, dtype):
@@ -51,19 +52,31 @@ def linear_operands(kind, m, n_out, k_in, dtype):
 def takes_small_m(a, b):
     """Whether the planner gives a @ b (c row-major) to the small-M kernel (kernels/gemm_plan.cpp
     plan_skinny): c's rows are the tokens (at most 16, not more than the columns, a's k contiguous), or
-    its columns are (at most 16, b's k contiguous)."""
+    its columns are (at most 16, b's k contiguous); float64 only where it streams."""
     m, n = a.shape[0], b.shape[1]
+    if a.dtype == torch.float64 and not streams():
+        return False
     return (m <= MAX_TOKENS and m <= n and a.stride(1) == 1) or (n <= MAX_TOKENS and b.stride(0) == 1)
 
 
-def check_products(a, b, dtype, precision):
-    ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
-    # float32 in the small-M kernel is true FP32 ("highest" always; TF32 allowed too in the per-lane
-    # forms, whose stream, not their multiplies, sets the pace), so held to float32's bound; the
-    # streaming form multiplies TF32 on the tensor cores where TF32 is allowed.
+def product_tol(a, b, dtype, precision):
+    """float64 (either kernel): 1e-12 of |a| @ |b| up to k = 4096, growing with k past it (a lost or
+    doubled 16-deep slice is >= 1 / 1250 of the sum at k = 20000). float32 in the small-M kernel is
+    true FP32 ("highest" always; TF32 allowed too in the per-lane forms, whose stream, not their
+    multiplies, sets the pace), so held to float32's bound; the streaming form multiplies TF32 on the
+    tensor cores where TF32 is allowed."""
+    if dtype == torch.float64:
+        return REDUCTION_TOL[torch.float64] * max(1.0, a.shape[1] / 4096)
     true_fp32 = precision == "highest" or not streams()
     small = takes_small_m(a, b) and dtype == torch.float32 and true_fp32
-    tol = REDUCTION_TOL[torch.float32] if small else fast_kernel_tol(dtype, precision)
+    return REDUCTION_TOL[torch.float32] if small else fast_kernel_tol(dtype, precision)
+
+
+def check_products(a, b, dtype, precision):
+    # The float64 reference on the CPU (on the GPU, float64 inputs would be the product under test).
+    a64, b64 = (a.cpu(), b.cpu()) if dtype == torch.float64 else (a.double(), b.double())
+    ref, scale = (a64 @ b64).to(a.device), (a64.abs() @ b64.abs()).to(a.device)
+    tol = product_tol(a, b, dtype, precision)
     with matmul_precision(precision):
         out = ops.mm(a, b)
         c = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=dtype, device="cuda")
@@ -97,24 +110,30 @@ def test_small_m_tokens_as_columns_of_c(dtype, precision, w_layout, m):
     x = make((m, 1030), dtype, "cuda")
     w = make((2050, 1030), dtype, "cuda") if w_layout == "k-contiguous" else make((1030, 2050), dtype, "cuda").t()
     check_products(w, x.t(), dtype, precision)
-    ref = (x.double() @ w.double().t())
+    ref = (x.cpu().double() @ w.cpu().double().t()).cuda()
     c = torch.full((2050, m), float("nan"), dtype=dtype, device="cuda").t()  # [m, 2050] column-major
     with matmul_precision(precision):
         ops.gemm(c, x, w.t(), 1.0, 0.0)
-    assert rel_error(c, ref, x.double().abs() @ w.double().abs().t()) <= fast_kernel_tol(dtype, precision)
+    scale = x.double().abs() @ w.double().abs().t()
+    assert rel_error(c, ref, scale) <= product_tol(x, w.t(), dtype, precision)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype,precision", CASES, ids=str)
 @pytest.mark.parametrize("kind", ["forward", "input_grad"])
 def test_small_m_kernel_choice_at_the_boundary(dtype, precision, kind):
-    """M <= 16 runs the small-M kernel, M = 17 does not (the planner's boundary, both sides)."""
+    """M <= 16 runs the small-M kernel, M = 17 does not (the planner's boundary, both sides); float64
+    only where it streams, the tiled float64 kernel elsewhere."""
+    f64 = dtype == torch.float64
     for m in (MAX_TOKENS, MAX_TOKENS + 1):
         a, b = linear_operands(kind, m, 4096, 1024, dtype)
         with matmul_precision(precision):
             ops.mm(a, b)  # first: the profiler may name a kernel loaded during the profiled call INVALID
             names = cuda_kernel_names(lambda: ops.mm(a, b))
-        assert any("gemm_skinny" in n for n in names) == (m <= MAX_TOKENS), (m, names)
+        small = m <= MAX_TOKENS and (streams() or not f64)
+        assert any("gemm_skinny" in n for n in names) == small, (m, names)
+        if f64:
+            assert any("dgemm_mma" in n for n in names) == (not small), (m, names)
         if m <= MAX_TOKENS:
             assert any("gemm_skinny_tma" in n for n in names) == streams(), names
 
