@@ -36,6 +36,9 @@ namespace {
 //     rings of 4 x <= 17 and 5 x <= 13 KB. The deeper rings (session 23: 3 and 4 stages with padded
 //     rows before) ran 3-7 % faster where an operand is k-major, 1 % where neither is
 //     (bench/NOTES.md).
+//   32 x 32: 4 warps (each 16 x 16), 32 k a stage, 4 stages, three blocks: twice 32 x 64's CTAs where
+//     its tiles leave most SMs idle over a short k (gpt-2's 128 x 768 x 768: 48 CTAs of 32 x 64), a
+//     barrier per 8 DMMAs of a warp (16 k a stage: per 4).
 //   16 x 128: 8 warps (1 x 8, each 16 x 16) for few-row products (decode: the weight streamed, the
 //     tensor pipe mostly idle), two blocks.
 template <int WM_, int WN_, int BK, int STAGES, int BLOCKS, bool SWIZZLE> struct F64Shape {
@@ -48,6 +51,7 @@ template <> struct F64Tiling<128, 128> : F64Shape<2, 4, 32, 3, 1, false> {};
 template <> struct F64Tiling<128, 64> : F64Shape<2, 2, 16, 4, 2, true> {};
 template <> struct F64Tiling<64, 64> : F64Shape<2, 2, 16, 4, 3, true> {};
 template <> struct F64Tiling<32, 64> : F64Shape<2, 2, 16, 5, 3, true> {};
+template <> struct F64Tiling<32, 32> : F64Shape<2, 2, 32, 4, 3, true> {};
 template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, false> {};
 
 // One stage's operands, each stored row as it lies in global memory. The fragment reads are 8-byte
@@ -351,6 +355,7 @@ cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cuda
     if (plan.bm == 128 && plan.bn == 64) return launch_f64<128, 64, AK, BNM>(plan, p, stream);
     if (plan.bm == 64 && plan.bn == 64) return launch_f64<64, 64, AK, BNM>(plan, p, stream);
     if (plan.bm == 32 && plan.bn == 64) return launch_f64<32, 64, AK, BNM>(plan, p, stream);
+    if (plan.bm == 32 && plan.bn == 32) return launch_f64<32, 32, AK, BNM>(plan, p, stream);
     if (plan.bm == 16 && plan.bn == 128) return launch_f64<16, 128, AK, BNM>(plan, p, stream);
     return cudaErrorInvalidValue;
   });

@@ -442,7 +442,10 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // fitted on two layouts, the third's picks gain 3-4 % (kk, mn) or lose 0.5 % (kn). The 16-row tile's
 // pairs share an SM's L2 bandwidth (rate 25 in pairs, 60 alone). Row ranges: the 16-row tile serves
 // decode (swept there) and nothing past 32 rows, where its B panels would be read once per 16 rows; the
-// 32-row tile was swept from 128 rows up only, so decode keeps the 16-row one.
+// 32-row tiles were swept from 128 rows up only, so decode keeps the 16-row one. 32 x 32 (session 26):
+// twice 32 x 64's CTAs for the products whose tiles fill few SMs, such as gpt-2's 128 x 768 x 768
+// (48 CTAs of 32 x 64 over k = 768 ran 0.72x cuBLAS flushed, every tile x split of 32 x 64 and 64 x 64
+// 0.57-0.89x warm); its rates a first guess below 32 x 64's, taken up to 128 rows only until swept.
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
@@ -450,7 +453,8 @@ struct CostTile {
   bool every_split = false;  // float64: any k split up to the maximum, not only the swept ones (f64_split_swept)
 };
 constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 95, 96}, {64, 64, 3, 95, 91},
-                                   {32, 64, 3, 82, 70, 17}, {16, 128, 2, 25, 60, 0, 32, true}};
+                                   {32, 64, 3, 82, 70, 17},  {32, 32, 3, 70, 58, 17, 128},
+                                   {16, 128, 2, 25, 60, 0, 32, true}};
 constexpr int64_t kF64CtaK = 32, kF64MinSlice = 64, kF64MaxSplit = 16, kF64WideMinK = 512;
 // A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
 // 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench

@@ -33,7 +33,7 @@ template <> struct Sweep<double> {
   static constexpr const char* kName = "float64";
   static constexpr double kTol = 1e-12;
   static constexpr int kBk = 16;
-  static constexpr std::pair<int, int> kTiles[] = {{128, 64}, {128, 128}, {64, 64}, {32, 64}, {16, 128}};
+  static constexpr std::pair<int, int> kTiles[] = {{128, 64}, {128, 128}, {64, 64}, {32, 64}, {32, 32}, {16, 128}};
   static constexpr int kSplits[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
   static cublasStatus_t gemm(cublasHandle_t h, int m, int n, int k, const double* a, bool ak, const double* b, bool bn,
                              double* c) {

@@ -129,6 +129,14 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
     const int split = plan_gemm(row_major(DType::Float64, m, n, k), kH100).split_k;
     EXPECT_TRUE(split <= 4 || split == 6 || split == 8) << m << " x " << n << " x " << k << ": split " << split;
   }
+  // gpt-2's 768-wide products at 128 tokens: 32 x 32 tiles, twice 32 x 64's CTAs (48 of those over
+  // k = 768 ran 0.72x cuBLAS), not split (a split's planes cost a second kernel).
+  for (GemmRequest r : {row_major(DType::Float64, 128, 768, 768), transposed_b(row_major(DType::Float64, 128, 768, 768))}) {
+    p = plan_gemm(r, kH100);
+    EXPECT_EQ(p.bm, 32);
+    EXPECT_EQ(p.bn, 32);
+    EXPECT_EQ(p.split_k, 1);
+  }
   // Edge tiles along n (4544 = 35.5 x 128): not the 128 x 128 tile.
   p = plan_gemm(row_major(DType::Float64, 1024, 4544, 18176), kH100);
   EXPECT_LT(p.bm * p.bn, 128 * 128);

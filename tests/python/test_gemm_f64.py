@@ -25,6 +25,9 @@ SHAPES = [(1000, 1000, 1000),   # 128 x 64 tiles cut at 1000, a ragged last slic
           (300, 8192, 500),     # 64 x 64 tiles cut both ways, k split 3 ways (slices of 2736, the last 2720)
           (7, 4096, 1000),      # 7 rows: 16 x 128 tiles, k split 16 ways
           (100, 4096, 130),     # 4 x 3 32 x 64 tiles over a long k: split 8
+          (128, 768, 768),      # 32 x 32 tiles, 96 CTAs over k = 768 (gpt-2's attn.c_proj at 128 tokens)
+          (100, 250, 770),      # 32 x 32 cut at 100 rows and 770 columns, k of 250 (7.8 32-deep stages)
+          (60, 4000, 130),      # 32 x 32 cut both ways, k split 8
           (300, 17, 257),       # k of 17: one slice and a 1-deep edge
           (4097, 1, 7),         # k of 1
           (1, 1000, 4096),      # one row
