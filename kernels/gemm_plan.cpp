@@ -63,11 +63,12 @@
 // |                                                |   least busiest-SM time (plan_simt)     |   fitted to the sweep (0.996x the best pick)       |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
 // | float64 (operands readable as above, or        | DMMA (gemm_f64.cu): 128 x 128, 128 x 64,| the FP64 pipe sets the pace: the time, the busiest |
-// |   copied)                                      |   64 x 64, 32 x 64 or 16 x 128 tiles, k |   SM's waves of CTAs, each its slice of k at the   |
-// |                                                |   unsplit or split into 2-4, 6 or 8 CTAs|   tile's rate (all blocks of the SM busy, or alone)|
-// |                                                |   (16 x 128: 2-16) writing partial      |   plus a fill and epilogue, and a split's planes   |
-// |                                                |   planes (as SIMT), whichever leaves the|   summed. Fit to the sweep of every tile x split   |
-// |                                                |   busiest SM the least work (plan_f64)  |   (NOTES s. 18-25)                                 |
+// |   copied)                                      |   64 x 64, 32 x 64, 32 x 32 (<= 128     |   SM's waves of CTAs, each its slice of k at the   |
+// |                                                |   rows) or 16 x 128 tiles, k unsplit or |   tile's rate (all blocks of the SM busy, or alone)|
+// |                                                |   split into 2-4, 6 or 8 CTAs (16 x 128:|   plus a fill and epilogue, and a split's planes   |
+// |                                                |   2-16) writing partial planes (as      |   summed. Fit to the sweep of every tile x split   |
+// |                                                |   SIMT), whichever leaves the busiest SM|   (NOTES s. 18-26)                                 |
+// |                                                |   the least work (plan_f64)             |                                                    |
 #include "gemm_plan.h"
 
 #include <algorithm>
