@@ -13,8 +13,8 @@
 // |   base not 16-byte aligned                     |   general                               |   TF32) to ~50x (general) |
 // | c's short side <= 16 (tokens) and that side's  | small-M kernel (gemm_skinny.cu), all     | bound by the weight's bytes: the tiled kernels' 128-row |
 // |   operand k-contiguous; bf16/fp16/float32     |   float types (TF32 computed in FP32;    |   tiles ran 1 x 4096 x 14336 bf16 at 0.43 of copy |
-// |   (float64: below)                             |   float64: the streaming form only)     |                                                    |
-// |   (TF32 too), operands readable in place      |                                         |   against 0.81 (bench/NOTES.md "small-M") |
+// |   (TF32 too), operands readable in place      |   float64: the streaming form only)     |   against 0.81 (bench/NOTES.md "small-M") |
+// |   (float64: below)                             |                                         |                                                    |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
 // | small-M, sm_90 (GemmDevice::skinny_tma), TMA   | streaming form: TMA ring of 4 stages of | per-lane loads held ~32 KB per SM in flight (0.63  |
@@ -446,7 +446,10 @@ constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 // 32-row tiles were swept from 128 rows up only, so decode keeps the 16-row one. 32 x 32 (session 26):
 // twice 32 x 64's CTAs for the products whose tiles fill few SMs, such as gpt-2's 128 x 768 x 768
 // (48 CTAs of 32 x 64 over k = 768 ran 0.72x cuBLAS flushed, every tile x split of 32 x 64 and 64 x 64
-// 0.57-0.89x warm); its rates a first guess below 32 x 64's, taken up to 128 rows only until swept.
+// 0.57-0.89x warm). Its rates are not a sweep's fit: 70 a guess below 32 x 64's 82, rate1 58 from
+// 128 x 768 x 3072 (h100_s26_f64_32x32_sweep_kk.txt: 32 x 32 unsplit against 32 x 64's 48 CTAs), which
+// keeps 128 x 768 x 2304 on 32 x 64 split 8 (at 62 it took 32 x 32: 0.969 -> 0.808x). So up to 128
+// rows only until swept.
 struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
