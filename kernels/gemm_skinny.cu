@@ -836,6 +836,8 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
   const uint32_t full = smem_addr(bars), empty = full + 8 * stages;  // barrier i at + 8 i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
+    prefetch_map(&mw);
+    prefetch_map(&mx);
     for (int i = 0; i < stages; ++i) {
       mbar_init(bars + i, 1);
       mbar_init(bars + stages + i, kSkinnyWarps);

@@ -431,6 +431,9 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     ktiles = min(ktiles_all, kt0 + per) - kt0;
   }
   if (threadIdx.x == 0) {
+    prefetch_map(&map_a);
+    prefetch_map(&map_b);
+    if (tma_store) prefetch_map(&map_c);
     for (int s = 0; s < kStages; ++s) {
       wg::mbar_init(&full[s], 1);             // the producer's expect_tx arrival, plus the bytes
       wg::mbar_init(&empty[s], Sh::kConsumers * kCM);  // each consumer warpgroup of each CTA
@@ -443,6 +446,12 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   } else {
     __syncthreads();
   }
+  // Launched as a programmatic dependent (launch_wg), the grid may have started while the kernel before
+  // it on the stream was finishing: what ran so far touched shared memory and the parameters only.
+  // Everything below reads or writes global memory, so it waits for that kernel to complete and its
+  // writes to be visible (a no-op otherwise); the next such kernel may start its own prologue now.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
@@ -563,18 +572,28 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
 
 // A launch of `grid` blocks of `threads` in clusters of `cm` along x, for the occupancy query and
 // the launch itself. Not copyable: cfg points at the member attribute.
+// pdl: launched as a programmatic dependent of the kernel before it on the stream (the kernel's
+// griddepcontrol.wait holds its global accesses back until that one completes), so its launch and
+// prologue overlap that kernel's last wave.
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
-  ClusterLaunch(unsigned grid, int cm, int threads, int smem, cudaStream_t stream) {
+  cudaLaunchAttribute attrs[2]{};
+  ClusterLaunch(unsigned grid, int cm, int threads, int smem, cudaStream_t stream, bool pdl = false) {
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
     cfg.dynamicSmemBytes = static_cast<size_t>(smem);
     cfg.stream = stream;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = static_cast<unsigned>(cm), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cfg.attrs = attrs;
+    if (cm > 1) {
+      cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = static_cast<unsigned>(cm), a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+    }
+    if (pdl) {
+      cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -624,12 +643,11 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
     const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, kThreads, Cfg::kSmem,
                                stream);
     return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
-  } else if constexpr (kCM == 1) {
-    kernel<<<static_cast<unsigned>(plan.grid), kThreads, Cfg::kSmem, stream>>>(ma, mb, mc, p, tma_store,
-                                                                                plan.c_trans, tail);
-    return cudaGetLastError();
   } else {
-    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, kThreads, Cfg::kSmem, stream);
+    // A programmatic dependent unless the split tail's memset comes right before it: the relaxed
+    // ordering is a kernel's, and its flags must be zero before any run can arrive.
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, kThreads, Cfg::kSmem, stream,
+                               plan.tail_units == 0);
     return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
   }
 }

@@ -67,4 +67,10 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// Brings a tensor map (a __grid_constant__ kernel parameter) into the SM's descriptor cache ahead of
+// its first copy, which would otherwise wait for the fetch on the kernel's critical path.
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 }  // namespace cuops::kernels::detail

@@ -153,6 +153,60 @@ def test_eight_threads_on_their_own_streams_get_correct_results(device):
     assert mismatches == [0] * THREADS, mismatches
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_back_to_back_products_see_each_others_writes(dtype):
+    """The Hopper GEMM and the small-M stream launch as programmatic dependents of the kernel before
+    them (their prologue overlaps its end; each lets the next start early): each must still read what
+    that kernel wrote and write only after it has read. A chain of products fed one by the next (tiled,
+    then a decode-sized one on the last output's rows), and a gemm writing the buffer the product
+    right before it read, eager and from a CUDA-graph replay, against float64 products of the inputs
+    each step actually had. (Elsewhere the same checks hold for the portable kernels.)"""
+    from test_ops import HALF_TOL
+
+    n = 2048
+    g = torch.Generator().manual_seed(7)
+    ws = [(torch.randn(n, n, generator=g, dtype=torch.float64) / math.sqrt(n)).to(dtype).cuda() for _ in range(4)]
+    x0 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype).cuda()
+
+    def chain(x, buf):
+        outs = [x]
+        for w in ws:
+            outs.append(ops.mm(outs[-1], w))       # reads the output of the kernel just before
+        outs.append(ops.mm(outs[-1][:8], ws[0]))  # 8 tokens: the small-M kernel, right after a tiled one
+        before = buf.clone()
+        first = ops.mm(buf, ws[1])                # reads buf ...
+        ops.gemm(buf, outs[2], ws[2], 1.0, 0.0)    # ... which the next kernel overwrites
+        return outs, before, first, buf
+
+    def check(outs, before, first, buf):
+        for i, w in enumerate(ws):
+            ref = outs[i].double() @ w.double()
+            assert rel_error(outs[i + 1], ref, outs[i].double().abs() @ w.double().abs()) <= HALF_TOL[dtype], i
+        a8 = outs[len(ws)][:8].double()
+        assert rel_error(outs[-1], a8 @ ws[0].double(), a8.abs() @ ws[0].double().abs()) <= HALF_TOL[dtype]
+        ref = before.double() @ ws[1].double()
+        assert rel_error(first, ref, before.double().abs() @ ws[1].double().abs()) <= HALF_TOL[dtype]
+        ref = outs[2].double() @ ws[2].double()
+        assert rel_error(buf, ref, outs[2].double().abs() @ ws[2].double().abs()) <= HALF_TOL[dtype]
+
+    eager = chain(x0, torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype).cuda())
+    check(*eager)
+    buf = torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype).cuda()
+    x = x0.clone()
+    start = buf.clone()
+    chain(x, buf.clone())  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(x, buf)
+    for _ in range(2):
+        buf.copy_(start)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(*captured)
+        assert all(torch.equal(a, b) for a, b in zip(captured[0], eager[0]))  # the same bits as eager
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_two_norm_bitwise_identical_over_100_runs(device, dtype):
