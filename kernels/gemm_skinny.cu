@@ -844,12 +844,7 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // Launched as a programmatic dependent (plan.sk_pdl), this grid started while the previous kernel
-  // on the stream was still finishing: what ran so far touched only shared memory. Everything below
-  // reads or writes global memory, so it waits for that kernel to complete and its writes to be
-  // visible (a no-op otherwise). The next such kernel may start its own prologue now.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  end_dependent_prologue();  // launched as a programmatic dependent (plan.sk_pdl)
   __syncthreads();
   const int row0 = static_cast<int>(blockIdx.x) * kOut;
   const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);

@@ -446,12 +446,7 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   } else {
     __syncthreads();
   }
-  // Launched as a programmatic dependent (launch_wg), the grid may have started while the kernel before
-  // it on the stream was finishing: what ran so far touched shared memory and the parameters only.
-  // Everything below reads or writes global memory, so it waits for that kernel to complete and its
-  // writes to be visible (a no-op otherwise); the next such kernel may start its own prologue now.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
@@ -571,7 +566,7 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
 // Tensor maps: tma.cuh's make_map (one layout for both TMA kernels).
 
 // A launch of `grid` blocks of `threads` in clusters of `cm` along x, for the occupancy query and
-// the launch itself. Not copyable: cfg points at the member attribute.
+// the launch itself. Not copyable: cfg points at the member attributes.
 // pdl: launched as a programmatic dependent of the kernel before it on the stream (the kernel's
 // griddepcontrol.wait holds its global accesses back until that one completes), so its launch and
 // prologue overlap that kernel's last wave.

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import DEVICES, ELEMENTWISE_TOL, HAS_CUDA, LIBRARY, NO_GPU_REASON, REDUCTION_TOL, make, ops, rel_error
+from test_ops import HALF_TOL
 
 HERE = pathlib.Path(__file__).resolve().parent
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -162,8 +163,6 @@ def test_back_to_back_products_see_each_others_writes(dtype):
     then a decode-sized one on the last output's rows), and a gemm writing the buffer the product
     right before it read, eager and from a CUDA-graph replay, against float64 products of the inputs
     each step actually had. (Elsewhere the same checks hold for the portable kernels.)"""
-    from test_ops import HALF_TOL
-
     n = 2048
     g = torch.Generator().manual_seed(7)
     ws = [(torch.randn(n, n, generator=g, dtype=torch.float64) / math.sqrt(n)).to(dtype).cuda() for _ in range(4)]
