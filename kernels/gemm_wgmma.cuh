@@ -21,6 +21,7 @@
 #include <cstdlib>
 
 #include "gemm.cuh"
+#include "trace.cuh"
 #include "wgmma.cuh"
 
 namespace cuops::kernels::detail {
@@ -118,10 +119,13 @@ __device__ __forceinline__ void walk_units(int64_t units, int64_t first_unit, in
   const int64_t dp = units - tail.units;
   for (int64_t u = first_unit; u < dp; u += unit_step) f(u, kt0, ktiles, WgPart::Whole);
   if (tail.units <= 0 || blockIdx.x >= tail.units * tail.split) return;
-  const int run = static_cast<int>(blockIdx.x / tail.units);
-  const int k0 = static_cast<int>(int64_t{ktiles} * run / tail.split);
-  const int k1 = static_cast<int>(int64_t{ktiles} * (run + 1) / tail.split);
-  f(dp + blockIdx.x % tail.units, k0, k1 - k0, tail.split == 1 ? WgPart::Whole : run == 0 ? WgPart::Head : WgPart::Tail);
+  // 32-bit: tail.units <= the grid (<= SMs), split <= 16 and ktiles <= 2^26 (k <= INT32_MAX: tma_describes),
+  // so ktiles x (run + 1) < 2^32
+  // (64-bit divisions here held a Tail's first load ~0.3 us behind a whole tile's; NOTES.md session 29).
+  const uint32_t units32 = static_cast<uint32_t>(tail.units), split = static_cast<uint32_t>(tail.split);
+  const uint32_t run = blockIdx.x / units32, kt = static_cast<uint32_t>(ktiles);
+  const int k0 = static_cast<int>(kt * run / split), k1 = static_cast<int>(kt * (run + 1) / split);
+  f(dp + blockIdx.x % units32, k0, k1 - k0, tail.split == 1 ? WgPart::Whole : run == 0 ? WgPart::Head : WgPart::Tail);
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -150,12 +154,14 @@ __device__ __forceinline__ void tail_put(const WgTail& tail, const float (&d)[BN
 template <int BM, int BN>
 __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2], int cw, int tid) {
   using Sh = WgShape<BM>;
-  if (cw == 0 && tid == 0) {
-    for (int r = 1; r < tail.split; ++r) {
-      while (ld_acquire(tail.flags + blockIdx.x + r * tail.units) == 0) __nanosleep(32);
-    }
+  // Each run's flag polled by its own thread: one round trip, where one thread polling them in turn
+  // waited one round trip per run (128 x 768 x 3072 on 12 tiles x 11 runs: 17.4 -> 15.3 us; NOTES.md
+  // session 29).
+  if (cw == 0 && tid + 1 < tail.split) {
+    while (ld_acquire(tail.flags + blockIdx.x + (tid + 1) * tail.units) == 0) __nanosleep(32);
   }
   wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
+  if (cw == 0 && tid == 0) WG_MARK(kMarkPut);
   for (int r = 1; r < tail.split; ++r) {
     const float4* slot = tail.part + ((blockIdx.x + r * tail.units) * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
     constexpr int kBatch = BN / 8 < 16 ? BN / 8 : 16;  // loads in flight, within the consumer's registers
@@ -188,6 +194,7 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * ring.stage;
     wg::mbar_expect_tx(bar, Cfg::kStageBytes);
     const int k0 = (kt0 + kt) * Cfg::kBK;
+    if (kt == 0) WG_MARK(kMarkFirstLoad);
     if constexpr (AK) {
       wg::tma_load(sa, &map_a, k0, row0, bar);
     } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
@@ -233,6 +240,7 @@ __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, 
   uint32_t prev = 0;  // the stage of the group before
   for (int kt = 0; kt < ktiles; ++kt) {
     wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
+    if (kt == 0 && threadIdx.x == 128) WG_MARK(kMarkFirstFull);
     const uint32_t so = ring.stage * (Cfg::kStageBytes / 16);
     wg::fence();
 #pragma unroll
@@ -431,6 +439,13 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     ktiles = min(ktiles_all, kt0 + per) - kt0;
   }
   if (threadIdx.x == 0) {
+    WG_MARK_TIME(kMarkEntryTime);
+    WG_MARK(kMarkEntry);
+#ifdef CUOPS_WG_TRACE
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    WG_MARK_VALUE(kMarkSm, sm);
+#endif
     prefetch_map(&map_a);
     prefetch_map(&map_b);
     if (tma_store) prefetch_map(&map_c);
@@ -447,12 +462,15 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     __syncthreads();
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
+  if (threadIdx.x == 0) WG_MARK(kMarkPrologue);
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
     if (threadIdx.x == 0) {
+      WG_MARK(kMarkRegs);
       WgRing<kStages> ring;
       walk_units(units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int k0, int n, WgPart) {
+        WG_MARK(kMarkUnit);
         int64_t um, tn;
         tile_coords<8>(unit, units_m, tiles_n, um, tn);
         load_unit<T, BM, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
@@ -520,6 +538,10 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
       } else {
         mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
       }
+      if (threadIdx.x == 128) {
+        WG_MARK(kMarkMainEnd);
+        WG_MARK_VALUE(kMarkRole, part == WgPart::Whole ? 0 : part == WgPart::Head ? 1 : 2);
+      }
       if constexpr (kSplit) {
         // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
         // done with it: then it holds the partial tile, finished below with the cluster's.
@@ -528,16 +550,26 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
         return;
       }
       if constexpr (kCM == 1) {
-        if (part == WgPart::Tail) return tail_put<BM, BN>(tail, d, cw, tid);
-        if (part == WgPart::Head) tail_add<BM, BN>(tail, d, cw, tid);
+        if (part == WgPart::Tail) {
+          tail_put<BM, BN>(tail, d, cw, tid);
+          if (threadIdx.x == 128) WG_MARK(kMarkPut);
+          return;
+        }
+        if (part == WgPart::Head) {
+          tail_add<BM, BN>(tail, d, cw, tid);
+          if (threadIdx.x == 128) WG_MARK(kMarkAdded);
+        }
       }
       if constexpr (Cfg::kTmaStore) {
         if (tma_store) {
-          return store_unit_tma<T, BM, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
-                                           p.alpha, tm, tn, cw, tid, warp, lane);
+          store_unit_tma<T, BM, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
+                                    p.alpha, tm, tn, cw, tid, warp, lane);
+          if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
+          return;
         }
       }
       store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
+      if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
     });
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
@@ -555,6 +587,10 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                                             }
                                             store_pair_t<T>(p, row0 + r, col0 + c, v0, v1);
                                           });
+    }
+    if (threadIdx.x == 128) {
+      WG_MARK(kMarkExit);
+      WG_MARK_TIME(kMarkExitTime);
     }
   }
   // No CTA of a pair leaves while the peer may still arrive on its barriers.
