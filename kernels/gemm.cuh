@@ -5,6 +5,7 @@
 
 #include "common.cuh"
 #include "gemm_plan.h"
+#include "tile_order.h"
 
 namespace cuops::kernels::detail {
 
@@ -27,31 +28,7 @@ struct GemmProblem {
   void* workspace;         // GemmPlan::workspace_bytes of device memory (the split tail), or null
 };
 
-// Linear block id -> (tile row, tile column), in groups of kGroup tile rows that walk down the
-// columns together: consecutive blocks then share A rows and B columns in L2 (at 8192^3 the
-// row-by-row order re-reads all of B per tile row). One-dimensional grids allow 2^31 - 1 tiles.
-// `id` is the block's linear id, or a persistent block's current work item.
-// In 32 bits wherever the product's tile ids fit (every product short of 2^32 tiles): a 64-bit
-// division is a ~70-instruction routine, and these run before a persistent CTA's first load (the
-// wgmma kernel's producer took ~0.3 us from its unit to its first TMA; NOTES.md session 29).
-template <typename I, int kGroup>
-__device__ __forceinline__ void tile_coords_in(I id, I tiles_m, I tiles_n, int64_t& tm, int64_t& tn) {
-  const I per_group = I{kGroup} * tiles_n;
-  const I first_m = (id / per_group) * kGroup;
-  const I rows = min(tiles_m - first_m, I{kGroup});
-  const I in_group = id % per_group;
-  tm = static_cast<int64_t>(first_m + in_group % rows);
-  tn = static_cast<int64_t>(in_group / rows);
-}
-template <int kGroup>
-__device__ __forceinline__ void tile_coords(int64_t id, int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
-  if ((tiles_m + kGroup) * tiles_n < (int64_t{1} << 32)) {
-    tile_coords_in<uint32_t, kGroup>(static_cast<uint32_t>(id), static_cast<uint32_t>(tiles_m),
-                                     static_cast<uint32_t>(tiles_n), tm, tn);
-  } else {
-    tile_coords_in<int64_t, kGroup>(id, tiles_m, tiles_n, tm, tn);
-  }
-}
+// tile_coords (tile_order.h) of this block's linear id.
 template <int kGroup>
 __device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
   tile_coords<kGroup>(blockIdx.x, tiles_m, tiles_n, tm, tn);

@@ -1,11 +1,16 @@
 // The GEMM planner's rules (kernels/gemm_plan.cpp's table), one test per row, on the CPU: the planner
-// is a plain function of the problem and the device, so no GPU is needed to check what it picks.
+// is a plain function of the problem and the device, so no GPU is needed to check what it picks. Also
+// the tiled kernels' tile order (kernels/tile_order.h), host and device code alike.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "kernels/gemm_plan.h"
+#include "kernels/tile_order.h"
 
 namespace {
 
@@ -674,6 +679,58 @@ TEST(GemmPlan, SmallMStreamsTheWeightByTmaOnHopper) {
   EXPECT_FALSE(p.sk_pdl);
   EXPECT_EQ(p.sk_kw, 4);
   EXPECT_FALSE(with_stream(plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100), 4, 128, 1).sk_tma);
+}
+
+// Every tile once, in groups of 8 tile rows walked column by column (the last group short).
+TEST(TileOrder, EveryTileOnceInGroupsOfEightRows) {
+  for (const auto& [tiles_m, tiles_n] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {1, 37}, {3, 5}, {8, 8}, {9, 4}, {17, 3}, {24, 40}, {100, 7}}) {
+    SCOPED_TRACE(testing::Message() << tiles_m << " x " << tiles_n << " tiles");
+    std::vector<int> seen(tiles_m * tiles_n, 0);
+    for (int64_t id = 0; id < tiles_m * tiles_n; ++id) {
+      int64_t tm = -1, tn = -1;
+      cuops::kernels::detail::tile_coords<8>(id, tiles_m, tiles_n, tm, tn);
+      ASSERT_TRUE(tm >= 0 && tm < tiles_m && tn >= 0 && tn < tiles_n) << "id " << id << " -> " << tm << ", " << tn;
+      EXPECT_EQ(tm / 8, id / (8 * tiles_n)) << "id " << id;  // the group of rows comes first
+      ++seen[tm * tiles_n + tn];
+    }
+    for (int64_t t = 0; t < tiles_m * tiles_n; ++t) EXPECT_EQ(seen[t], 1) << "tile " << t;
+  }
+}
+
+// The 32-bit form is the 64-bit one wherever tile_coords takes it, up to the edge of its condition,
+// and beyond the edge tile_coords takes the 64-bit form (fresh random ids; the seed is printed).
+TEST(TileOrder, ThirtyTwoBitFormIsTheSixtyFourBitOne) {
+  using cuops::kernels::detail::tile_coords;
+  using cuops::kernels::detail::tile_coords_in;
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  // (tiles_m + 8) x tiles_n just under 2^32, then just over it.
+  for (const auto& [tiles_m, tiles_n] : std::vector<std::pair<int64_t, int64_t>>{
+           {65000, 66000}, {8, 268435455}, {536870903, 8}, {1, 477218588}, {65536, 65536}, {70000, 70000},
+           {3, 1LL << 31}}) {
+    const int64_t tiles = tiles_m * tiles_n;
+    const bool narrow = (tiles_m + 8) * tiles_n < (int64_t{1} << 32);
+    SCOPED_TRACE(testing::Message() << tiles_m << " x " << tiles_n << " tiles");
+    std::vector<int64_t> ids = {0, 1, 7, 8, 8 * tiles_n - 1, 8 * tiles_n, tiles - 1};
+    for (int i = 0; i < 2000; ++i) ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(tiles)));
+    for (const int64_t id : ids) {
+      if (id < 0 || id >= tiles) continue;
+      int64_t tm = -1, tn = -1, tm64 = -2, tn64 = -2;
+      tile_coords<8>(id, tiles_m, tiles_n, tm, tn);
+      tile_coords_in<int64_t, 8>(id, tiles_m, tiles_n, tm64, tn64);
+      ASSERT_EQ(tm, tm64) << "id " << id;
+      ASSERT_EQ(tn, tn64) << "id " << id;
+      if (narrow) {
+        int64_t tm32 = -3, tn32 = -3;
+        tile_coords_in<uint32_t, 8>(static_cast<uint32_t>(id), static_cast<uint32_t>(tiles_m),
+                                    static_cast<uint32_t>(tiles_n), tm32, tn32);
+        ASSERT_EQ(tm32, tm64) << "id " << id;
+        ASSERT_EQ(tn32, tn64) << "id " << id;
+      }
+    }
+  }
 }
 
 }  // namespace
