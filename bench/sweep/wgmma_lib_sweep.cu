@@ -220,11 +220,10 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   }
 }
 
-void shapes(cublasHandle_t h) {
-  std::string list = "128,4096,4096,1,0;128,6144,4096,1,0;512,6144,4096,1,0;1024,6144,4096,1,0;128,4096,6144,1,1;"
-                     "128,14336,4096,1,0;3072,1024,8192,0,1;1024,1024,8192,0,1;1024,4096,28672,1,1";
-  if (const char* e = getenv("SWEEP_SHAPES")) list = e;
-  const bool tf32 = getenv("SWEEP_TF32") && atoi(getenv("SWEEP_TF32")) != 0;
+// Each product of SWEEP_SHAPES ("m,n,k,ak,bn;...", else `fallback`) to f(m, n, k, ak, bn, flush), with a
+// 256 MiB buffer to clear the L2 with before each timed call.
+void for_each_shape(const char* fallback, const std::function<void(long, long, long, bool, bool, void*)>& f) {
+  const std::string list = getenv("SWEEP_SHAPES") ? getenv("SWEEP_SHAPES") : fallback;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, 256u << 20));
   for (size_t at = 0; at < list.size();) {
@@ -233,12 +232,21 @@ void shapes(cublasHandle_t h) {
     long m, n, k;
     int ak, bn;
     if (sscanf(list.substr(at, end - at).c_str(), "%ld,%ld,%ld,%d,%d", &m, &n, &k, &ak, &bn) == 5) {
-      if (tf32) shape_speed<float>(h, m, n, k, ak, bn, flush);
-      else shape_speed<__nv_bfloat16>(h, m, n, k, ak, bn, flush);
+      f(m, n, k, ak != 0, bn != 0, flush);
     }
     at = end + 1;
   }
   CK(cudaFree(flush));
+}
+
+void shapes(cublasHandle_t h) {
+  const bool tf32 = getenv("SWEEP_TF32") && atoi(getenv("SWEEP_TF32")) != 0;
+  for_each_shape("128,4096,4096,1,0;128,6144,4096,1,0;512,6144,4096,1,0;1024,6144,4096,1,0;128,4096,6144,1,1;"
+                 "128,14336,4096,1,0;3072,1024,8192,0,1;1024,1024,8192,0,1;1024,4096,28672,1,1",
+                 [&](long m, long n, long k, bool ak, bool bn, void* flush) {
+                   if (tf32) shape_speed<float>(h, m, n, k, ak, bn, flush);
+                   else shape_speed<__nv_bfloat16>(h, m, n, k, ak, bn, flush);
+                 });
 }
 
 #ifdef CUOPS_WG_TRACE
@@ -493,19 +501,9 @@ int main(int argc, char** argv) {
   }
 #ifdef CUOPS_WG_TRACE
   if (argc > 1 && !strcmp(argv[1], "trace")) {  // SWEEP_SHAPES as in shapes (bf16): one launch's timeline each
-    void* flush = nullptr;
-    CK(cudaMalloc(&flush, 256u << 20));
-    const std::string list = getenv("SWEEP_SHAPES") ? getenv("SWEEP_SHAPES") : "128,768,3072,1,0";
-    for (size_t at = 0; at < list.size();) {
-      size_t end = list.find(';', at);
-      if (end == std::string::npos) end = list.size();
-      long m, n, k;
-      int ak, bn;
-      if (sscanf(list.substr(at, end - at).c_str(), "%ld,%ld,%ld,%d,%d", &m, &n, &k, &ak, &bn) == 5)
-        trace_shape(h, m, n, k, ak, bn, flush);
-      at = end + 1;
-    }
-    CK(cudaFree(flush));
+    for_each_shape("128,768,3072,1,0", [&](long m, long n, long k, bool ak, bool bn, void* flush) {
+      trace_shape(h, m, n, k, ak, bn, flush);
+    });
     printf("\n%d failures\n", failures);
     return failures != 0;
   }
