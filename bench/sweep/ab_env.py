@@ -18,23 +18,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def chosen(args):
-    from cuops_bench.shapes import products
-    classes = args.classes.split(",")
-    models = args.models.split(",") if args.models else None
-    return [p for p in products(models) if p.cls in classes and (args.max_tokens is None or p.tokens <= args.max_tokens)]
-
-
 def worker(args) -> None:
+    from cuops_bench.context import SHAPE_VARIANTS
     from cuops_bench.library import load_library
+    from cuops_bench.shapes import select
     import torch
     from triton.testing import do_bench
     load_library()
-    torch.set_float32_matmul_precision("high" if args.dtype == "tf32" else "highest")
-    dtype = torch.float32 if args.dtype in ("tf32", "float32") else getattr(torch, args.dtype)
+    dname, precision = SHAPE_VARIANTS[args.dtype]
+    torch.set_float32_matmul_precision(precision or "highest")
+    dtype = getattr(torch, dname)
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = []
-    for i, p in enumerate(chosen(args)):
+    for i, p in enumerate(select(args.classes.split(","), args.models.split(",") if args.models else None,
+                                 args.max_tokens)):
         a, b = p.operands(dtype, "cuda", gen)
         sides = {"torch": lambda: torch.mm(a, b), "cuops": lambda: torch.ops.cuops.mm(a, b)}
         order = ("torch", "cuops") if i % 2 == 0 else ("cuops", "torch")
@@ -47,7 +44,7 @@ def worker(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", required=True, help="NAME=VALUE set in the second process")
-    ap.add_argument("--dtype", default="tf32", help="bfloat16, float16, tf32 or float32 ('highest')")
+    ap.add_argument("--dtype", default="tf32", help="a shape-suite variant: bfloat16, float16, tf32, float32 ('highest'), float64")
     ap.add_argument("--classes", default="training")
     ap.add_argument("--models", default=None)
     ap.add_argument("--max-tokens", type=int, default=None)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cuops_bench.shapes import products  # noqa: E402
+from cuops_bench.shapes import select  # noqa: E402
 
 LAYOUT = {"forward": "kk", "input_grad": "kn", "weight_grad": "mn"}
 
@@ -21,7 +21,6 @@ ap.add_argument("--classes", default="mid,training")
 ap.add_argument("--models", default=None)
 ap.add_argument("--max-tokens", type=int, default=None)
 args = ap.parse_args()
-classes = args.classes.split(",")
-chosen = [p for p in products(args.models.split(",") if args.models else None)
-          if p.cls in classes and LAYOUT[p.kind] == args.layout and (args.max_tokens is None or p.tokens <= args.max_tokens)]
+chosen = [p for p in select(args.classes.split(","), args.models.split(",") if args.models else None, args.max_tokens)
+          if LAYOUT[p.kind] == args.layout]
 print(";".join(f"{p.m},{p.n},{p.k}" for p in chosen))
