@@ -28,6 +28,36 @@ inline EncodeTiled tma_encoder() {
   return fn;
 }
 
+// Makes sure the calling thread has a current context before a driver call. The runtime binds the
+// current device's primary context to a thread lazily, at its first runtime call that needs one; the
+// driver's entry points (the encoder above) find none on a thread whose first CUDA work is a TMA
+// product, and the encoder then answers CUDA_ERROR_INVALID_CONTEXT. Such a thread is common: the
+// autograd engine runs a backward on a worker thread of its own, so a backward whose first op is a
+// product (gradcheck's, or y.backward(g) with g made elsewhere) failed while the same product in
+// any thread that had launched a kernel before passed. cudaSetDevice binds the primary context (CUDA
+// 12 and later) and is legal during graph capture; it runs once per such thread.
+inline bool bind_current_context() {
+  using GetCurrent = PFN_cuCtxGetCurrent_v4000;
+  static const GetCurrent get_current = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<GetCurrent>(f);
+  }();
+  CUcontext ctx = nullptr;
+  if (get_current != nullptr && get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr) return true;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 template <typename T> constexpr CUtensorMapDataType tma_dtype() {
   if constexpr (std::is_same_v<T, double>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT64;
   if constexpr (std::is_same_v<T, float>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
@@ -46,7 +76,9 @@ bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer, i
               uint32_t box_outer) {
   constexpr int64_t kElem = sizeof(T);
   if (outer == 1) ld = (inner * kElem + 15) / 16 * 16 / kElem;  // never used; TMA wants a valid stride
-  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX || tma_encoder() == nullptr) return false;
+  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX || tma_encoder() == nullptr || !bind_current_context()) {
+    return false;
+  }
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * kElem)};
   const cuuint32_t box[2] = {box_inner, box_outer};

@@ -1,5 +1,7 @@
-"""The JIT path: torch.utils.cpp_extension.load builds cuops' own sources (no CMake) into a library
-that registers the same ops; then every op runs on the CPU (and CUDA when present) against torch.
+"""The JIT path as README.md documents it: runs the README's recipe (the Python block after its
+`<!-- jit-recipe -->` marker) as written, from a folder where `cuops/` is this checkout, so the
+documented recipe is the one that is tested; then checks the library it built (libstdc++ shared) and
+every op on the CPU (and CUDA when present) against torch.
 
     python tests/scripts/jit_load.py BUILD_DIR
 
@@ -9,31 +11,22 @@ second TORCH_LIBRARY(cuops) would be refused). TORCH_CUDA_ARCH_LIST picks the ar
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 
 import torch
-from torch.utils.cpp_extension import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = sorted(str(p) for d in ("schema", "ops", "kernels") for p in (ROOT / d).iterdir()
-                 if p.suffix in (".cpp", ".cu"))
 
 
-def shared_libstdcxx_ldflags():
-    """Link flags that keep libstdc++ shared (see cmake/SharedLibstdcxx.cmake): a compiler with no
-    libstdc++.so development link (the GPU machine's image) links the static archive into the library,
-    whose private copy's locale is never initialised once torch.ops.load_library has opened it
-    RTLD_LOCAL, and the first number formatted into a message crashes (segfault, no output)."""
-    cxx = os.environ.get("CXX", "c++")
-    try:
-        found = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return []
-    if os.path.isabs(found):
-        return []
-    return ["-Wl,--push-state,--no-as-needed", "-l:libstdc++.so.6", "-Wl,--pop-state"]
+def readme_recipe():
+    """The README's JIT recipe: the fenced Python block after the marker."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- jit-recipe -->\s*```python\n(.*?)```", text, re.S)
+    assert found, "README.md has no <!-- jit-recipe --> block"
+    return found.group(1)
 
 
 def needed_libraries(path):
@@ -45,12 +38,19 @@ def needed_libraries(path):
 
 def main(build_dir):
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    os.makedirs(build_dir, exist_ok=True)
-    path = load(name="cuops", sources=SOURCES, extra_include_paths=[str(ROOT), str(ROOT / "include")],
-                extra_cflags=["-O2"], extra_cuda_cflags=["-O3", "-std=c++17"],
-                extra_ldflags=shared_libstdcxx_ldflags(), build_directory=build_dir,
-                is_python_module=False, with_cuda=True, verbose=False)
-    path = path or os.path.join(build_dir, "cuops.so")
+    build_dir = pathlib.Path(build_dir).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    link = build_dir / "cuops"
+    if not link.is_symlink():
+        shutil.rmtree(link, ignore_errors=True)
+        link.symlink_to(ROOT, target_is_directory=True)
+    # The recipe reads the checkout as ./cuops and builds in TORCH_EXTENSIONS_DIR/<name>.
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(build_dir / "ext")
+    os.chdir(build_dir)
+    exec(compile(readme_recipe(), "README.md jit-recipe", "exec"), {"__name__": "jit_recipe"})
+    path = build_dir / "ext" / "cuops" / "cuops.so"
+    assert path.exists(), f"the recipe built no {path}"
+    sources = [p for d in ("schema", "ops", "kernels") for p in (ROOT / d).iterdir() if p.suffix in (".cpp", ".cu")]
     needed = needed_libraries(path)
     assert needed is None or "libstdc++.so.6" in needed, f"{path} links libstdc++ statically (NEEDED: {needed})"
     ops = torch.ops.cuops
@@ -68,7 +68,7 @@ def main(build_dir):
         torch.testing.assert_close(ops.two_norm(a, b), torch.linalg.vector_norm(a - b))
         m, n = torch.randn(33, 17, device=device), torch.randn(17, 9, device=device)
         torch.testing.assert_close(ops.mm(m, n), m @ n, rtol=1e-5, atol=1e-5)
-    print(f"JIT-built {path}: {len(SOURCES)} sources, ops ok on {', '.join(devices)}; build_info {info}")
+    print(f"JIT-built {path} by the README recipe: {len(sources)} sources, ops ok on {', '.join(devices)}; build_info {info}")
 
 
 if __name__ == "__main__":
