@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Compares a bench/run.py results file with the SPEC.md §3 performance targets.
 
-    python3 bench/check.py bench/results/h100.json [--gemm] [--overhead] [--shapes]
+    python3 bench/check.py bench/results/default.json [--gemm] [--overhead] [--shapes]
 
 One line per target: its measured value and PASS / FAIL / MISSING. The memory-bound targets always
 count. The GEMM and call-overhead targets belong to later issues: they print as INFO lines (with what
 they would be) unless --gemm / --overhead makes them count. So do the decode-class targets of the
-shape suite (issue 23; results of `--only gemm_shapes`, e.g. bench/results/decode/h100_decode.json),
+shape suite (issue 23; results of `--only gemm_shapes`, e.g. bench/results/decode.json),
 unless --shapes; likewise the training-shape classes (issue 24) and float64's (issue 27) unless
 --classes. Exit status 1 when any counted target
 fails or has no measurement, 2 when the file cannot be read.
@@ -74,7 +74,7 @@ def row_value(row, path):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", help="results JSON written by bench/run.py (e.g. bench/results/h100.json)")
+    parser.add_argument("results", help="results JSON written by bench/run.py (e.g. bench/results/default.json)")
     parser.add_argument("--gemm", action="store_true", help="count the GEMM targets instead of printing them as INFO")
     parser.add_argument("--overhead", action="store_true", help="count the call-overhead targets")
     parser.add_argument("--shapes", action="store_true", help="count the shape suite's decode-class targets")

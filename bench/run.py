@@ -18,6 +18,7 @@ The protocol and the results file's schema: bench/PROTOCOL.md. The harness: benc
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -51,6 +52,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default bench/results; bench/results/tmp for --quick/--only/--device cpu)")
+    parser.add_argument("--name", default=None,
+                        help="results file <out>/<name>.json and plots <out>/<name>_*.png (default: default for the "
+                             "full run, cpu_smoke with --device cpu, run otherwise)")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge into an existing <out>/<name>.json: this run's rows replace those of the same "
+                             "key, the others stay (a results file regenerated over several device calls)")
+    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
+                        help="print the table of a results file and exit (no GPU needed)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes, for smoke tests")
     parser.add_argument("--only", default=",".join(DEFAULT),
                         help=f"comma list of sections: {','.join(SECTIONS)}, or all (default: {','.join(DEFAULT)})")
@@ -93,6 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     partial = (args.quick or set(args.only) != set(DEFAULT) or args.device == "cpu" or args.gemm_squares is not None
                or bool(args.shapes) or args.gemm_dtypes is not None)
     args.out = args.out or (BENCH / "results" / ("tmp" if partial else ""))
+    args.name = args.name or ("cpu_smoke" if args.device == "cpu" else "run" if partial else "default")
     return args
 
 
@@ -110,6 +120,9 @@ def run_section(name: str, ctx: Run) -> None:
 
 def main() -> int:
     args = parse_args()
+    if args.render is not None:
+        report.print_summary(json.loads(args.render.read_text()), args.render)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/run.py: no CUDA device (use --device cpu to smoke-test the harness)", file=sys.stderr)
@@ -120,7 +133,12 @@ def main() -> int:
     torch.manual_seed(0)
     results = report.new_results(bench, library, {"quick": args.quick, "only": args.only, "device": args.device,
                                                    "budget_s": args.budget_s, "shapes": args.shapes})
-    json_path = args.out / ("h100.json" if bench.cuda else "cpu_smoke.json")
+    json_path = args.out / f"{args.name}.json"
+    earlier = json.loads(json_path.read_text()) if args.merge and json_path.exists() else None
+    if earlier is not None and earlier.get("gpu") != results["gpu"]:
+        print(f"bench/run.py --merge: {json_path} holds {earlier.get('gpu')} results, this GPU is {results['gpu']}",
+              file=sys.stderr)
+        return 2
 
     t_start = time.perf_counter()
     bench.deadline = t_start + args.budget_s
@@ -128,14 +146,18 @@ def main() -> int:
     reference_copy = ctx.ceiling.reference()
     results["copy_bandwidth_GBps"] = reference_copy.get("GBps")
     log(f"copy ceiling: {report.fmt_num(reference_copy.get('GBps'))} GB/s ({reference_copy['size']})")
+    def merged():
+        return report.merge(earlier, results) if earlier is not None else results
+
     for name in SECTIONS:
         if name in args.only:
             run_section(name, ctx)
-            report.save(results, json_path)  # after every section, so a run cut short keeps what it measured
+            report.save(merged(), json_path)  # after every section: a run cut short keeps what it measured
     results["elapsed_s"]["total"] = round(time.perf_counter() - t_start, 1)
-    results["plots"] = report.plot(results, args.out)
-    report.save(results, json_path)
-    report.print_summary(results, reference_copy, json_path)
+    final = merged()
+    final["plots"] = report.plot(final, args.out, f"{args.name}_")
+    report.save(final, json_path)
+    report.print_summary(final, json_path)
     return 0
 
 

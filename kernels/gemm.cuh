@@ -97,7 +97,7 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
 // A macro, expanded inside each kernel's own load lambda: as a __forceinline__ function (tried per
 // slice, per chunk, with the row pitch a constant or not) the same statements compiled to other
 // address arithmetic, up to 11 % more instructions in a bf16 loop and 2.5 % slower on the H100 (with
-// CUOPS_DISABLE_WGMMA; bench/NOTES.md, "operand staging").
+// CUOPS_DISABLE_WGMMA).
 #define CUOPS_STAGE_CHUNK(T, DST, LD, SWZ, SRC, G_LD, ROW_CHUNKS, IDX, OUTER0, OUTER_N, INNER0, INNER_N)           \
   do {                                                                                                            \
     constexpr int kPer_ = 16 / static_cast<int>(sizeof(T));                                                       \
@@ -274,7 +274,7 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
 // unscaled, to plane y of the workspace (split planes of m x n T, rows n apart: planes_problem), and
 // sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.
 // Clusters placed their CTAs unevenly on the H100 (two to an SM for clusters of 4, 30 clusters of 8 at
-// once), which cost the cluster split 25-45 % on few-tile products (bench/NOTES.md, session 20).
+// once), which cost the cluster split 25-45 % on few-tile products.
 template <typename T> __device__ __forceinline__ GemmProblem planes_problem(const GemmProblem& whole) {
   GemmProblem out = whole;
   out.c = static_cast<T*>(whole.workspace) + int64_t{blockIdx.y} * whole.m * whole.n;
@@ -337,7 +337,7 @@ cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads
 // through distributed shared memory and hands each pair of sums to store(row, col, v0, v1): the same
 // bits on every run, no workspace. A thread keeps kInFlight chunks' loads in flight per rank: one pair
 // at a time, a round trip (~1 us per 128 x 128 tile and rank) each, made every split slower than none
-// (bench/NOTES.md, session 17). The last barrier keeps every CTA resident while another may still
+// (docs/performance.md). The last barrier keeps every CTA resident while another may still
 // read its shared memory. sm_90 PTX, as common.cuh's cluster primitives: call it only from code
 // compiled for sm_90 and up.
 __device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank) {
@@ -408,7 +408,7 @@ __device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1,
 // b = {B[t][g], B[t + 4][g]} (CUTLASS's SM90_16x8x8_F64F64F64F64_TN layouts), i.e. two m16n8k4 blocks,
 // k 0-3 and 4-7, in one instruction on sm_90. One DMMA.16x8x8 is 32 cycles of the pipe where the
 // 16x8x4 is 16: a warp issues half as many, with the fixed wait ptxas puts between a warp's DMMAs (a
-// NOP each) now under more pipe time. cuBLAS's sm90 DGEMM runs this shape (bench/NOTES.md session 18).
+// NOP each) now under more pipe time. cuBLAS's sm90 DGEMM runs this shape.
 __device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4], const double (&b)[2]) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

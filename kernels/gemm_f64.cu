@@ -1,8 +1,7 @@
 // float64 GEMM on the FP64 tensor cores (DMMA), float64 accumulation: mma.sync m16n8k8 on sm_90 (the
 // same products in m8n8k4 pieces on sm_80-89, which lack that shape). Tiles (F64Tiling, below):
 // 128 x 128 of 8 warps; 128 x 64, 64 x 64 and 32 x 64 of 4 warps, two or three blocks per SM, the
-// shapes of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute,
-// bench/NOTES.md session 18); 16 x 128 of 8 warps for few-row products. Operands come in by cp.async
+// shapes of cuBLAS's sm90 DGEMM (its warps keep the FP64 pipes 95 % busy, Nsight Compute); 16 x 128 of 8 warps for few-row products. Operands come in by cp.async
 // over a shared-memory ring, each laid out as it is in global memory, so every layout is a straight
 // 16-byte copy; an interior stage's copies are issued among the DMMAs of the stage before it, and the
 // next stage's first fragments load under a stage's last DMMAs (the main loop below says why).
@@ -21,21 +20,20 @@ namespace {
 
 // Each tile's shape: warps along m and n, k per ring stage, stages and blocks per SM. cuBLAS's sm90
 // DGEMM picks small tiles of 4 warps, three blocks an SM, for all but the largest products
-// (torch.profiler on the shape suite, bench/NOTES.md session 21: 64 x 64 x 16 with 4 stages,
+// (torch.profiler on the shape suite: 64 x 64 x 16 with 4 stages,
 // 32 x 64 x 32, 32 x 32 x 32; 128 x 128 x 16 of 8 warps from ~28672 x 4096 up): the third block on an
 // SM keeps its FP64 pipes fed while the other two wait on the ring, and more, smaller CTAs even out the
 // last wave. Every tile multiplies in DMMA.16x8x8 steps, two or more a stage, so a warp holds two
 // steps' fragments and the next step's (or the next stage's) loads run under the current step's
 // DMMAs. (cuBLAS runs DMMA.16x8x16; its fragments, double-buffered, spill 128 x 64, and single-buffered
-// on 64 x 64 and 32 x 64 they ran 4-25 % slower than k8 with the loads overlapped, session 25.)
+// on 64 x 64 and 32 x 64 they ran 4-25 % slower than k8 with the loads overlapped.)
 //   128 x 128: 8 warps (2 x 4, each 64 x 32), 32 k a stage, 3 stages (216 KB), one block an SM; its 64
 //     accumulators and double-buffered fragments fill a thread's 255 registers.
 //   128 x 64: 4 warps (each 64 x 32), 4 stages (<= 100 KB with k-major operands swizzled, F64Smem),
 //     two blocks (242-255 registers of 128 threads fill the register file twice over exactly).
 //   64 x 64 and 32 x 64: 4 warps (32 x 32, 16 x 32), three blocks an SM (168 registers at most),
-//     rings of 4 x <= 17 and 5 x <= 13 KB. The deeper rings (session 23: 3 and 4 stages with padded
-//     rows before) ran 3-7 % faster where an operand is k-major, 1 % where neither is
-//     (bench/NOTES.md).
+//     rings of 4 x <= 17 and 5 x <= 13 KB. The deeper rings (against 3 and 4 stages of padded rows)
+//     ran 3-7 % faster where an operand is k-major, 1 % where neither is.
 //   32 x 32: 4 warps (each 16 x 16), 32 k a stage, 4 stages, three blocks: twice 32 x 64's CTAs where
 //     its tiles leave most SMs idle over a short k (gpt-2's 128 x 768 x 768: 48 CTAs of 32 x 64), a
 //     barrier per 8 DMMAs of a warp (16 k a stage: per 4).
@@ -113,7 +111,7 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
 // are kRowsPerPass rows apart, so its addresses are one pointer and one stride, set once: an interior
 // stage costs ~3 instructions a chunk instead of the ~45 of CUOPS_STAGE_OPERANDS's bounds, edge and
 // 64-bit index arithmetic (which, issued by the warps that also feed the DMMAs, held the first
-// version at 0.62x cuBLAS; bench/NOTES.md, session 17). Edge tiles and a ragged last slice keep the
+// version at 0.62x cuBLAS). Edge tiles and a ragged last slice keep the
 // checked copy.
 template <int OUTER, int INNER, int kLd, int THREADS, bool SWIZZLE> struct F64StageCopy {
   static constexpr int kRowChunks = INNER / 2, kChunks = OUTER * kRowChunks;
@@ -203,15 +201,14 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   double acc[MI][NI][4] = {};
   // A stage's product in DMMA.16x8x8 steps, software-pipelined: step s + 1's fragments (24 loads for
   // the 64 x 32 warp tile) come in while step s's DMMAs run, so no warp waits on shared memory between
-  // its DMMAs (session 17: loading a 16-deep slice's 48 fragments, then multiplying, ran 0.80x cuBLAS
+  // its DMMAs (loading a 16-deep slice's 48 fragments, then multiplying, ran 0.80x cuBLAS
   // at 4096^3 with one block of 8 warps). Across stages too ("crossing"): the ring's wait and barrier
   // sit before a stage's last step, and the next stage's first fragments load under that step's DMMAs,
-  // as CUTLASS's multistage mainloop does. Before (session 24), a warp issued a stage's last DMMA, then
+  // as CUTLASS's multistage mainloop does. Without it, a warp issued a stage's last DMMA, then
   // waited at the barrier and on the next stage's first loads with at most a DMMA or two left in its
-  // pipe: a bubble every stage that an SM's other blocks filled only in part (Nsight Compute, session
-  // 18: 26 % of 128 x 64's samples before a stage's first DMMA). Crossing ran 5-10 % faster on the
-  // 128-row tiles, and 128 x 64 alone on its SM (1024^3, cuBLAS's grid there) 0.81 -> 1.00x cuBLAS
-  // (bench/NOTES.md session 25).
+  // pipe: a bubble every stage that an SM's other blocks filled only in part (Nsight Compute: 26 % of
+  // 128 x 64's samples before a stage's first DMMA). Crossing ran 5-10 % faster on the 128-row
+  // tiles, and 128 x 64 alone on its SM (1024^3, cuBLAS's grid there) 0.81 -> 1.00x cuBLAS.
   constexpr int kSteps = S::kBK / kMmaK;
   static_assert(kSteps % 2 == 0, "a stage's steps alternate the two buffers, the next stage starts in buffer 0");
   double fa[2][MI][kMmaK / 2], fb[2][NI][kMmaK / 4];

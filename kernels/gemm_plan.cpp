@@ -1,5 +1,5 @@
 // The GEMM planner (gemm_plan.h). Each rule, in the order plan_gemm applies them, and why. Figures
-// are H100 measurements recorded in bench/NOTES.md.
+// are H100 measurements; docs/performance.md has them with the commands that reproduce them.
 //
 // | problem                                        | plan                                    | why |
 // |------------------------------------------------|-----------------------------------------|-----|
@@ -13,7 +13,7 @@
 // |   base not 16-byte aligned                     |   general                               |   TF32) to ~50x (general) |
 // | c's short side <= 16 (tokens) and that side's  | small-M kernel (gemm_skinny.cu), all     | bound by the weight's bytes: the tiled kernels' 128-row |
 // |   operand k-contiguous; bf16/fp16/float32     |   float types (TF32 computed in FP32;    |   tiles ran 1 x 4096 x 14336 bf16 at 0.43 of copy |
-// |   (TF32 too), operands readable in place      |   float64: the streaming form only)     |   against 0.81 (bench/NOTES.md "small-M") |
+// |   (TF32 too), operands readable in place      |   float64: the streaming form only)     |   against 0.81 (performance.md "small-M")   |
 // |   (float64: below)                             |                                         |                                                    |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |
@@ -32,7 +32,7 @@
 // | float64 small-M (sm_90 and the stream only:    | DMMA on the ring; deep stages always,   | its weight is 2-4x the bytes: one CTA an SM ran    |
 // |   no per-lane form; the tiled kernel's 16-row  |   except <= 16 groups of outputs: half  |   2-9 % faster than two; 12 deep CTAs left gpt-2's |
 // |   tile elsewhere)                              |   the k a stage, k split over 8 CTAs    |   768-output products at 0.60-0.96x cuBLAS, split  |
-// |                                                |   (>= 3 stages each)                    |   8 ran 0.90-1.31x (NOTES s. 26)                   |
+// |                                                |   (>= 3 stages each)                    |   8 ran 0.90-1.31x                                 |
 // | TF32 on wgmma, c row-major, a m-major and b    | copy the smaller of a and b (>= 256 as  | TF32 wgmma reads B only k-major and this layout has |
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
@@ -42,14 +42,14 @@
 // |                                                |   128 x 128 with k split over a cluster |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
 // |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. 16-bit: col |
 // |                                                |   least (bn + col) x (waves x k / split |   and fixed fitted to every width on the bf16 suite|
-// |                                                |   + fixed); pairs multicast B           |   (NOTES, s. 18). The split lost everywhere: off   |
+// |                                                |   + fixed); pairs multicast B           |   (performance.md). The split lost everywhere: off |
 // | wgmma, 16-bit, one wave of 192 x 128 tiles     | 192 x 128 (three consumer warpgroups),  | cuBLAS's tile for the c_attn weight gradient |
 // |   costs less than the 128-row plans            |   single CTAs                           |   3072 x 1024 x 8192: 0.85x -> 0.99-1.23x; gpt-2  |
-// |                                                |                                         |   dW over 1-4k tokens 0.73 -> 0.90x (NOTES s. 24) |
+// |                                                |                                         |   dW over 1-4k tokens 0.73 -> 0.90x               |
 // | wgmma, a partial last wave over a long k        | the full waves, then the last wave's    | the idle SMs take the rest of k: gpt-2 768-wide    |
 // |                                                |   tiles each cut into runs of k over the|   weight gradients 0.69x -> 0.94x, falcon          |
 // |                                                |   SMs it leaves idle (single CTAs of a  |   1024 x 4544 x 18176 0.76x -> 1.00x; a fixed cost |
-// |                                                |   width; partials added in run order)   |   (memset, wait) loses on short k (NOTES s. 19)    |
+// |                                                |   width; partials added in run order)   |   (memset, wait) loses on short k                  |
 // | wgmma grid                                     | fewest clusters finishing in as many    | every wave full: under the power cap the idle SMs' |
 // |                                                |   waves as the most that fit            |   share goes to the others' clock (0-1 %) |
 // | wgmma, 16-bit c, beta = 0, TMA describes c     | output by TMA store                     | direct stores cost 10-13 % at 4096^3-8192^3 |
@@ -59,7 +59,7 @@
 // |                                                |   64 x 128                              | |
 // | float32 "highest"                              | SIMT 128 x 128 or 64 x 64, k split into | the cluster split packed clusters of 4 two to an SM|
 // |                                                |   1-16 CTAs writing partial planes      |   and fit 30 of 8: M = 128 rows at 0.56-0.61x where|
-// |                                                |   (summed in order by a second kernel): |   an even spread ran 0.74-0.78x (NOTES s. 20); cost|
+// |                                                |   (summed in order by a second kernel): |   an even spread ran 0.74-0.78x; cost              |
 // |                                                |   least busiest-SM time (plan_simt)     |   fitted to the sweep (0.996x the best pick)       |
 // | SIMT, m-major a of leading stride 0, k > 1     | general                                 | the SIMT loop counts its slices by A's pointer |
 // | float64 (operands readable as above, or        | DMMA (gemm_f64.cu): 128 x 128, 128 x 64,| the FP64 pipe sets the pace: the time, the busiest |
@@ -67,7 +67,7 @@
 // |                                                |   rows) or 16 x 128 tiles, k unsplit or |   tile's rate (all blocks of the SM busy, or alone)|
 // |                                                |   split into 2-4, 6 or 8 CTAs (16 x 128:|   plus a fill and epilogue, and a split's planes   |
 // |                                                |   2-16) writing partial planes (as      |   summed. Fit to the sweep of every tile x split   |
-// |                                                |   SIMT), whichever leaves the busiest SM|   (NOTES s. 18-26)                                 |
+// |                                                |   SIMT), whichever leaves the busiest SM|   (performance.md)                                 |
 // |                                                |   the least work (plan_f64)             |                                                    |
 #include "gemm_plan.h"
 
@@ -81,14 +81,14 @@ constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two co
 // Its tall tile, 192 x 128 (three consumers; 16-bit types): the work a tile does per k in the units of
 // plan_wgmma's cost (128 x bn tiles: bn + col), and its fixed cost in k. 240: 128 x 128's rate per
 // output (160 for 16384), which fits the bf16 suite swept with the tile (every product, all widths, L2
-// flushed: bench/results/train/h100_s24_wgmma_tall_sweep.txt): 0.957 -> 0.964x cuBLAS for the best
+// flushed; docs/performance.md, "wgmma tile choice"): 0.957 -> 0.964x cuBLAS for the best
 // pick, the gain all in weight gradients that one wave of tall tiles covers (gpt-2 768 x 3072 over
 // 1024-4096 tokens 0.73-0.79 -> 0.90x). 208 (the rate its operand rows a output predicted) sent
 // 1024-k products there too, where 128 x 128 ran 5-10 % faster. Its fixed cost is 128 x 128's (512 k).
 constexpr int64_t kWgTallBM = 192, kWgTallBN = 128, kWgTallWork = 240, kWgTallFixedK = 512;
 // The wgmma k split: slices of at least kWgMinSlice k (8 k-tiles of 16-bit types), a split tile's
 // reduction (staging 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more
-// k. Measured on the H100 (bench/NOTES.md, session 17) the split instance (one tile per cluster, not
+// k. Measured on the H100 the split instance (one tile per cluster, not
 // persistent) lost to the best unsplit tile on every shape tried, by 3-30 %: each of its CTAs costs
 // ~10 us more than its k (not the reduction: loading 16 bytes per round trip instead of 8 changed
 // nothing), and only 30 clusters of 4 fit. So the planner does not split (kWgMaxSplit 1) until that
@@ -98,8 +98,7 @@ constexpr int64_t kWgMaxSplit = 1, kWgMinSlice = 512, kWgSplitReduceK = 256;
 // as many, each of its k taking twice the time): the workspace's flags zeroed (a memset before the
 // kernel, which also waits for the kernel before it) and the wait, and per run past the first a
 // 128 x bn float partial written to L2 and read back by the tile's first run. Fitted to every width's
-// tail on the 121 bf16 and 67 TF32 suite products (bench/results/train/h100_s19_tail_sweep_*.txt,
-// NOTES session 19): the picks run 0.961x cuBLAS (bf16, geomean) and 1.021x (TF32), where the
+// tail on the 121 bf16 and 67 TF32 suite products (docs/performance.md, "split tail"): the picks run 0.961x cuBLAS (bf16, geomean) and 1.021x (TF32), where the
 // data-parallel tiles alone picked 0.944x and 0.969x; the best of every plan measured 0.967x and 1.034x.
 constexpr int64_t kWgTailFixK = 2048, kWgTailPerRunK = 128, kWgMaxTailSplit = 16;
 
@@ -222,13 +221,13 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   // s split CTAs needs s free SMs of one GPC (pairs as the device counts them, at most SMs / s of the
   // larger ones; a split of 3 or 5-7 would strand SMs). Ties go to the wider tile.
   // 16-bit types: col and fixed fitted to every width measured on the 121 bf16 products of the shape
-  // suite (bench/results/train/h100_s18_wgmma_suite_sweep.txt, each after an L2 flush): col 48 / 32 / 0
+  // suite (each after an L2 flush; docs/performance.md, "wgmma tile choice"): col 48 / 32 / 0
   // (the narrow tiles re-read more per FLOP; pairs multicast B), fixed 512 / 512 / 2048 k a CTA (a
   // pair's cluster and its 64 KB epilogue, which one wave overlaps with nothing). Its picks run those
   // products at 0.939x cuBLAS (geomean) where the earlier cost, (bn + 32) x waves x k, picked 0.919x
   // (gpt-2's 768-wide weight gradients over <= 1024 tokens: 128 x 256 pairs 0.65x, 128 x 64 0.85x), and
   // it keeps the seven widths measured elsewhere (2048^3 and 8192 x 2304 x 768 on 128 x 128; 4096^3,
-  // 8192^3 and 1024 x 4096 x 28672 on pairs; bench/NOTES.md session 18). TF32 keeps the earlier
+  // 8192^3 and 1024 x 4096 x 28672 on pairs). TF32 keeps the earlier
   // cost until its widths are swept.
   const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
   const int64_t pairs = dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2;
@@ -318,7 +317,7 @@ void skinny_split(GemmPlan& p, int rw, int kw, int split) {
 }
 
 // Whether a small-M plan can take the streaming form: every dtype it has (bf16/fp16 and TF32 on the
-// tensor cores, float32 "highest" by FP32 FMAs, bench/NOTES.md v12), with the weight and x read by
+// tensor cores, float32 "highest" by FP32 FMAs), with the weight and x read by
 // TMA, so both describable (and not empty).
 bool skinny_streams(const GemmPlan& p) {
   const int64_t k = p.req.k, tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
@@ -335,7 +334,7 @@ constexpr int64_t kSkinnyMinStages = 8;
 // CTAs, 0.90-1.31x with k split over 8 (stages of half the k; 3 stages a CTA are enough,
 // kSkinnyF64FewMinStages). Elsewhere it always takes deep stages: above half the SMs' groups one CTA
 // an SM with twice the bytes in flight ran 2-9 % faster than two (71-284 groups), and fewer larger
-// CTAs leave a last wave no emptier (bench/results/decode/h100_s26_f64_skinny_sweep.txt).
+// CTAs leave a last wave no emptier (docs/performance.md, "small-M streaming form").
 constexpr int64_t kSkinnyF64FewGroups = 16, kSkinnyF64FewMinStages = 3;
 
 void skinny_stream(GemmPlan& p, int stages, int chunk, int split, bool pdl) {
@@ -390,7 +389,7 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
   const bool lanes_faster = fma && tokens <= 4 && p.sk_w_kmajor && cdiv(outputs, kSkinnyTma.outputs) > dev.sms / 2;
   if (dev.skinny_tma && skinny_streams(p) && !lanes_faster) {
     // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
-    // with half that, and clusters cost (4 CTAs measured slower everywhere; bench/NOTES.md). So where
+    // with half that, and clusters cost (4 CTAs measured slower everywhere). So where
     // the groups of outputs fill at most half the SMs, deep stages and k split over a cluster only
     // up to half the SMs, every CTA at least kSkinnyMinStages stages; elsewhere two CTAs per SM.
     // float32 "highest" multiplies by FP32 FMAs, which at 16 tokens keep an SM busy: it wants every SM
@@ -425,29 +424,28 @@ void tiles(GemmPlan& p, int bm, int bn, int bk) {
 constexpr int64_t kMaxSplitWorkspace = int64_t{64} << 20;
 
 // The float64 kernel's tiles and the cost model that picks one and a k split, fitted to the H100
-// sweeps (bench/results/f64/h100_*sweep*.txt: tiles x splits on the shape suite's products;
-// bench/NOTES.md sessions 18, 20, 21, 25). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the
+// sweeps (tiles x splits on the shape suite's products; docs/performance.md, "float64 tiles and splits"). A CTA's work is bm x bn x (its slice of k plus kF64CtaK: the
 // ring's fill and the epilogue's bm x bn stores, which decide products of short k). Tiles of several
 // blocks per SM run at `rate` (percent of one 128 x 128 block's) when all of an SM's blocks are busy and
-// at `rate1` when a block has its SM alone; the busiest SM's waves set the time. Since session 25 a
+// at `rate1` when a block has its SM alone; the busiest SM's waves set the time. A
 // warp loads the next stage's first fragments under a stage's last DMMAs (gemm_f64.cu), so a block
 // alone on its SM runs nearly as fast as one of a full SM (rate1 ~ rate; before, 128 x 64 alone ran
 // at 65 % and 64 x 64 at 60 %). The 128 x 128 tile's checked (edge) copy spills: where m or n leaves
 // edge tiles, or k is at most kF64WideMinK, it counts 1.5 times (128 x 4544 x 18176 ran it at 0.56x
 // cuBLAS, 128 x 64 at 0.82x; with k <= 512 one block an SM hides none of its fill and epilogue behind
 // a second, and the 128-token weight gradients ran it 5-10 % slower than 64 x 64). Rates, kF64CtaK and
-// kF64WideMinK fitted to session 25's sweep of every tile x split (1-8; 1, 2, 4 for weight gradients)
+// kF64WideMinK fitted to a sweep of every tile x split (1-8; 1, 2, 4 for weight gradients)
 // on the suite's products of up to 1024 tokens in its three layouts
-// (bench/results/f64/h100_s25_f64_suite_sweep_{kk,kn,mn}.txt, 85 products): the picks run at 0.988x
-// cuBLAS (geomean), the best of each product at 0.999x, the session-24 constants' picks at 0.952x;
+// (85 products): the picks run at 0.988x
+// cuBLAS (geomean), the best of each product at 0.999x, the previous constants' picks at 0.952x;
 // fitted on two layouts, the third's picks gain 3-4 % (kk, mn) or lose 0.5 % (kn). The 16-row tile's
 // pairs share an SM's L2 bandwidth (rate 25 in pairs, 60 alone). Row ranges: the 16-row tile serves
 // decode (swept there) and nothing past 32 rows, where its B panels would be read once per 16 rows; the
-// 32-row tiles were swept from 128 rows up only, so decode keeps the 16-row one. 32 x 32 (session 26):
+// 32-row tiles were swept from 128 rows up only, so decode keeps the 16-row one. 32 x 32:
 // twice 32 x 64's CTAs for the products whose tiles fill few SMs, such as gpt-2's 128 x 768 x 768
 // (48 CTAs of 32 x 64 over k = 768 ran 0.72x cuBLAS flushed, every tile x split of 32 x 64 and 64 x 64
 // 0.57-0.89x warm). Its rates are not a sweep's fit: 70 a guess below 32 x 64's 82, rate1 58 from
-// 128 x 768 x 3072 (h100_s26_f64_32x32_sweep_kk.txt: 32 x 32 unsplit against 32 x 64's 48 CTAs), which
+// 128 x 768 x 3072 (32 x 32 unsplit against 32 x 64's 48 CTAs), which
 // keeps 128 x 768 x 2304 on 32 x 64 split 8 (at 62 it took 32 x 32: 0.969 -> 0.808x). So up to 128
 // rows only until swept.
 struct CostTile {
@@ -470,7 +468,7 @@ constexpr int64_t kF64SumFixed = 6000 * 225, kF64SumBytesPerUnit = 26;
 // The k splits a tile may take: those swept for it, 1-4, 6 and 8 (f64_sweep on the shape suite), or
 // every one up to kF64MaxSplit for a tile swept so (the 16-row one, in decode). The rates are fitted to
 // measured configurations and say nothing of the others: 128 x 64 split 11, never swept, ran gpt-2's
-// 128 x 768 x 3072 at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x (session 25).
+// 128 x 768 x 3072 at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x.
 bool f64_split_swept(const CostTile& t, int64_t split) { return t.every_split || split <= 4 || split == 6 || split == 8; }
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate. A last
@@ -517,7 +515,7 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
 // kSimtSumBytesPerUnit and a fixed ~2 us (its launch and tail). Units: one FMA of a block of a pair
 // sharing an SM (~5.2 ps on the H100: a pair of 128 x 128 blocks takes ~171 ns a k). Rates and
 // constants fitted to the H100 sweeps of every tile x split 1-16 on 41 products
-// (bench/results/train/h100_s20_simt_split_sweep*.txt): a 128 x 128 block alone on its SM runs at 92
+// (docs/performance.md, "SIMT k split"): a 128 x 128 block alone on its SM runs at 92
 // (99 ns a k), 64 x 64 blocks at 66 in pairs and 60 alone. The picks run at 0.996x the best of each
 // product (geomean; worst 256^3, 0.87x of a 10-way split's).
 constexpr CostTile kSimtTiles[] = {{128, 128, 2, 100, 92}, {64, 64, 2, 66, 60}};

@@ -39,7 +39,7 @@ template <int N> __device__ __forceinline__ void copy_frag(float* dst, const flo
 // "dispatch stall"). Counted in the SASS of the 128 x 128 loop (4 banks, register % 4, one reuse entry
 // per operand slot and bank), rows first had 0.19-0.35 conflicts per FFMA over the four layouts and
 // this order 0.10-0.25; cuBLAS's SGEMM has 0.07. On the H100 it took the 128 x 128 tile from 0.91-0.93x
-// cuBLAS to 0.97-0.99x at 4096^3 (bench/NOTES.md, v5).
+// cuBLAS to 0.97-0.99x at 4096^3.
 template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&acc)[TM][TN], const float* a, const float* b) {
 #pragma unroll
   for (int j = 0; j < TN; ++j)
@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
   // scalar stores then land on 32 distinct banks instead of two-way conflicting (BK = 8).
   constexpr int APAD = AK ? 4 : 0, BPAD = BNM ? 0 : 4;
   // Both operands of one buffer in one struct, so a single offset (0 or kStage bytes) names the
-  // buffer for every shared address of a thread, toggled once per slice; the v4 loop recomputed each
-  // address from the buffer index, ~17 instructions per slice at the 128-register cap.
+  // buffer for every shared address of a thread, toggled once per slice; recomputing each address from
+  // the buffer index cost ~17 instructions per slice at the 128-register cap.
   struct Stage {
     float a[BK][BM + APAD];
     float b[BK][BN + BPAD];
@@ -185,9 +185,8 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
   stash(0);
   __syncthreads();
   int off = 0;  // the buffer being multiplied: byte offset 0 or kStage
-  // Fragments double-buffered in registers across the slice boundary. The v3 loop loaded each k's
-  // fragments at that k and passed the barrier between slices: its SASS had every warp stalled at
-  // the stash, the barrier and the first shared loads after it at the same time (bench/NOTES.md).
+  // Fragments double-buffered in registers across the slice boundary. Loading each k's fragments
+  // at that k and passing the barrier between slices had every warp stalled (SASS) at the stash, the barrier and the first shared loads after it at the same time.
   float fa[2][TM], fb[2][TN];
   auto load_frag = [&](int s, int o, int kk) {
 #pragma unroll

@@ -6,7 +6,7 @@
 //     multiply them, on the tensor cores (bf16/fp16/TF32; float64 by DMMA with float64 sums, its only
 //     form) or by FP32 FMAs (float32 "highest");
 //     ~72 KB in flight per CTA, within 2-5 % of a TMA read that does nothing else
-//     (bench/sweep/probe/stream_probe.cu, bench/NOTES.md);
+//     (bench/sweep/probe/stream_probe.cu);
 //   - the per-lane forms (GPUs before sm_90, operands TMA cannot describe): each lane loads its own
 //     16-byte vectors (16-bit: into registers, two chunks ahead; float32: a per-warp cp.async ring).
 // Both:
@@ -113,7 +113,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 
 // Each form's warp computes part[t][o] for its kRows outputs from row0 over k in [kb, ke) and
 // leaves it in red[t * kRows + o], its share of the block's shared memory (run()). Two ways to keep
-// the weight's bytes in flight, each where it measured faster (H100, bench/NOTES.md "small-M"):
+// the weight's bytes in flight, each where it measured faster (H100, docs/performance.md, "small-M"):
 //   - stream_ring (float32): each lane copies its 16-byte vectors into a ring of kStages chunks in the
 //     warp's shared memory by cp.async and reads back only those (no barrier), kStages - 1 chunks in
 //     flight at no cost in registers; the float32 forms hold up to 64 registers of x per chunk;
@@ -642,7 +642,7 @@ __device__ __forceinline__ float4 lds128(uint32_t addr) {
 
 // float32 "highest" on the ring: true FP32 FMAs. A consumer thread owns 8 outputs x 8 tokens over a
 // share of k, so each weight vector it loads serves 8 tokens and each x vector 8 outputs (one output
-// per lane, v10/v11 in bench/NOTES.md, was bound by the shared-memory loads), in 64 sums (more spilled
+// per lane was bound by the shared-memory loads), in 64 sums (more spilled
 // at the 168 registers two CTAs per SM leave). At MT = 16 the warp pairs take the two token halves;
 // at MT = 8 they split k. Every 8 consecutive lanes read 8 different 16-byte units of one swizzled row
 // (or one x vector, a broadcast): no bank conflicts. The threads' k shares are fixed and summed at

@@ -30,7 +30,7 @@ namespace {
 
 // The block tile's rows: BM = 128 (two consumer warpgroups of 64 rows) or 192 (three). cuBLAS runs
 // 192-row tiles where they make one full wave of a long reduction (the c_attn weight gradient
-// 3072 x 1024 x 8192: 128 tiles of 192 x 128 where 128 x 128 leaves 1.45 waves; NOTES.md session 24).
+// 3072 x 1024 x 8192: 128 tiles of 192 x 128 where 128 x 128 leaves 1.45 waves).
 // The producer warpgroup gives its registers to the consumers with setmaxnreg: 128 * 40 + 256 * 232 and
 // 128 * 40 + 384 * 152 fit the SM's 65536.
 template <int BM> struct WgShape {
@@ -46,7 +46,7 @@ template <int BM> struct WgShape {
 // 128-byte swizzle wgmma's descriptors name; every box starts 1024-byte aligned.
 // 16-bit outputs leave through shared memory (kCBytes: the BM x BN tile, as boxes of 64 x 64) by
 // TMA stores that run on while the consumers start the next tile: the stores of the direct epilogue
-// cost 10-13 % of the time at 4096^3-8192^3 (NOTES.md). float32 (TF32) results would need 128 KiB
+// cost 10-13 % of the time at 4096^3-8192^3. float32 (TF32) results would need 128 KiB
 // there, so they are stored directly.
 template <typename T, int BM, int BN> struct WgCfg {
   static constexpr int kBK = 128 / static_cast<int>(sizeof(T));
@@ -54,7 +54,7 @@ template <typename T, int BM, int BN> struct WgCfg {
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr bool kTmaStore = sizeof(T) == 2;
   // The output tile leaves in kCSplit parts through a buffer of 1 / kCSplit of it: at 128 x 256 half
-  // (32 KiB), so the ring keeps 4 stages instead of 3 (NOTES.md, wgmma v6); at 192 x 128 half (24 KiB),
+  // (32 KiB), so the ring keeps 4 stages instead of 3; at 192 x 128 half (24 KiB),
   // 5 stages of 40 KiB instead of 4.
   static constexpr int kCSplit = BN == 256 || BM == 192 ? 2 : 1;
   static constexpr int kCBytes = kTmaStore ? BM * BN * 2 / kCSplit : 0;
@@ -74,7 +74,7 @@ template <typename T, int BM, int BN> struct WgCfg {
 // then a load's 32 lanes (8 rows x 4 k) cover 8 distinct 16-byte chunks under the 128-byte swizzle
 // (chunk q of k-row x sits at q ^ (x % 8)), where 16 consecutive rows span only 4. The two rows of a
 // lane are adjacent, so its transposed stores write 8-byte pairs (half the store transactions), at the
-// price of 2 lanes to a bank on the loads: 0.957x -> 1.048x cuBLAS at 4096^3 (NOTES.md, TF32 v3).
+// price of 2 lanes to a bank on the loads: 0.957x -> 1.048x cuBLAS at 4096^3.
 __device__ __forceinline__ int rs_row(int warp, int lane, int second) {
   const int base = (warp / 2) * 32 + 8 * (warp % 2) + 16 * (lane / 16);
   return base + 2 * ((lane / 4) % 4) + second;
@@ -96,7 +96,7 @@ template <int kStages> struct WgRing {
 // tiles (L2 serves the shared panels, as in the data-parallel waves). Stream-K's contiguous runs over
 // the flattened (tile, k-tile) sequence, tried first, put every CTA at another k: each B panel then
 // came from HBM once per tile row, and it ran 0.3-0.9x the data-parallel tiles on the bf16 suite
-// (bench/results/train/h100_s19_streamk_contiguous_*.txt, NOTES session 19). A run past the first is a
+// (docs/performance.md, "split tail"). A run past the first is a
 // Tail: its sums go to the workspace, slot b, then its flag; the first run is the Head: it waits for
 // its tile's other runs (CTAs b + units, b + 2 units, ...: all resident, grid <= SMs, and none of them
 // waits) and adds them in run order before the epilogue: the same bits on every run.
@@ -121,7 +121,7 @@ __device__ __forceinline__ void walk_units(int64_t units, int64_t first_unit, in
   if (tail.units <= 0 || blockIdx.x >= tail.units * tail.split) return;
   // 32-bit: tail.units <= the grid (<= SMs), split <= 16 and ktiles <= 2^26 (k <= INT32_MAX: tma_describes),
   // so ktiles x (run + 1) < 2^32
-  // (in 64 bits the Tails' first load came ~0.15 us later: 1.07 -> 0.92 us after entry; NOTES.md session 29).
+  // (in 64 bits the Tails' first load came ~0.15 us later: 1.07 -> 0.92 us after entry).
   const uint32_t units32 = static_cast<uint32_t>(tail.units), split = static_cast<uint32_t>(tail.split);
   const uint32_t run = blockIdx.x / units32, kt = static_cast<uint32_t>(ktiles);
   const int k0 = static_cast<int>(kt * run / split), k1 = static_cast<int>(kt * (run + 1) / split);
@@ -155,8 +155,7 @@ template <int BM, int BN>
 __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2], int cw, int tid) {
   using Sh = WgShape<BM>;
   // Each run's flag polled by its own thread: one round trip, where one thread polling them in turn
-  // waited one round trip per run (128 x 768 x 3072 on 12 tiles x 11 runs: 17.4 -> 15.3 us; NOTES.md
-  // session 29).
+  // waited one round trip per run (128 x 768 x 3072 on 12 tiles x 11 runs: 17.4 -> 15.3 us).
   if (cw == 0 && tid + 1 < tail.split) {
     while (ld_acquire(tail.flags + blockIdx.x + (tid + 1) * tail.units) == 0) __nanosleep(32);
   }

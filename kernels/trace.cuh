@@ -1,7 +1,7 @@
 // Timeline marks for the sweep (bench/sweep/wgmma_lib_sweep trace, built with -DCUOPS_WG_TRACE): each
 // CTA records clock64 at the points below and globaltimer at entry and exit, read back after one
 // launch (cuops_wg_trace in gemm_wgmma_bf16.cu). They say where a product's microseconds go
-// (bench/NOTES.md session 29); in the library the macros are empty.
+// (docs/performance.md, "split tail"); in the library the macros are empty.
 #pragma once
 #include <cstdint>
 

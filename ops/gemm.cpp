@@ -78,7 +78,7 @@ at::Tensor padded_rows(int64_t rows, int64_t cols, const at::Tensor& like) {
 }
 
 // x [r, c] float32 with unit column stride -> its [c, r] transpose in padded rows, by cuops' transpose
-// kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus: NOTES.md).
+// kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus).
 at::Tensor transposed_copy(const at::Tensor& x) {
   at::Tensor out = padded_rows(x.size(1), x.size(0), x);
   C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
@@ -155,7 +155,7 @@ void gemm_autograd(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b
 // An operand laid out column-major (a transposed row-major tensor, such as nn.Linear's weight.t()) gets
 // its gradient column-major too, as torch.mm's backward does: AccumulateGrad copies a gradient whose
 // strides differ from its parameter's, and a row-major grad of weight.t() made that a transposing
-// float32 copy of every weight on every training step (bench/NOTES.md, session 22). Symbolic sizes
+// float32 copy of every weight on every training step. Symbolic sizes
 // compare with a guard, so a compiled graph keeps the layout it was traced with.
 bool column_major(const at::Tensor& t) { return t.sym_stride(0) == 1 && t.sym_stride(1) == t.sym_size(0); }
 

@@ -34,11 +34,11 @@ if [[ $stages == *" sanitize "* ]]; then
 fi
 if [[ $stages == *" bench "* ]]; then
   source tools/env.sh
-  "$PY" bench/run.py --out bench/results >bench/results/h100_table.txt 2>"$out/bench.log" || rc=1
-  cp bench/results/h100.json bench/results/h100_table.txt bench/results/*.png "$out/" 2>/dev/null
+  "$PY" bench/run.py --out bench/results --name default >bench/results/default.txt 2>"$out/bench.log" || rc=1
+  cp bench/results/default.json bench/results/default.txt bench/results/default_*.png "$out/" 2>/dev/null
   echo "== bench"
-  "$PY" bench/check.py bench/results/h100.json
-  grep -E "2\^(28|30) |(1024|4096|8192)\^3|overhead" bench/results/h100_table.txt
+  "$PY" bench/check.py bench/results/default.json
+  grep -E "2\^(28|30) |(1024|4096|8192)\^3|overhead" bench/results/default.txt
 fi
 echo "gpu_check rc=$rc"
 exit $rc

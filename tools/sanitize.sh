@@ -42,11 +42,11 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   if [ "$tool" = initcheck ]; then
     # initcheck only counts memory as written by kernels it instruments: under the cuops filter every
     # input torch's own kernels filled (randn, fill_) looked uninitialised, and initcheck reported our
-    # add kernel reading it (H200, session 2). So no filter here (torch's kernels are instrumented
+    # add kernel reading it (H200). So no filter here (torch's kernels are instrumented
     # too, and so slower), on a narrower selection: float32 and bfloat16 cases of test_ops.py.
     extra=(--check-api-memory-access no)
     sel=${SANITIZE_INIT_K:-"cuda and (dtype0 or dtype3) and not bitwise and not graph"} tests=${SANITIZE_INIT_PYTESTS:-tests/python/test_ops.py}
-    # initcheck does not see the bulk tensor copy engine's stores (H100, session 4): every bf16 output
+    # initcheck does not see the bulk tensor copy engine's stores (H100): every bf16 output
     # of the Hopper wgmma GEMM, which leaves by TMA store, read back as "uninitialised" in torch's
     # copy kernel, though the same tests pass with c pre-filled with NaN (every element written). So
     # initcheck runs the portable GEMM kernels; the wgmma kernel stays under the other three tools.
@@ -56,7 +56,7 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   fi
   # racecheck does not model the mbarrier transaction that orders two_norm's bulk copies (UBLKCP)
   # into shared memory before the consumer warps' reads: on the bulk pass it reported every read as
-  # racing with the copy (H100, session 5). So racecheck checks two_norm's load pass (the same block
+  # racing with the copy (H100). So racecheck checks two_norm's load pass (the same block
   # reduction); the bulk pass stays under memcheck, synccheck and initcheck.
   # The same holds for the small-M GEMM's streaming form (a TMA ring under mbarriers): racecheck runs
   # its per-lane forms.

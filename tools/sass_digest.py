@@ -77,7 +77,7 @@ def digest(path):
 
 # What a main loop's schedule comes down to: its matrix ops, shared / global / local memory traffic,
 # barriers, and how many matrix ops follow the first barrier (the ones that can cover the loads after
-# it; bench/NOTES.md session 25: a guard on those loads let ptxas hoist all but two of them above it).
+# it: a guard on those loads once let ptxas hoist all but two of them above it).
 LOOP_OPS = {"mma": r"^(@!?U?P\w+ )?(DMMA|HMMA|HGMMA|IMMA)", "LDS": r"\bLDS", "LDSM": r"\bLDSM", "LDGSTS": r"\bLDGSTS",
             "LDL": r"\bLDL", "STL": r"\bSTL", "BAR": r"\bBAR\.SYNC"}
 

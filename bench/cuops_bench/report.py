@@ -59,7 +59,45 @@ def new_results(bench: Bench, library: Path, args: dict) -> dict:
 
 
 def save(results: dict, path: Path) -> None:
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    """The results as JSON, one row a line (compact, and a regenerated row is a one-line diff)."""
+    head = json.dumps({k: v for k, v in results.items() if k != "rows"}, indent=1)
+    rows = ",\n".join(json.dumps(r, separators=(",", ":")) for r in results["rows"])
+    path.write_text(f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n')
+
+
+# What names a row across runs: a merged results file keeps one row per key, the newest run's.
+ROW_KEY = ("family", "op", "dtype", "precision", "size", "label", "class", "model", "linear", "kind", "tokens",
+           "mode", "batch", "steps")
+
+
+def row_key(r: dict) -> str:
+    return json.dumps([r.get(k) for k in ROW_KEY])
+
+
+def run_part(results: dict) -> dict:
+    """What a merged file keeps of each run that wrote into it."""
+    return {k: results.get(k) for k in ("git_commit", "git_dirty", "date", "args", "elapsed_s", "library")}
+
+
+def merge(old: dict, new: dict) -> dict:
+    """`new` merged into the results file `old` (bench/run.py --merge): new's rows replace old's of the
+    same key in place and the rest are appended; class summaries by (class, variant), overheads and the
+    models' configs likewise; `parts` lists every run (commit, date, arguments). A results file holds
+    one GPU's figures: merging another GPU's is refused."""
+    if old.get("gpu") != new.get("gpu"):
+        raise ValueError(f"--merge: the file holds {old.get('gpu')} results, this run is on {new.get('gpu')}; "
+                         "regenerate the whole file on one GPU")
+    fresh = {row_key(r): r for r in new["rows"]}
+    rows = [fresh.pop(row_key(r), r) for r in old["rows"]] + list(fresh.values())
+    classes = {(c["class"], c["variant"]): c for c in old.get("shape_classes") or []}
+    classes.update({(c["class"], c["variant"]): c for c in new.get("shape_classes") or []})
+    merged = {**{k: v for k, v in old.items() if k in ("llama", "gpt_train")}, **new}
+    merged.update(rows=rows, shape_classes=list(classes.values()),
+                  overhead={**(old.get("overhead") or {}), **(new.get("overhead") or {})},
+                  parts=(old.get("parts") or [run_part(old)]) + [run_part(new)])
+    if not merged["shape_classes"]:
+        del merged["shape_classes"]
+    return merged
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,11 +317,15 @@ def gpt_train_lines(results: dict) -> list[str]:
     return lines
 
 
-def print_summary(results: dict, reference_copy: dict, json_path: Path) -> None:
+def print_summary(results: dict, json_path: Path) -> None:
     commit, dirty = results["git_commit"], results["git_dirty"]
     print(f"cuops benchmarks on {results['gpu']} | torch {results['torch']} | commit {commit}"
           f"{' (dirty)' if dirty else ''} | timer {results['timer']}")
-    print(f"ceiling: D2D copy {fmt_num(results['copy_bandwidth_GBps'])} GB/s at {reference_copy['size']}; "
+    for part in results.get("parts") or []:
+        print(f"  merged run: commit {str(part['git_commit'])[:10]} {part['date']} {json.dumps(part['args'])}")
+    reference = next((r["size"] for r in results["rows"]  # the copy the ceiling was read from
+                      if r["family"] == "copy" and r.get("GBps") == results["copy_bandwidth_GBps"]), "-")
+    print(f"ceiling: D2D copy {fmt_num(results['copy_bandwidth_GBps'])} GB/s at {reference}; "
           "ratio = baseline time / cuops time (> 1: cuops faster); frac = cuops vs ceiling "
           "(copy GB/s at the operand's size, or cuBLAS)")
     for ln in table_lines(results):
@@ -299,7 +341,7 @@ def print_summary(results: dict, reference_copy: dict, json_path: Path) -> None:
 # Plots (matplotlib optional: the JSON holds every figure)
 
 
-def plot(results: dict, out: Path) -> dict:
+def plot(results: dict, out: Path, prefix: str = "") -> dict:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -315,9 +357,9 @@ def plot(results: dict, out: Path) -> dict:
             if fig is None:  # no rows of that figure's section in this run
                 continue
             fig.tight_layout()
-            fig.savefig(out / name, dpi=120)
+            fig.savefig(out / (prefix + name), dpi=120)
             plt.close(fig)
-            written.append(name)
+            written.append(prefix + name)
         except Exception as e:  # noqa: BLE001
             errors.append(f"{name}: {error_text(e)}")
     return {"written": written, "errors": errors}

@@ -38,7 +38,7 @@ int main() {
       for (int layout = 0; layout < 4; ++layout) {
         const bool ak = !(layout & 1), bn = !(layout & 2);
         if (layout != 0 && S != 4096) continue;
-        if (tf32 && S != 4096) continue;  // measured once already (NOTES.md); only the layouts again
+        if (tf32 && S != 4096) continue;  // measured once already; only the layouts again
         const GemmPlan plan = plan_gemm(
             sweep_request(DType::Float32, M, N, K, sq.A, ak, sq.B, bn, sq.C, 1.f, 0.f, tf32), tf32 ? portable : dev);
         auto cublas = [&] {

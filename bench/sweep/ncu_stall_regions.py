@@ -6,8 +6,8 @@ Input: ncu's per-instruction table of a wgmma kernel, e.g.
         ./wgmma_lib_sweep shapes > k.csv
     python3 bench/sweep/ncu_stall_regions.py k.csv
 
-Once-per-tile code that stalls on instruction fetch shows as `no_inst` after the loop (bench/NOTES.md
-session 29)."""
+Once-per-tile code that stalls on instruction fetch shows as `no_inst` after the loop
+(docs/performance.md, "split tail")."""
 import collections
 import csv
 import sys

@@ -1,5 +1,5 @@
 """Clock and power of the GPU while one GEMM runs back to back (3 s each): cuBLAS (torch.mm) against
-cuops.mm, bf16 8192^3, with and without an L2 flush between calls. Question (bench/NOTES.md): is the
+cuops.mm, bf16 8192^3, with and without an L2 flush between calls. Question: is the
 harness's 2-4 % gap to the sweep a lower clock under the 700 W cap? Not part of the tests.
     python3 bench/sweep/power_probe.py build/libcuops.so"""
 import os

@@ -24,7 +24,7 @@
 // are recorded on `stream`.
 // The first call in a process first keeps the GPU busy with f for 300 ms: the SM clock starts at its
 // idle value and takes that long to rise, and without it the first rows of a sweep read low (the
-// float64 pick at 1024^3 0.73x cuBLAS, the same plan 0.95x a few rows later; NOTES.md session 24).
+// float64 pick at 1024^3 0.73x cuBLAS, the same plan 0.95x a few rows later).
 inline float median_ms(const std::function<void()>& f, int reps = 30, const std::function<void()>& before = {},
                        cudaStream_t stream = nullptr) {
   static bool clocked_up = false;
@@ -45,7 +45,7 @@ inline float median_ms(const std::function<void()>& f, int reps = 30, const std:
     // Something runs on the GPU while the host launches the timed call, so the interval holds the
     // GPU's time and not the launch's: `before`, or else an untimed call of f. Without that, the idle
     // GPU waited for each launch inside the interval (float64 1024^3: cuBLAS 64 us against its
-    // kernel's 41 us in the profiler; NOTES.md session 24).
+    // kernel's 41 us in the profiler).
     if (before) {
       before();
     } else {

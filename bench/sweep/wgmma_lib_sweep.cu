@@ -210,8 +210,8 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
   report("128x128", base);
   if (!std::is_same_v<T, float>) report("192x128", with_tile(plan, 192, 128, 0, 1, dev));
-  // The split tail at each width, as many runs as fit (the cluster split, which lost everywhere in
-  // session 17, is no longer swept).
+  // The split tail at each width, as many runs as fit (the cluster split, which lost everywhere, is
+  // no longer swept).
   for (int w : {64, 128, 256}) {
     const GemmPlan q = with_tail_split(base, w, 0, dev);
     if (q.tail_units == 0) continue;
@@ -428,7 +428,7 @@ void steady(const Nvml& nv, const char* name, double flops, const std::function<
 }
 
 // Steady-state time and energy per call of the library's 128 x 256 pairs beside cuBLAS (bf16, row-major a
-// and b; NOTES.md "energy sweep" has the variants tried with it), alternating so that drift in
+// and b; docs/performance.md has the variants tried with it), alternating so that drift in
 // temperature falls on both.
 void power(cublasHandle_t h, int64_t M, int64_t N, int64_t K, int rounds, double secs) {
   const Nvml nv;

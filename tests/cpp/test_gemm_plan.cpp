@@ -95,7 +95,7 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   EXPECT_EQ(p.split_k, 2);
   EXPECT_EQ(p.workspace_bytes, cuops::kernels::split_planes_bytes(1024, 1024, 2, 8));
   // 1024^3: one wave of 4-warp tiles (128 x 64 alone on its SM, or 64 x 64 two an SM: 1.00x and
-  // 1.04x cuBLAS in session 25's sweep) beats 128 x 128 in halves of k (0.70x).
+  // 1.04x cuBLAS in the float64 sweep) beats 128 x 128 in halves of k (0.70x).
   p = plan_gemm(row_major(DType::Float64, 1024, 1024, 1024), kH100);
   EXPECT_LT(p.bm * p.bn, 128 * 128);
   EXPECT_EQ(p.split_k, 1);
@@ -121,8 +121,7 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   p = plan_gemm(row_major(DType::Float64, 6144, 4096, 16), kH100);
   EXPECT_LT(p.bm * p.bn, 128 * 128);
   // k = 128 (a weight gradient over 128 tokens, a m-major): not 128 x 128 either (0.78-0.80x cuBLAS,
-  // 128 x 64 0.91-0.93x: bench/results/f64/h100_s24_f64_suite_sweep_mn.txt; session 25: 0.78-0.81x
-  // against 64 x 64's 0.89-0.92x).
+  // 128 x 64 0.91-0.93x; with the loads overlapped 0.78-0.81x against 64 x 64's 0.89-0.92x).
   for (const int64_t m : {int64_t{4096}, int64_t{6144}}) {
     GemmRequest w = row_major(DType::Float64, m, 4096, 128);
     w.a = {w.a.ptr, 1, m};
@@ -217,7 +216,7 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
   EXPECT_EQ(p.cluster_m, 1);
   EXPECT_EQ(p.grid, 128);
   // 2048^3: 256 tiles of 128 x 128 (2 waves: 160 x (2 x 2048 + 512)) against one wave of 128 tiles of
-  // 128 x 256 (256 x (2048 + 2048)): 1.00x cuBLAS against 0.96x, three runs (bench/NOTES.md s. 18).
+  // 128 x 256 (256 x (2048 + 2048)): 1.00x cuBLAS against 0.96x, three runs.
   EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 2048, 2048, 2048), kH100).bn, 128);
   // gpt-2's c_fc weight gradient over 512 tokens (a m-major, b n-major): 128 x 64 (0.85x), not one wave
   // of 128 x 256 pairs (0.66x).
@@ -242,7 +241,7 @@ TEST(GemmPlan, FewTilesPickTheWidthThatFinishesFirst) {
 TEST(GemmPlan, OneWaveOfTallTilesWhereNarrowerOnesLeaveAPartialOne) {
   // A GPT-style c_attn weight gradient, 3072 x 1024 over k = 8192 (a m-major): 128 tiles of 192 x 128,
   // one wave on 132 SMs (cuBLAS's tile there), where 128 x 128 makes 192 (1.45 waves; its split tail
-  // ran 1.09x cuBLAS, the tall tiles 1.09-1.23x: bench/results/train/h100_s24_wgmma_tall_sweep.txt).
+  // ran 1.09x cuBLAS, the tall tiles 1.09-1.23x).
   GemmRequest w = row_major(DType::BFloat16, 3072, 1024, 8192);
   w.a = {w.a.ptr, 1, 3072};
   GemmPlan p = plan_gemm(w, kH100);

@@ -51,7 +51,7 @@ def places(gpus_for_nccl):
 # The one-GPU place: a single process on cuda:0 (NCCL, a world of 1, meshes of size 1), so every rule
 # and the CUDA kernels under it run, with no collective to make. Two processes sharing the GPU over
 # gloo (which takes CUDA tensors through pinned host memory) segfaulted a process in 4 of 5 checks on
-# the H100 (torch 2.11, session 15), and NCCL refuses two ranks on one GPU.
+# the H100 (torch 2.11), and NCCL refuses two ranks on one GPU.
 ONE_GPU = "nccl-1"
 
 
