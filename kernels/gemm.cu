@@ -3,6 +3,7 @@
 // block tile, 16-deep k slices, 4x4 register blocking) reading operands through their strides, so it
 // needs no copy and is correct for every shape.
 #include "gemm.cuh"
+#include "switches.h"
 
 namespace cuops::kernels {
 using namespace detail;
@@ -111,7 +112,7 @@ cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, i
 
 GemmDevice current_gemm_device() {
   static PerDevice<GemmDevice> cache;
-  return cache.get(
+  GemmDevice d = cache.get(
       [](int dev) {
         GemmDevice d;
         if (cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || d.sms < 1) {
@@ -125,6 +126,11 @@ GemmDevice current_gemm_device() {
         return d;
       },
       GemmDevice{1, false, 0, false, false, false, false});
+  // The switches (kernels/switches.h) on top of what the device runs: asked at every plan, so a test
+  // may change them in process.
+  d.wgmma = d.wgmma && !switch_on(Switch::DisableWgmma);
+  d.skinny_tma = d.skinny_tma && !switch_on(Switch::DisableSkinnyTma);
+  return d;
 }
 
 namespace {

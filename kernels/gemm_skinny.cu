@@ -22,7 +22,6 @@
 //     weight), or after a byte permute (the o-contiguous one): no shared memory, no ldmatrix;
 //   - float32 in the per-lane forms (both "highest" and TF32, which may compute in true FP32 and there
 //     does) runs FP32 FMAs.
-#include <cstdlib>
 
 #include "gemm.cuh"
 #include "tma.cuh"
@@ -1097,11 +1096,9 @@ bool skinny_clusters_on(int dev) {
   return attr.ptxVersion >= 90;
 }
 
-// CUOPS_DISABLE_SKINNY_TMA (read once) keeps Hopper on the per-lane forms: the tests' run of what
-// other GPUs take, and racecheck's (which does not model the ring's mbarrier transactions).
-bool skinny_tma_on(int dev) {
-  static const bool disabled = std::getenv("CUOPS_DISABLE_SKINNY_TMA") != nullptr;
-  return !disabled && skinny_clusters_on(dev) && tma_encoder() != nullptr;
-}
+// Whether the streaming form can run on `dev`. (The switch CUOPS_DISABLE_SKINNY_TMA applies on top,
+// in current_gemm_device: the per-lane forms other GPUs take, and racecheck's path, which does not
+// model the ring's mbarrier transactions.)
+bool skinny_tma_on(int dev) { return skinny_clusters_on(dev) && tma_encoder() != nullptr; }
 
 }  // namespace cuops::kernels::detail

@@ -18,7 +18,6 @@
 // compiles for compute_90a (CUOPS_WGMMA_BUILD).
 #pragma once
 
-#include <cstdlib>
 
 #include "gemm.cuh"
 #include "trace.cuh"

@@ -11,12 +11,10 @@ cudaError_t launch_wgmma_bf16(const GemmPlan& plan, const GemmProblem& p, cudaSt
 }
 
 // Whether this library's sm_90a code runs on `dev` (compute capability exactly 9.0, the kernel image
-// loads, the driver has the encoder), and how many pairs fit at once there. CUOPS_DISABLE_WGMMA
-// (read once) runs the portable kernels on Hopper: for a test, or a user chasing a numerics question.
+// loads, the driver has the encoder), and how many pairs fit at once there. (The switch
+// CUOPS_DISABLE_WGMMA applies on top: current_gemm_device.)
 bool wgmma_runs_on(int dev, int& pair_clusters) {
-  static const bool disabled = std::getenv("CUOPS_DISABLE_WGMMA") != nullptr;
   pair_clusters = 0;
-  if (disabled) return false;
   int major = 0, minor = 0, sms = 0;
   constexpr auto pair = gemm_wgmma<__nv_bfloat16, 128, 256, true, true, 2, false>;
   cudaFuncAttributes attr{};

@@ -7,10 +7,10 @@
 //   (a few 16 KiB requests per SM in flight instead of thousands of 16-byte loads), hands chunks out
 //   by an integer ticket, sums them exactly in fixed point, and finishes in the last block
 //   No float atomics in either.
-#include <cstdlib>
 #include <type_traits>
 
 #include "common.cuh"
+#include "switches.h"
 
 namespace cuops::kernels {
 namespace {
@@ -265,18 +265,19 @@ __global__ void __launch_bounds__(kBulkThreads) sum_sq_diff_bulk(const T* a, con
 }
 
 // Whether the bulk pass's sm_90 code is what runs on the current device (compute capability 9.0 or
-// newer and an sm_90+ image in this build), asked once per device. CUOPS_DISABLE_BULK_NORM (read
-// once) selects the load pass everywhere: compute-sanitizer's racecheck does not see the mbarrier
-// that orders the bulk copies' shared-memory writes before the reads, and reports every read.
+// newer and an sm_90+ image in this build), asked once per device. The switch CUOPS_DISABLE_BULK_NORM
+// selects the load pass everywhere: compute-sanitizer's racecheck does not see the mbarrier that
+// orders the bulk copies' shared-memory writes before the reads, and reports every read.
 template <typename T, typename A> bool bulk_pass_runs_here() {
-  static const bool disabled = std::getenv("CUOPS_DISABLE_BULK_NORM") != nullptr;
-  if (disabled) return false;
+  if (switch_on(Switch::DisableBulkNorm)) return false;
   static PerDevice<bool> cache;
   return cache.get(
       [](int) {
         cudaFuncAttributes attr{};
+        // ptxVersion, not binaryVersion: code JIT-compiled from older PTX (a build without sm_90)
+        // reports the GPU's binary version but holds the trapping body.
         const bool ok = cudaFuncGetAttributes(&attr, sum_sq_diff_bulk<T, A>) == cudaSuccess &&
-                        attr.binaryVersion >= 90 &&
+                        attr.ptxVersion >= 90 &&
                         cudaFuncSetAttribute(sum_sq_diff_bulk<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kBulkSmem) == cudaSuccess;
         (void)cudaGetLastError();

@@ -1,10 +1,13 @@
-// build_info: what this binary was built from and for, as JSON (pasted into bug reports).
+// The library about itself: build_info (what this binary was built from and for, as JSON, pasted
+// into bug reports) and set_switch (kernels/switches.h, the paths it may take).
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 #include <torch/version.h>
 
 #include <sstream>
 #include <string>
+
+#include "kernels/switches.h"
 
 // CMake defines these (CMakeLists.txt). torch.utils.cpp_extension.load builds the same sources
 // without them (tests/scripts/jit_load.py): say so instead of failing to compile.
@@ -39,9 +42,25 @@ std::string build_info() {
   return os.str();
 }
 
+bool set_switch(std::string_view name, std::optional<bool> on) {
+  const std::string n(name);
+  kernels::Switch s{};
+  if (!kernels::find_switch(n.c_str(), s)) {
+    std::string names;
+    for (int i = 0; i < kernels::kSwitchCount; ++i) {
+      names += (i ? ", " : "") + std::string(kernels::switch_name(static_cast<kernels::Switch>(i)));
+    }
+    TORCH_CHECK(false, "cuops::set_switch: expected name to be one of ", names, ", got '", n, "'");
+  }
+  return on.has_value() ? kernels::set_switch(s, *on) : kernels::switch_on(s);
+}
+
 }  // namespace
 
 // No tensor arguments, so no backend key to dispatch on: one kernel serves every backend.
-TORCH_LIBRARY_IMPL(cuops, CompositeExplicitAutograd, m) { m.impl("build_info", &build_info); }
+TORCH_LIBRARY_IMPL(cuops, CompositeExplicitAutograd, m) {
+  m.impl("build_info", &build_info);
+  m.impl("set_switch", &set_switch);
+}
 
 }  // namespace cuops::ops

@@ -30,4 +30,7 @@ TORCH_LIBRARY(cuops, m) {
   m.def("mm(Tensor a, Tensor b) -> Tensor", gemm_tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
+  // Sets one of the library's switches (README.md) for this process, or reads it when on is None;
+  // returns whether it was on.
+  m.def("set_switch(str name, bool? on=None) -> bool");
 }

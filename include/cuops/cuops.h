@@ -6,7 +6,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #if defined(_WIN32)
 #define CUOPS_API __declspec(dllimport)
@@ -78,6 +80,15 @@ inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
 inline std::string build_info() {
   static const auto handle = detail::op<std::string()>("cuops::build_info");
   return handle.call();
+}
+
+// Sets one of the library's switches (CUOPS_DISABLE_WGMMA, CUOPS_DISABLE_SKINNY_TMA,
+// CUOPS_DISABLE_BULK_NORM; README.md) for this process, or only reads it when `on` is empty; returns
+// whether it was on. Products planned afterwards follow it.
+inline bool set_switch(const std::string& name, std::optional<bool> on = std::nullopt) {
+  static const auto handle =
+      detail::op<bool(std::string_view, std::optional<bool>)>("cuops::set_switch");
+  return handle.call(name, on);
 }
 
 }  // namespace cuops

@@ -15,12 +15,17 @@ Importing loads libcuops.so into torch.ops.cuops; `cuops.library_path` names the
 - Source checkout (<repo>/python on sys.path, e.g. PYTHONPATH=python): the build tree's library,
   $CUOPS_LIBRARY if set, else $CUOPS_BUILD_DIR/libcuops.so if set, else <repo>/build/libcuops.so.
 
-Shared by all tensor ops (SPEC §1): dtypes float32, float64, float16 and bfloat16 (half types accumulate
-in float32), every tensor argument of one dtype and on one device; any strides in (transposed, sliced,
+Shared by all tensor ops: dtypes float32, float64, float16 and bfloat16 (half types accumulate in
+float32), every tensor argument of one dtype and on one device; any strides in (transposed, sliced,
 expanded), contiguous outputs; 0-size tensors work; bad input raises RuntimeError whose message starts
 with "cuops::<op>:" and names the argument, what was expected and what came.
+
+The full reference for every op (semantics, layouts, aliasing, autograd, autocast, determinism,
+errors, DTensor sharding, what runs where on CUDA) is docs/ops.md in the cuops source tree.
 """
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,6 +56,8 @@ __all__ = [
     "gemm",
     "mm",
     "build_info",
+    "set_switch",
+    "switch",
     "register_sharding",
     "ops",
     "library_path",
@@ -61,7 +68,7 @@ __all__ = [
 
 
 def add2(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """Writes a + b into c, elementwise: c <- a + b (SPEC §1 add2).
+    """Writes a + b into c, elementwise: c <- a + b (docs/ops.md#add2).
 
     Args:
         c: the output, written in place; the shape, dtype and device of a. It may be a or b itself;
@@ -85,7 +92,7 @@ def add2(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def vector_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a + b, elementwise, as a new tensor (SPEC §1 vector_add).
+    """a + b, elementwise, as a new tensor (docs/ops.md#vector_add).
 
     Args:
         a: any shape, any strides.
@@ -108,7 +115,7 @@ def vector_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def scale(x: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
-    """alpha * x, elementwise, as a new tensor (SPEC §1 scale). The default alpha doubles x.
+    """alpha * x, elementwise, as a new tensor (docs/ops.md#scale). The default alpha doubles x.
 
     Args:
         x: any shape, any strides.
@@ -130,7 +137,7 @@ def scale(x: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
 
 
 def square(x: torch.Tensor) -> torch.Tensor:
-    """x * x, elementwise, as a new tensor of any shape (SPEC §1 square).
+    """x * x, elementwise, as a new tensor of any shape (docs/ops.md#square).
 
     Args:
         x: any shape, any strides.
@@ -151,7 +158,7 @@ def square(x: torch.Tensor) -> torch.Tensor:
 
 
 def two_norm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The Euclidean norm of a - b over all elements, ||a - b||_2, as a 0-dim tensor (SPEC §1 two_norm).
+    """The Euclidean norm ||a - b||_2 over all elements, as a 0-dim tensor (docs/ops.md#two_norm).
 
     Args:
         a: any shape, any strides.
@@ -177,7 +184,7 @@ def two_norm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def gemm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, beta: float = 0.0) -> None:
-    """Writes alpha * (a @ b) + beta * c into c: the in-place, BLAS-style GEMM (SPEC §1 gemm).
+    """Writes alpha * (a @ b) + beta * c into c: the in-place, BLAS-style GEMM (docs/ops.md#gemm).
 
     Args:
         c: the [M, N] output, written in place. With beta = 0 its old contents are ignored, NaN
@@ -193,7 +200,8 @@ def gemm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, 
     torch.get_float32_matmul_precision(), like torch.mm: "highest" is true FP32, "high" and "medium"
     may use TF32 tensor cores.
 
-    Layout: any strides; transposed operands (a.t(), b.t()) are read in place.
+    Layout: any strides; transposed operands (a.t(), b.t()) are read in place on CUDA, with the
+    exceptions docs/ops.md#what-runs-where-gemm-and-mm-on-cuda lists (what is copied, and when).
 
     Autograd: not differentiable. With grad mode on, c, a or b requiring grad is an error; use mm, or
     run under torch.no_grad().
@@ -209,7 +217,7 @@ def gemm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, 
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The matrix product a @ b as a new tensor: the functional, differentiable GEMM (SPEC §1 mm).
+    """The matrix product a @ b as a new tensor: the functional, differentiable GEMM (docs/ops.md#mm).
 
     Args:
         a: the [M, K] left operand.
@@ -223,7 +231,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     "highest" is true FP32, "high" and "medium" may use TF32 tensor cores. Under CUDA autocast it runs
     in the autocast dtype, like torch.mm.
 
-    Layout: any strides; transposed operands (a.t(), b.t()) are read in place.
+    Layout: any strides; transposed operands (a.t(), b.t()) are read in place on CUDA, with the
+    exceptions docs/ops.md#what-runs-where-gemm-and-mm-on-cuda lists (what is copied, and when).
 
     Autograd: differentiable; grad_a = g @ b.T and grad_b = a.T @ g, computed with cuops.mm, so the
     backward is differentiable too.
@@ -238,7 +247,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def build_info() -> dict[str, Any]:
-    """What this libcuops was built from and for; paste it into bug reports (SPEC §1 build_info).
+    """What this libcuops was built from and for; paste it into bug reports (docs/ops.md#build_info).
 
     Returns:
         A dict: cuops_version, torch_version and cuda_version it was built against,
@@ -248,3 +257,34 @@ def build_info() -> dict[str, Any]:
     Calls torch.ops.cuops.build_info, which returns the same as a JSON string.
     """
     return json.loads(torch.ops.cuops.build_info())
+
+
+def set_switch(name: str, on: bool | None = None) -> bool:
+    """Sets one of the library's switches for this process, or only reads it when on is None
+    (docs/ops.md#set_switch); returns whether it was on.
+
+    The switches send products or norms to the portable paths where a faster one would run; each is
+    also read from its environment variable once per process (README.md, "Switches"):
+    CUOPS_DISABLE_WGMMA, CUOPS_DISABLE_SKINNY_TMA, CUOPS_DISABLE_BULK_NORM. Products planned after
+    the call follow it; a CUDA graph captured before keeps the kernels it captured.
+
+    Raises:
+        RuntimeError: "cuops::set_switch: ..." for an unknown name (the message lists the names).
+
+    Calls torch.ops.cuops.set_switch.
+    """
+    return torch.ops.cuops.set_switch(name, on)
+
+
+@contextlib.contextmanager
+def switch(name: str, on: bool = True) -> Iterator[None]:
+    """The switch `name` set to `on` for the block, restored after (see set_switch):
+
+        with cuops.switch("CUOPS_DISABLE_WGMMA"):
+            y = cuops.mm(a, b)        # the mma.sync kernels, on Hopper too
+    """
+    was = set_switch(name, on)
+    try:
+        yield
+    finally:
+        set_switch(name, was)

@@ -254,6 +254,23 @@ TEST(BuildInfo, IsJsonWithVersions) {
   EXPECT_EQ(s.back(), '}');
 }
 
+TEST(Switches, SetAndReadInProcess) {
+  // Each switch: set, read back, restored; the planner asks them at every plan (kernels/switches.h).
+  for (const char* name : {"CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA", "CUOPS_DISABLE_BULK_NORM"}) {
+    SCOPED_TRACE(name);
+    const bool was = cuops::set_switch(name);
+    EXPECT_EQ(cuops::set_switch(name, !was), was);
+    EXPECT_EQ(cuops::set_switch(name), !was);
+    EXPECT_EQ(cuops::set_switch(name, was), !was);
+    EXPECT_EQ(cuops::set_switch(name), was);
+  }
+  const std::string err = error_of([] { cuops::set_switch("CUOPS_DISABLE_EVERYTHING", true); });
+  EXPECT_NE(err.find("cuops::set_switch: expected name to be one of CUOPS_DISABLE_WGMMA, "
+                     "CUOPS_DISABLE_SKINNY_TMA, CUOPS_DISABLE_BULK_NORM, got 'CUOPS_DISABLE_EVERYTHING'"),
+            std::string::npos)
+      << err;
+}
+
 TEST(Autograd, InPlaceOpsRejectInputsThatRequireGrad) {
   auto a = torch::randn({3}).requires_grad_(), b = torch::randn({3}), c = torch::empty({3});
   EXPECT_NE(error_of([&] { cuops::add2(c, a, b); }).find("cuops::add2: a requires grad"), std::string::npos);

@@ -4,18 +4,18 @@ A step is one call (mm, gemm with alpha/beta into a row- or column-major c, or m
 backward through autograd) on one recipe: a shape, dtype and precision that the planner gives to one
 of its paths on an H100 (kernels/gemm_plan.cpp), with operands in the recipe's layouts or in drawn
 ones (row-major, transposed views, padded rows, every other row of a wider tensor, a column stride of
-2), run on the calling thread or as the first CUDA work of a fresh thread. Every result is checked
-against torch's float64 product of the same operands.
+2), run on the calling thread or as the first CUDA work of a fresh thread, on the fast paths or with
+the switches that send every product to the portable ones (kernels/switches.h). Every result is
+checked against torch's float64 product of the same operands.
 
 Bugs of this class depend on what ran before (a thread's CUDA context bound or not, the allocator's
 blocks, a kernel's attributes), so a failing sequence is written to a JSON file and replayed in a
 fresh process (`python tests/python/gemm_sequence.py replay FILE`); the failure names the file, the
 command and whether the replay failed too.
 
-Run as a program: `replay FILE` runs a recorded sequence; `search N` runs the property search with N
-examples in this process (the tests start it with the per-process switches CUOPS_DISABLE_WGMMA and
-CUOPS_DISABLE_SKINNY_TMA set, to reach the portable paths).
+Run as a program, `replay FILE` runs a recorded sequence under the switches it was recorded with.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,40 +44,66 @@ class Recipe:
     precision: str = "highest"
     layout_a: str = "row"
     layout_b: str = "row"
-    family: str = ""  # the kernel family's name on an H100 with no switches set (paths_here)
+    family: str = ""  # the kernel that runs on compute capability 9.0 with no switch on
+    portable: str = ""  # the kernel with CUOPS_DISABLE_WGMMA and CUOPS_DISABLE_SKINNY_TMA on (else family)
+    exact: str = ""  # the planner's pick on a 132-SM H100 (tile, split), where it depends on the SMs
 
 
 BF, FP, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 HALF = (BF, FP)
-# Planner paths on a 132-SM H100 (kernels/gemm_plan.cpp; checked by test_recipes_reach_their_paths).
+WG, SK, SK_TMA = "gemm_wgmma", "gemm_skinny<", "gemm_skinny_tma"
+# Planner paths (kernels/gemm_plan.cpp; checked by test_recipes_reach_their_paths).
 RECIPES = {
     "tiny": Recipe(5, 3, 4, (F32, F64, BF), family="gemm_tiled"),  # rows not 16 bytes apart: general
     "general": Recipe(100, 70, 90, HALF, family="gemm_tiled"),  # too small to pay for the copies
-    "copied": Recipe(300, 200, 520, HALF, layout_a="strided", family="gemm_wgmma"),  # a copied, then wgmma
+    "copied": Recipe(300, 200, 520, HALF, layout_a="strided", family=WG, portable="hgemm_mma"),  # a copied
     "simt": Recipe(300, 200, 260, (F32,), family="sgemm_simt"),
-    "simt_split": Recipe(128, 4096, 128, (F32,), family="sum_planes<float>"),  # k split 16 ways
-    "wgmma": Recipe(512, 256, 384, HALF, family="gemm_wgmma"),
-    "wgmma_tf32": Recipe(512, 256, 384, (F32,), "high", family="gemm_wgmma"),
-    "wgmma_tall": Recipe(2304, 1024, 1024, HALF, family="gemm_wgmma"),  # 192 x 128 tiles
-    "wgmma_tail": Recipe(256, 4096, 768, HALF, family="gemm_wgmma"),  # last wave split along k
-    "wgmma_tail_tf32": Recipe(768, 4096, 3072, (F32,), "high", family="gemm_wgmma"),
-    "small_m": Recipe(4, 1000, 4096, HALF, layout_b="transposed", family="gemm_skinny_tma"),
-    "small_m_cluster": Recipe(3, 8192, 512, HALF, layout_b="transposed", family="gemm_skinny_tma"),
-    "small_m_tf32": Recipe(8, 512, 2048, (F32,), "high", layout_b="transposed", family="gemm_skinny_tma"),
-    "small_m_fma": Recipe(8, 512, 2048, (F32,), layout_b="transposed", family="gemm_skinny_tma"),
-    "small_m_lanes": Recipe(2, 512, 8448, (F32,), layout_b="transposed", family="gemm_skinny<"),
-    "small_m_f64": Recipe(7, 1000, 512, (F64,), layout_b="transposed", family="gemm_skinny_tma"),
-    "small_m_f64_few": Recipe(16, 4096, 768, (F64,), layout_b="transposed", family="gemm_skinny_tma"),
-    "small_m_f64_k8": Recipe(32, 8, 16, (F64,), layout_b="transposed", family="gemm_skinny_tma"),  # k < a box
-    "f64_128x128": Recipe(2048, 600, 1024, (F64,), family="dgemm_mma<128, 128"),
-    "f64_128x64": Recipe(1000, 1000, 1000, (F64,), family="dgemm_mma<128, 64"),
-    "f64_64x64": Recipe(500, 4096, 1000, (F64,), family="dgemm_mma<64, 64"),
-    "f64_32x64": Recipe(200, 256, 300, (F64,), family="dgemm_mma<32, 64"),
-    "f64_32x32": Recipe(128, 768, 768, (F64,), family="dgemm_mma<32, 32"),
-    "f64_32x32_split": Recipe(100, 4096, 130, (F64,), family="sum_planes<double>"),
-    "f64_16x128_split": Recipe(12, 2000, 1000, (F64,), layout_a="transposed", family="dgemm_mma<16, 128"),
-    "f64_split": Recipe(256, 4096, 256, (F64,), family="sum_planes<double>"),
+    "simt_split": Recipe(128, 4096, 128, (F32,), family="sgemm_simt", exact="sum_planes<float>"),
+    "wgmma": Recipe(512, 256, 384, HALF, family=WG, portable="hgemm_mma"),
+    "wgmma_tf32": Recipe(512, 256, 384, (F32,), "high", family=WG, portable="sgemm_tf32"),
+    "wgmma_tall": Recipe(2304, 1024, 1024, HALF, family=WG, portable="hgemm_mma"),  # 192 x 128 tiles
+    "wgmma_tail": Recipe(256, 4096, 768, HALF, family=WG, portable="hgemm_mma"),  # last wave split along k
+    "wgmma_tail_tf32": Recipe(768, 4096, 3072, (F32,), "high", family=WG, portable="sgemm_tf32"),
+    "small_m": Recipe(4, 1000, 4096, HALF, layout_b="transposed", family=SK_TMA, portable=SK),
+    "small_m_cluster": Recipe(3, 8192, 512, HALF, layout_b="transposed", family=SK_TMA, portable=SK),
+    "small_m_tf32": Recipe(8, 512, 2048, (F32,), "high", layout_b="transposed", family=SK_TMA, portable=SK),
+    "small_m_fma": Recipe(8, 512, 2048, (F32,), layout_b="transposed", family=SK_TMA, portable=SK),
+    "small_m_lanes": Recipe(2, 512, 8448, (F32,), layout_b="transposed", family=SK, exact=SK),
+    "small_m_f64": Recipe(7, 1000, 512, (F64,), layout_b="transposed", family=SK_TMA, portable="dgemm_mma"),
+    "small_m_f64_few": Recipe(16, 4096, 768, (F64,), layout_b="transposed", family=SK_TMA, portable="dgemm_mma"),
+    "small_m_f64_k8": Recipe(32, 8, 16, (F64,), layout_b="transposed", family=SK_TMA,  # k < a TMA box
+                             portable="dgemm_mma"),
+    "f64_128x128": Recipe(2048, 600, 1024, (F64,), family="dgemm_mma", exact="dgemm_mma<128, 128"),
+    "f64_128x64": Recipe(1000, 1000, 1000, (F64,), family="dgemm_mma", exact="dgemm_mma<128, 64"),
+    "f64_64x64": Recipe(500, 4096, 1000, (F64,), family="dgemm_mma", exact="dgemm_mma<64, 64"),
+    "f64_32x64": Recipe(200, 256, 300, (F64,), family="dgemm_mma", exact="dgemm_mma<32, 64"),
+    "f64_32x32": Recipe(128, 768, 768, (F64,), family="dgemm_mma", exact="dgemm_mma<32, 32"),
+    "f64_32x32_split": Recipe(100, 4096, 130, (F64,), family="dgemm_mma", exact="sum_planes<double>"),
+    "f64_16x128_split": Recipe(12, 2000, 1000, (F64,), layout_a="transposed", family="dgemm_mma",
+                               exact="dgemm_mma<16, 128"),
+    "f64_split": Recipe(256, 4096, 256, (F64,), family="dgemm_mma", exact="sum_planes<double>"),
 }
+# The switches read once per process and settable in it (kernels/switches.h); PORTABLE sends every
+# product to the kernels GPUs other than compute capability 9.0 run.
+SWITCHES = ("CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA", "CUOPS_DISABLE_BULK_NORM")
+PORTABLE = {"CUOPS_DISABLE_WGMMA": True, "CUOPS_DISABLE_SKINNY_TMA": True}
+
+
+@contextlib.contextmanager
+def switches(states):
+    """The switches in `states` ({name: on}) set for the block, restored after."""
+    old = {name: ops.set_switch(name, on) for name, on in states.items()}
+    try:
+        yield
+    finally:
+        for name, on in old.items():
+            ops.set_switch(name, on)
+
+
+def switch_states():
+    return {name: ops.set_switch(name) for name in SWITCHES}
+
+
 LAYOUTS = ["recipe", "row", "transposed", "padded", "rows", "strided"]
 CALLS = ["mm", "gemm", "backward"]
 
@@ -155,7 +181,7 @@ def run_step(step):
     tol = tolerance(dtype, r.precision, r.k)
     fresh = step["thread"] == "fresh"
     tamper = 1.0 + 1e-3 if step.get("tamper") else 1.0  # the replay test's deliberate error
-    with matmul_precision(r.precision):
+    with matmul_precision(r.precision), switches(PORTABLE if step.get("portable") else {}):
         if step["call"] == "mm":
             out = on_thread(fresh, lambda: ops.mm(a, b))
             check("mm", out * tamper, ref, scale, tol, step)
@@ -184,10 +210,6 @@ def run_sequence(steps):
         torch.cuda.synchronize()
 
 
-# The switches read once per process: a replay runs under the same ones.
-SWITCHES = ("CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA")
-
-
 def replay_in_fresh_process(path):
     """Runs `replay path` in a fresh Python process; (exit code, its output's tail)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
@@ -211,12 +233,10 @@ def check_sequence(steps):
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix="gemm_sequence_", suffix=".json", dir=folder)
         with os.fdopen(fd, "w") as f:
-            json.dump({"switches": {k: os.environ[k] for k in SWITCHES if k in os.environ}, "steps": steps}, f,
-                      indent=1)
+            json.dump({"switches": switch_states(), "steps": steps}, f, indent=1)
         rc, tail = replay_in_fresh_process(name)
-        switches = " ".join(f"{k}=1" for k in SWITCHES if k in os.environ)
         _FAILED[key] = (f"{type(e).__name__}: {e}\nsequence of {len(steps)} steps recorded in {name}; "
-                        f"replayed in a fresh process ({switches} python {HERE} replay {name}): "
+                        f"replayed in a fresh process (python {HERE} replay {name}): "
                         f"{'failed too' if rc else 'passed'} (exit {rc})\n{tail}")
         raise AssertionError(_FAILED[key]) from e
 
@@ -228,19 +248,21 @@ def steps_strategy(draw, device="cuda", names=None):
             "layout_a": draw(st.sampled_from(LAYOUTS)), "layout_b": draw(st.sampled_from(LAYOUTS)),
             "call": draw(st.sampled_from(CALLS)), "alpha": draw(st.sampled_from([1.0, -1.5, 0.5])),
             "beta": draw(st.sampled_from([0.0, 1.0, -2.0])), "layout_c": draw(st.sampled_from(["row", "col"])),
-            "thread": draw(st.sampled_from(["main", "fresh"])), "seed": draw(st.integers(0, 2**31 - 1)),
-            "device": device}
+            "thread": draw(st.sampled_from(["main", "fresh"])), "portable": draw(st.booleans()),
+            "seed": draw(st.integers(0, 2**31 - 1)), "device": device}
 
 
 def every_recipe_on_a_fresh_thread():
     """The explicit first example: each recipe's product as the first CUDA work of a fresh thread, in
-    its own layouts, then its backward."""
+    its own layouts, then its backward; then again on the portable paths."""
     steps = []
-    for i, name in enumerate(sorted(RECIPES)):
-        for call in ("mm", "backward"):
-            steps.append({"recipe": name, "dtype": str(RECIPES[name].dtypes[0]).removeprefix("torch."),
-                          "layout_a": "recipe", "layout_b": "recipe", "call": call, "alpha": 1.0, "beta": 0.0,
-                          "layout_c": "row", "thread": "fresh", "seed": i, "device": "cuda"})
+    for portable in (False, True):
+        for i, name in enumerate(sorted(RECIPES)):
+            for call in ("mm", "backward"):
+                steps.append({"recipe": name, "dtype": str(RECIPES[name].dtypes[0]).removeprefix("torch."),
+                              "layout_a": "recipe", "layout_b": "recipe", "call": call, "alpha": 1.0,
+                              "beta": 0.0, "layout_c": "row", "thread": "fresh", "portable": portable,
+                              "seed": i, "device": "cuda"})
     return steps
 
 
@@ -261,16 +283,9 @@ def search(max_examples):
 def main(argv):
     if len(argv) == 3 and argv[1] == "replay":
         recorded = json.loads(pathlib.Path(argv[2]).read_text())
-        missing = [k for k in recorded.get("switches", {}) if k not in os.environ]
-        if missing:
-            print(f"replay: run it with {' '.join(k + '=1' for k in missing)} set, as it was recorded")
-            return 2
-        run_sequence(recorded["steps"])
+        with switches(recorded.get("switches", {})):  # as they were when it was recorded
+            run_sequence(recorded["steps"])
         print(f"replay: {len(recorded['steps'])} steps passed")
-        return 0
-    if len(argv) == 3 and argv[1] == "search":
-        search(int(argv[2]))
-        print("search: passed")
         return 0
     print(__doc__)
     return 2

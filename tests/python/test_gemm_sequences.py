@@ -1,12 +1,10 @@
 """GEMM calls in sequence, as training loops make them (tests/python/gemm_sequence.py): a property
-search over sequences that reach every planner path, interleaved, each call checked against float64;
-a failing sequence is recorded and replayed in a fresh process. The paths behind a per-process switch
-(the portable tensor-core kernels, the small-M kernel's per-lane forms) run in a subprocess with the
-switches set. Also: each TMA product as the first CUDA work of a thread (a thread with no current
-context, as the autograd engine's worker is at a process's first backward), and float64 gradcheck on
-each float64 path."""
+search over sequences that reach every planner path, the portable ones too (through the in-process
+switches), interleaved, each call checked against float64; a failing sequence is recorded and
+replayed in a fresh process. Also: each path's kernel named once (the smoke test per path), each TMA
+product as the first CUDA work of a thread (a thread with no current context, as the autograd
+engine's worker is at a process's first backward), and float64 gradcheck on each float64 path."""
 import json
-import os
 import subprocess
 import sys
 
@@ -14,51 +12,41 @@ import pytest
 import torch
 
 import gemm_sequence
-from conftest import HAS_CUDA, ROOT, ops, requires_cuda
+from conftest import ROOT, ops, requires_cuda
 from test_ops import cuda_kernel_names
-
-H100_ONLY = "the recipes' paths are the planner's picks on a 132-SM compute capability 9.0 GPU"
-
-
-def is_h100_like():
-    return (HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
-            and torch.cuda.get_device_properties(0).multi_processor_count == 132)
 
 
 @requires_cuda
 def test_gemm_sequences():
-    """Every recipe on a fresh thread, forward and backward; then 40 drawn sequences of 1-12 steps."""
+    """Every recipe on a fresh thread, forward and backward, on the fast and the portable paths; then
+    40 drawn sequences of 1-12 steps."""
     gemm_sequence.search(max_examples=40)
-
-
-@requires_cuda
-def test_gemm_sequences_portable_paths():
-    """The same search with the wgmma kernel and the small-M stream switched off (read once per
-    process, so in a subprocess): mma.sync kernels, the small-M per-lane forms, float64's tiles."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("off compute capability 9.0 the default process already takes the portable paths")
-    env = dict(os.environ, CUOPS_DISABLE_WGMMA="1", CUOPS_DISABLE_SKINNY_TMA="1")
-    proc = subprocess.run([sys.executable, str(gemm_sequence.HERE), "search", "15"], cwd=gemm_sequence.HERE.parent,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    assert "search: passed" in proc.stdout
 
 
 @pytest.mark.quick
 @requires_cuda
+@pytest.mark.parametrize("portable", [False, True], ids=["fast", "portable"])
 @pytest.mark.parametrize("name", sorted(gemm_sequence.RECIPES))
-def test_recipes_reach_their_paths(name):
-    """Each recipe runs the kernel it is named for, so the sequences walk every path."""
-    if not is_h100_like() or any(k in os.environ for k in gemm_sequence.SWITCHES):
-        pytest.skip(H100_ONLY + ", with no switch set")
+def test_recipes_reach_their_paths(name, portable):
+    """Each recipe runs the kernel it is named for (on compute capability 9.0; the tile and split the
+    planner picks for 132 SMs there too), so the sequences walk every path; its result is checked."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the recipes name compute capability 9.0's paths (tests/cpp/test_gemm_plan.cpp plans others)")
     r = gemm_sequence.RECIPES[name]
-    gen = torch.Generator().manual_seed(0)
-    a = gemm_sequence.operand(r.m, r.k, r.dtypes[0], "cuda", r.layout_a, gen)
-    b = gemm_sequence.operand(r.k, r.n, r.dtypes[0], "cuda", r.layout_b, gen)
-    with gemm_sequence.matmul_precision(r.precision):
-        ops.mm(a, b)  # loaded before profiling
-        names = cuda_kernel_names(lambda: ops.mm(a, b))
-    assert any(r.family in x for x in names), (r.family, names)
+    want = (r.portable or r.family) if portable else r.family
+    with gemm_sequence.switches(gemm_sequence.PORTABLE if portable else {}):
+        gen = torch.Generator().manual_seed(0)
+        a = gemm_sequence.operand(r.m, r.k, r.dtypes[0], "cuda", r.layout_a, gen)
+        b = gemm_sequence.operand(r.k, r.n, r.dtypes[0], "cuda", r.layout_b, gen)
+        with gemm_sequence.matmul_precision(r.precision):
+            ops.mm(a, b)  # loaded before profiling
+            names = cuda_kernel_names(lambda: ops.mm(a, b))
+    assert any(want in x for x in names), (want, names)
+    if r.exact and not portable and torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert any(r.exact in x for x in names), (r.exact, names)
+    gemm_sequence.run_step({"recipe": name, "dtype": str(r.dtypes[0]).removeprefix("torch."), "layout_a": "recipe",
+                            "layout_b": "recipe", "call": "mm", "alpha": 1.0, "beta": 0.0, "layout_c": "row",
+                            "thread": "main", "portable": portable, "seed": 3})
 
 
 @pytest.mark.quick
@@ -118,6 +106,7 @@ def test_replay_records_and_reproduces(tmp_path, monkeypatch):
              for i, (d, la, call, thread) in enumerate([("float32", "row", "mm", "main"),
                                                         ("float64", "strided", "gemm", "fresh"),
                                                         ("bfloat16", "rows", "backward", "main")])]
+    steps[1]["portable"] = True  # the step's switches set around it, and restored
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"steps": steps}))
     assert gemm_sequence.replay_in_fresh_process(good)[0] == 0

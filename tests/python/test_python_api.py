@@ -31,7 +31,7 @@ def test_help_mm_shows_the_signature_and_the_contract():
     text = pydoc.render_doc(cuops.mm, renderer=pydoc.plaintext)  # what help(cuops.mm) prints
     assert "mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor" in text, text
     for words in ["[M, K]", "[K, N]", "float32", "bfloat16", "torch.get_float32_matmul_precision()", "grad_a",
-                  '"cuops::mm: ..."', "torch.ops.cuops.mm", "SPEC §1"]:
+                  '"cuops::mm: ..."', "torch.ops.cuops.mm", "docs/ops.md#mm"]:
         assert words in text, f"{words!r} not in help(cuops.mm):\n{text}"
     sig = inspect.signature(cuops.mm)
     assert list(sig.parameters) == ["a", "b"]
@@ -40,7 +40,7 @@ def test_help_mm_shows_the_signature_and_the_contract():
 
 
 def test_every_op_has_a_typed_documented_function_matching_its_schema():
-    assert set(SCHEMAS) == set(TENSOR_OPS) | {"build_info"}, "an op without a typed function, or a stale one"
+    assert set(SCHEMAS) == set(TENSOR_OPS) | {"build_info", "set_switch"}, "an op without a typed function, or a stale one"
     for name in TENSOR_OPS:
         fn, schema = getattr(cuops, name), SCHEMAS[name]
         assert inspect.isfunction(fn) and fn.__module__ == "cuops", name
@@ -52,8 +52,8 @@ def test_every_op_has_a_typed_documented_function_matching_its_schema():
         returns = inspect.signature(fn).return_annotation
         assert returns is (PY_TYPE[str(schema.returns[0].type)] if schema.returns else None), name
         doc = inspect.getdoc(fn)
-        for words in [f'"cuops::{name}: ..."', f"torch.ops.cuops.{name}", "SPEC §1", "float32", "float64", "float16",
-                      "bfloat16", "Autograd:"]:
+        for words in [f'"cuops::{name}: ..."', f"torch.ops.cuops.{name}", f"docs/ops.md#{name}", "float32",
+                      "float64", "float16", "bfloat16", "Autograd:"]:
             assert words in doc, f"{words!r} not in cuops.{name}'s docstring"
     assert "get_float32_matmul_precision()" in inspect.getdoc(cuops.gemm)
     assert typing.get_origin(inspect.signature(cuops.build_info).return_annotation) is dict
@@ -61,13 +61,28 @@ def test_every_op_has_a_typed_documented_function_matching_its_schema():
 
 
 def test_public_names_and_no_forwarding_of_unknown_names():
-    assert set(TENSOR_OPS) | {"build_info", "ops", "library_path", "__version__"} <= set(cuops.__all__)
+    assert set(TENSOR_OPS) | {"build_info", "set_switch", "switch", "ops", "library_path", "__version__"} <= set(
+        cuops.__all__)
     assert all(hasattr(cuops, n) for n in cuops.__all__)
     assert cuops.ops is torch.ops.cuops
     with pytest.raises(AttributeError):
         cuops.link_anchor  # noqa: B018  (not an op: no module __getattr__ forwards names to torch.ops)
     assert (pathlib.Path(cuops.__file__).parent / "py.typed").is_file()  # PEP 561: checkers read the hints
     assert cuops.__version__ == cuops.build_info()["cuops_version"]
+
+
+def test_switches_set_read_and_restore():
+    """cuops.switch sets a switch for a block and restores it; set_switch reads it (no argument) or
+    sets it; an unknown name is refused with the list of names. (Which path each switch selects:
+    tests/python/test_gemm_sequences.py.)"""
+    names = ["CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA", "CUOPS_DISABLE_BULK_NORM"]
+    for name in names:
+        was = cuops.set_switch(name)
+        with cuops.switch(name, not was):
+            assert cuops.set_switch(name) is (not was)
+        assert cuops.set_switch(name) is was
+    with pytest.raises(RuntimeError, match="cuops::set_switch: expected name to be one of " + ", ".join(names)):
+        cuops.set_switch("CUOPS_DISABLE_EVERYTHING", True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
