@@ -13,7 +13,7 @@
 // |   base not 16-byte aligned                     |   general                               |   TF32) to ~50x (general) |
 // | c's short side <= 16 (tokens) and that side's  | small-M kernel (gemm_skinny.cu), all     | bound by the weight's bytes: the tiled kernels' 128-row |
 // |   operand k-contiguous; bf16/fp16/float32     |   float types (TF32 computed in FP32;    |   tiles ran 1 x 4096 x 14336 bf16 at 0.43 of copy |
-// |   (TF32 too), operands readable in place      |   float64: the streaming form only)     |   against 0.81 (performance.md "small-M")   |
+// |   (TF32 too), operands readable in place      |   float64: the streaming form only)     |   against 0.81                              |
 // |   (float64: below)                             |                                         |                                                    |
 // | small-M split of k                             | four warps of a block, then CTAs of a   | ~16 warps per SM keep the bus busy; 4 warps split  |
 // |                                                |   cluster (<= 4 for 16-bit, <= 8 float32)|   over outputs or 8 CTAs of 16-bit measured slower |

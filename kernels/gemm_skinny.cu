@@ -112,7 +112,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 
 // Each form's warp computes part[t][o] for its kRows outputs from row0 over k in [kb, ke) and
 // leaves it in red[t * kRows + o], its share of the block's shared memory (run()). Two ways to keep
-// the weight's bytes in flight, each where it measured faster (H100, docs/performance.md, "small-M"):
+// the weight's bytes in flight, each where it measured faster (H100, docs/performance.md, "small-M streaming form"):
 //   - stream_ring (float32): each lane copies its 16-byte vectors into a ring of kStages chunks in the
 //     warp's shared memory by cp.async and reads back only those (no barrier), kStages - 1 chunks in
 //     flight at no cost in registers; the float32 forms hold up to 64 registers of x per chunk;
