@@ -1,4 +1,6 @@
-"""Shared fixtures: loads libcuops into torch.ops.cuops, devices, dtypes, tolerances, input makers."""
+"""Shared fixtures: loads libcuops into torch.ops.cuops, devices, dtypes, tolerances, input makers, and the
+GEMM checks the test files share (products against float64, repeatability and CUDA-graph replay)."""
+import contextlib
 import pathlib
 import sys
 
@@ -46,6 +48,35 @@ _DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64, "float16": t
 REDUCTION_TOL = {_DTYPE_NAMES[name]: float(bound) for name, bound in
                  (line.split() for line in (ROOT / "tests" / "tolerances.txt").read_text().splitlines()
                   if line.strip() and not line.startswith("#"))}
+# GEMM products on the fast kernels, relative to |a| @ |b|. TF32: Hopper's wgmma reads float32 bits and keeps
+# their top 10 mantissa bits (truncation, up to 2^-10 relative per input; the portable kernel rounds, 2^-11), so
+# one product a * b is off by up to ~2^-9 of |a| |b|, plus float32 accumulation. Tiny k (k = 1: a single
+# product) leaves no averaging.
+TF32_TOL = 2.0 ** -9 + 1e-5
+# bfloat16/float16: float32 accumulation and one rounding of each result: the error is at most the dtype's
+# unit roundoff (2^-8 bfloat16, 2^-11 float16) of |result| <= |a| @ |b|, plus float32 accumulation.
+HALF_TOL = {torch.bfloat16: 2.0 ** -8 + 1e-5, torch.float16: 2.0 ** -11 + 1e-5}
+
+
+def fast_kernel_tol(dtype, precision="highest", k=0):
+    """Error bound of a fast kernel's product over k, relative to |a| @ |b|: the half types' rounding, TF32's
+    (float32 at "high" matmul precision), float32's, or float64's: its table bound up to k = 4096, growing
+    with k past it (a rounding per 16-deep slice and one per split), still far below a lost or doubled
+    16-deep slice (16 / k of the sum)."""
+    if dtype == torch.float64:
+        return REDUCTION_TOL[torch.float64] * max(1.0, k / 4096)
+    return HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
+
+
+@contextlib.contextmanager
+def matmul_precision(precision):
+    """torch.set_float32_matmul_precision for the block only (the ops read it at each call)."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 def rel_error(got, ref, scale=None):
@@ -84,24 +115,94 @@ def make(shape, dtype, device, layout="contiguous", generator=None, scale=1.0):
         for s in shape:
             n *= s
         return randn((n + 1,))[1:].view(shape)
+    if layout == "padded":  # a slice of a wider tensor: rows a whole number of 16 bytes apart, 16 bytes spare
+        if not shape:
+            return randn(shape)
+        unit = 16 // torch.empty((), dtype=dtype).element_size()
+        return randn(shape[:-1] + ((shape[-1] + unit - 1) // unit * unit + unit,))[..., :shape[-1]]
     raise ValueError(layout)
 
 
-def assert_repeatable_and_graph_safe(a, b):
-    """mm(a, b) gives the same bits on every run, and gemm into a NaN-poisoned c gives them again from a
-    CUDA-graph replay, twice (a product that splits k: its partials meet in a fixed order; the split
-    tail's workspace flags are zeroed inside the graph, so a second replay cannot see the first's)."""
+def product_reference(a, b):
+    """(a @ b, |a| @ |b|) in float64: a product's reference, and the scale of its rounding error, which grows
+    with sum_k |a_ik| |b_kj|, not with |a @ b| (cancellation can make that arbitrarily small). On the CPU for
+    float64 operands (on the GPU their product would be a float64 GEMM, the kind under test), on the
+    operands' device otherwise."""
+    a64, b64 = (a.cpu(), b.cpu()) if a.dtype == torch.float64 else (a.double(), b.double())
+    return a64 @ b64, a64.abs() @ b64.abs()
+
+
+def check_products(a, b, tol, layout_c="contiguous", beta_tol=None):
+    """mm(a, b) (a contiguous result of a's dtype), gemm(c, a, b, -1.5, 0) into a NaN-poisoned c (beta 0 never
+    reads it) and gemm(c, a, b, 0.5, -2) onto a random c, c in layout_c (make's layouts), each within tol of
+    the float64 product relative to |alpha| |a| @ |b| + |beta| |c| (the last within beta_tol where given).
+    The ops run under the caller's float32 matmul precision."""
+    m, n = a.shape[0], b.shape[1]
+    ref, scale = product_reference(a, b)
+    out = ops.mm(a, b)
+    assert out.dtype == a.dtype and out.shape == (m, n) and out.is_contiguous()
+    c0 = make((m, n), a.dtype, a.device, layout_c)
+    c = torch.full_like(c0, float("nan"))  # c0's layout
+    ops.gemm(c, a, b, -1.5, 0.0)
+    cb = c0.clone()
+    ops.gemm(cb, a, b, 0.5, -2.0)
+    c0 = c0.double().to(ref.device)
+    assert rel_error(out, ref, scale) <= tol
+    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
+    assert rel_error(cb, 0.5 * ref - 2.0 * c0, 0.5 * scale + 2.0 * c0.abs()) <= (tol if beta_tol is None else beta_tol)
+
+
+def assert_repeatable_and_graph_safe(a, b, runs=3, replays=2):
+    """mm(a, b) gives the same bits on every run, and gemm into a NaN-poisoned c gives them again from each
+    CUDA-graph replay (a product that splits k: its partials meet in a fixed order; the split tail's
+    workspace flags are zeroed inside the graph, so a replay cannot see the one before); and with new values
+    copied into a (the captured buffer: a is overwritten), a replay computes with them, eager's bits."""
     first = ops.mm(a, b)
-    for _ in range(3):
+    for _ in range(runs):
         assert torch.equal(ops.mm(a, b), first)
     out = torch.full_like(first, float("nan"))
-    ops.gemm(out, a, b, 1.0, 0.0)  # warm-up outside the capture
+    side = torch.cuda.Stream()  # the warm-up outside the capture, on a side stream as torch's graphs want
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.gemm(out, a, b, 1.0, 0.0)
+    torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     out.fill_(float("nan"))
     with torch.cuda.graph(g):
         ops.gemm(out, a, b, 1.0, 0.0)
-    for _ in range(2):
+    for _ in range(replays):
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
+    a.copy_(make(tuple(a.shape), a.dtype, a.device))
+    out.fill_(float("nan"))
+    g.replay()
+    assert torch.equal(out, ops.mm(a, b))
+
+
+# The GEMM paths a test can take in process (kernels/switches.h): "fast", as the planner picks here;
+# "portable", with the switches that send Hopper's products to the kernels other GPUs run (the
+# mma.sync kernels, the small-M kernel's per-lane forms, float64's tiles).
+PATHS = ["fast", "portable"]
+PORTABLE_SWITCHES = ("CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA")
+
+
+@contextlib.contextmanager
+def gemm_path(path):
+    """The block on `path` (PATHS); "portable" is skipped where it is the fast path already."""
+    if path == "fast":
+        yield
+        return
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the portable path is this GPU's fast path (compute capability 9.0 only has others)")
+    with contextlib.ExitStack() as stack:
+        for name in PORTABLE_SWITCHES:
+            stack.enter_context(cuops.switch(name))
+        yield
+
+
+def switch_on(name):
+    """Whether the switch is on in this process (set in process or from the environment)."""
+    return cuops.set_switch(name)
+

@@ -29,8 +29,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
-from conftest import REDUCTION_TOL, ops
-from test_ops import HALF_TOL, TF32_TOL, matmul_precision
+from conftest import fast_kernel_tol, matmul_precision, ops
 
 HERE = pathlib.Path(__file__).resolve()
 
@@ -128,15 +127,6 @@ def operand(rows, cols, dtype, device, layout, gen):
     raise ValueError(layout)
 
 
-def tolerance(dtype, precision, k):
-    """Bound on |got - ref| / | |a| @ |b| | (Frobenius norms) for a product over k."""
-    if dtype == F64:
-        return REDUCTION_TOL[F64] * max(1.0, k / 4096)
-    if dtype in HALF_TOL:
-        return HALF_TOL[dtype]
-    return TF32_TOL if precision == "high" else REDUCTION_TOL[F32] * max(1.0, k / 4096)
-
-
 def check(what, got, ref, scale, tol, step):
     assert got.shape == ref.shape, (what, got.shape, ref.shape)
     got = got.double()
@@ -178,7 +168,7 @@ def run_step(step):
     b = operand(r.k, r.n, dtype, device, lb, gen)
     a64, b64 = a.double(), b.double()
     ref, scale = a64 @ b64, a64.abs() @ b64.abs()
-    tol = tolerance(dtype, r.precision, r.k)
+    tol = fast_kernel_tol(dtype, r.precision, r.k)
     fresh = step["thread"] == "fresh"
     tamper = 1.0 + 1e-3 if step.get("tamper") else 1.0  # the replay test's deliberate error
     with matmul_precision(r.precision), switches(PORTABLE if step.get("portable") else {}):
@@ -199,8 +189,9 @@ def run_step(step):
             on_thread(fresh, lambda: out.backward(g))
             g64 = g.double()
             check("mm", out.detach() * tamper, ref, scale, tol, step)
-            check("grad a", a.grad, g64 @ b64.t(), g64.abs() @ b64.abs().t(), tolerance(dtype, r.precision, r.n), step)
-            check("grad b", b.grad, a64.t() @ g64, a64.abs().t() @ g64.abs(), tolerance(dtype, r.precision, r.m), step)
+            tol_a, tol_b = fast_kernel_tol(dtype, r.precision, r.n), fast_kernel_tol(dtype, r.precision, r.m)
+            check("grad a", a.grad, g64 @ b64.t(), g64.abs() @ b64.abs().t(), tol_a, step)
+            check("grad b", b.grad, a64.t() @ g64, a64.abs().t() @ g64.abs(), tol_b, step)
 
 
 def run_sequence(steps):

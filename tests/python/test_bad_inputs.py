@@ -66,7 +66,7 @@ def error_cases():
                 cases.append(Case(op, f"mixed-{name}-{FLOATS[other]}", build,
                                   esc(f"cuops::{op}: expected {name} to have the dtype of {first} (float32), "
                                       f"got {FLOATS[other]}")))
-        # Mixed devices: CPU with meta (on every machine); CPU/CUDA mixes are in device_cases().
+        # Mixed devices: CPU with meta (on every machine); CPU/CUDA mixes: test_cpu_cuda_mix_rejected.
         for pos, name in list(enumerate(names))[1:]:
             def build(device, op=op, pos=pos):
                 t = valid_tensors(op, "cpu")

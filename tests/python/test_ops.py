@@ -1,12 +1,11 @@
 """Correctness of every op against a float64 reference: devices x dtypes x shapes x layouts."""
-import contextlib
-import os
 
 import pytest
 import torch
 
-from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, LAYOUTS, REDUCTION_TOL, make, ops, rel_error,
-                      requires_cuda)
+from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, HALF_TOL, LAYOUTS, PATHS, REDUCTION_TOL, TF32_TOL,
+                      check_products, fast_kernel_tol, gemm_path, make, matmul_precision, ops, rel_error,
+                      requires_cuda, switch_on)
 
 SHAPES = [(0,), (1,), (1000,), (4097,), (3, 0, 5), (33, 65), (7, 11, 13)]
 
@@ -95,7 +94,7 @@ def test_two_norm_pass_choice(dtype):
     """Large inputs take the bulk-copy pass where the GPU has it (sm_90+), the 16-byte-load pass
     elsewhere, and for float64 (the fixed-point finish assumes float32 squares); small inputs the load
     pass everywhere. Both give the float64 answer."""
-    has_bulk = (torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("CUOPS_DISABLE_BULK_NORM") is None
+    has_bulk = (torch.cuda.get_device_capability()[0] >= 9 and not switch_on("CUOPS_DISABLE_BULK_NORM")
                 and dtype != torch.float64)
     for n, layout, bulk in [(BULK_NORM_N, "offset", has_bulk), (BULK_NORM_N, "contiguous", has_bulk),
                             (100_003, "contiguous", False)]:
@@ -114,7 +113,7 @@ def test_two_norm_extreme_values(dtype):
     apart: a NaN anywhere gives NaN, an inf gives inf, and tiny and huge inputs keep their precision
     (bfloat16's huge case would overflow a float running sum; float16's norm must stay < 65504)."""
     n = BULK_NORM_N
-    has_bulk = torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("CUOPS_DISABLE_BULK_NORM") is None
+    has_bulk = torch.cuda.get_device_capability()[0] >= 9 and not switch_on("CUOPS_DISABLE_BULK_NORM")
     scales = {torch.float32: (1e-18, 1e17), torch.float16: (1e-3, 8.0), torch.bfloat16: (1e-18, 1e17)}[dtype]
     for scale in scales if has_bulk else scales[:1]:
         a, b = make((n,), dtype, "cuda", "offset", scale=scale), make((n,), dtype, "cuda", "offset", scale=scale)
@@ -219,7 +218,7 @@ FAST_SHAPES = [(1000, 1000, 1000), (7, 4097, 1000), (1000, 4097, 4), (4097, 7, 1
 
 
 def wgmma_runs_here():
-    return torch.cuda.get_device_capability() == (9, 0) and os.environ.get("CUOPS_DISABLE_WGMMA") is None
+    return torch.cuda.get_device_capability() == (9, 0) and not switch_on("CUOPS_DISABLE_WGMMA")
 
 
 def fast_layout(t, inner):
@@ -247,12 +246,18 @@ def operands_fast(a, b, wgmma_tf32):
 
 
 @requires_cuda
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("precision", ["highest", "high"])
 @pytest.mark.parametrize("mkn", FAST_SHAPES, ids=str)
 @pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
 @pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
 @pytest.mark.parametrize("layout_c", ["contiguous", "transposed"])
-def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, layout_c):
+def test_gemm_float32_layouts_precisions(path, precision, mkn, layout_a, layout_b, layout_c):
+    with gemm_path(path):
+        check_float32_layouts_precisions(precision, mkn, layout_a, layout_b, layout_c)
+
+
+def check_float32_layouts_precisions(precision, mkn, layout_a, layout_b, layout_c):
     m, k, n = mkn
     a, b = make((m, k), torch.float32, "cuda", layout_a), make((k, n), torch.float32, "cuda", layout_b)
     ref = a.double() @ b.double()
@@ -287,33 +292,10 @@ def test_gemm_float32_layouts_precisions(precision, mkn, layout_a, layout_b, lay
             assert err <= REDUCTION_TOL[torch.float32], (what, err)
 
 
-# TF32 products: Hopper's wgmma reads float32 bits and keeps their top 10 mantissa bits (truncation,
-# up to 2^-10 relative per input; the portable kernel rounds, 2^-11), so one product a * b is off by up
-# to ~2^-9 of |a| |b|, plus float32 accumulation. Tiny k (k = 1: a single product) leaves no averaging.
-TF32_TOL = 2.0 ** -9 + 1e-5
-
 # bfloat16/float16 on the tensor-core kernel (gemm_half.cu) where the rule allows (leading strides a
-# multiple of 8 elements), the general kernel elsewhere; a big shape for the 128 x 128 tile.
+# multiple of 8 elements), the general kernel elsewhere; a big shape for the 128 x 128 tile. Error
+# bound: conftest.HALF_TOL.
 HALF_SHAPES = FAST_SHAPES + [(4096, 1024, 2048)]
-# float32 accumulation and one rounding of each result: the error is at most the dtype's unit
-# roundoff (2^-8 bfloat16, 2^-11 float16) of |result| <= |a| @ |b|, plus float32 accumulation.
-HALF_TOL = {torch.bfloat16: 2.0 ** -8 + 1e-5, torch.float16: 2.0 ** -11 + 1e-5}
-
-
-def fast_kernel_tol(dtype, precision):
-    """Error bound of a fast kernel's product: the half types' rounding, TF32's, or float32's."""
-    return HALF_TOL.get(dtype, TF32_TOL if precision == "high" else REDUCTION_TOL[torch.float32])
-
-
-@contextlib.contextmanager
-def matmul_precision(precision):
-    """torch.set_float32_matmul_precision for the block only (the ops read it at each call)."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old)
 
 
 @requires_cuda
@@ -322,38 +304,17 @@ def matmul_precision(precision):
 @pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
 @pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
 @pytest.mark.parametrize("layout_c", ["contiguous", "transposed"])
-def test_gemm_half_layouts(dtype, mkn, layout_a, layout_b, layout_c):
+@pytest.mark.parametrize("path", PATHS)
+def test_gemm_half_layouts(dtype, mkn, layout_a, layout_b, layout_c, path):
     m, k, n = mkn
     a, b = make((m, k), dtype, "cuda", layout_a), make((k, n), dtype, "cuda", layout_b)
-    ref = a.double() @ b.double()
-    scale = a.double().abs() @ b.double().abs()
-    c0 = make((m, n), dtype, "cuda", layout_c)
-    tol = HALF_TOL[dtype]
-    out = ops.mm(a, b)
-    assert out.dtype == dtype and out.is_contiguous()
-    assert rel_error(out, ref, scale) <= tol
-    c = torch.full_like(c0, float("nan"))
-    ops.gemm(c, a, b, -1.5, 0.0)
-    assert rel_error(c, -1.5 * ref, 1.5 * scale) <= tol
-    cb = c0.clone()
-    ops.gemm(cb, a, b, 0.5, -2.0)
-    assert rel_error(cb, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
-
-
-WGMMA_DISABLED = os.environ.get("CUOPS_DISABLE_WGMMA") is not None
-
-
-def expected_gemm_kernel(dtype, precision):
-    """The kernel family mm should run on this GPU: Hopper's wgmma kernel (bfloat16/float16, TF32) on
-    compute capability 9.0 unless CUOPS_DISABLE_WGMMA is set, the portable kernels elsewhere."""
-    if dtype == torch.float32 and precision == "highest":
-        return "sgemm_simt"
-    if wgmma_runs_here():
-        return "gemm_wgmma"
-    return "sgemm_tf32" if dtype == torch.float32 else "hgemm_mma"
+    with gemm_path(path):
+        check_products(a, b, HALF_TOL[dtype], layout_c)
 
 
 def cuda_kernel_names(fn):
+    """The names of the CUDA kernels fn() launches (torch.profiler): for the few GPU tests that name the
+    kernel that ran (the GEMM planner's choices are tests/cpp/test_gemm_plan.cpp's, on the CPU)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -366,47 +327,29 @@ def cuda_kernel_names(fn):
                                              (torch.float32, "high"), (torch.float32, "highest")], ids=str)
 @pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
 @pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
-def test_gemm_kernel_choice(dtype, precision, layout_a, layout_b):
-    """The fast path is the one taken: the wgmma kernel on Hopper (float32 TF32 too, after k-major
-    copies of operands in other layouts), the portable tensor-core kernels elsewhere."""
+@pytest.mark.parametrize("path", PATHS)
+def test_gemm_fast_paths_every_layout(dtype, precision, layout_a, layout_b, path):
+    """The quick tier's product on each fast path (wgmma on Hopper, TF32 too, after the copy the planner
+    asks of a transposed a times a row-major b; the mma.sync kernels elsewhere; SIMT for "highest"), in
+    each operand layout, is within that kernel's bound of float64. Which kernel each takes is the planner's
+    (tests/cpp/test_gemm_plan.cpp, FastPathsInEveryOperandLayout)."""
     a, b = make((512, 256), dtype, "cuda", layout_a), make((256, 384), dtype, "cuda", layout_b)
-    with matmul_precision(precision):
-        names = cuda_kernel_names(lambda: ops.mm(a, b))
+    with matmul_precision(precision), gemm_path(path):
         out = ops.mm(a, b)
-    expected = expected_gemm_kernel(dtype, precision)
-    assert any(expected in n for n in names), (expected, names)
     tol = fast_kernel_tol(dtype, precision)
     assert rel_error(out, a.double() @ b.double(), a.double().abs() @ b.double().abs()) <= tol
-
-
-@requires_cuda
-@pytest.mark.skipif(WGMMA_DISABLED, reason="already the portable-path run")
-def test_gemm_portable_kernels_without_wgmma():
-    """The portable kernels that serve GPUs without sm_90a stay correct and chosen on any GPU: the
-    layout, odd-shape and kernel-choice tests again with the wgmma path switched off."""
-    import subprocess
-    import sys
-    env = dict(os.environ, CUOPS_DISABLE_WGMMA="1")
-    import importlib.util
-    workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []  # ~90 s of tests in one process
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, __file__, "-k",
-                           "gemm_half_layouts or gemm_kernel_choice or float32_layouts_precisions"],
-                          capture_output=True, text=True, env=env, timeout=900)
-    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
-    assert proc.returncode == 0 and " passed" in summary and "skipped" not in summary, summary
 
 
 @requires_cuda
 @pytest.mark.parametrize("rows", ["16-byte rows", "odd rows"])
 @pytest.mark.parametrize("layout_a", ["contiguous", "transposed"])
 @pytest.mark.parametrize("layout_b", ["contiguous", "transposed"])
-def test_gemm_tf32_copies_only_what_wgmma_cannot_read(layout_a, layout_b, rows):
-    """TF32 on Hopper runs every layout on the wgmma kernel. Operands with 16-byte rows are read in
-    place (a row-major b as the transposed problem, a transposed a from registers), except a transposed
-    a with a row-major b: there the smaller one is copied by cuops' transpose kernel, into rows padded
-    to 16 bytes (k = 333). Operands whose rows are not 16-byte multiples (slices of wider tensors) are
-    copied into padded rows. Either way the product is TF32-accurate, not FP32-accurate (the general
-    kernel's)."""
+def test_gemm_tf32_sliced_rows_every_layout(layout_a, layout_b, rows):
+    """TF32 products of slices of wider tensors, in every operand layout: rows a whole number of 16 bytes
+    apart (read in place; on Hopper a transposed a times a row-major b copies the smaller one by cuops'
+    transpose kernel, into rows padded to 16 bytes: k = 333), or not (copied into padded rows). Either
+    way the product is TF32-accurate, not FP32-accurate (the general kernel's). Which operands are copied
+    and which kernel runs: tests/cpp/test_gemm_plan.cpp, Tf32CopiesOnlyWhatWgmmaCannotRead."""
     m, k, n = 300, 333, 290
     pad = 0 if rows == "16-byte rows" else 1
     if layout_a == "transposed":
@@ -418,56 +361,25 @@ def test_gemm_tf32_copies_only_what_wgmma_cannot_read(layout_a, layout_b, rows):
     else:
         b = torch.randn(n, k + 7 + pad, device="cuda")[:, :k].t()  # [k, n], unit row stride, ld 340 (341)
     with matmul_precision("high"):
-        out = ops.mm(a, b)  # first: the profiler may name a kernel loaded during the profiled call INVALID
-        names = cuda_kernel_names(lambda: ops.mm(a, b))
-    if rows == "16-byte rows":
-        transposes = [k_ for k_ in names if "transpose_f32" in k_]
-        copied = wgmma_runs_here() and layout_a == "transposed" and layout_b == "contiguous"
-        assert bool(transposes) == copied, names
-    assert any(expected_gemm_kernel(torch.float32, "high") in k_ for k_ in names), names
+        out = ops.mm(a, b)
     err = rel_error(out, a.double() @ b.double(), a.double().abs() @ b.double().abs())
     assert 1e-6 < err <= TF32_TOL, err
 
 
-ODD_CASES = [(torch.float32, "highest"), (torch.float32, "high"), (torch.bfloat16, "highest"),
-             (torch.float16, "highest")]
-
-
-def odd_strides_products(dtype, precision):
-    """mm and gemm (alpha 0.5, beta -2) of contiguous operands and output whose rows are not 16-byte
-    multiples (the 4097^3 shape, scaled down: every leading stride odd), checked against float64."""
-    m, k, n = 257, 333, 259
-    a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
-    c0 = torch.randn(m, n, device="cuda", dtype=dtype)
-    with matmul_precision(precision):
-        out = ops.mm(a, b)
-        c = c0.clone()
-        ops.gemm(c, a, b, 0.5, -2.0)
-    ref, scale = a.double() @ b.double(), a.double().abs() @ b.double().abs()
-    tol = fast_kernel_tol(dtype, precision)
-    assert rel_error(out, ref, scale) <= tol
-    assert rel_error(c, 0.5 * ref - 2.0 * c0.double(), 0.5 * scale + 2.0 * c0.double().abs()) <= tol
-
-
 @pytest.mark.quick
 @requires_cuda
-@pytest.mark.parametrize("dtype,precision", ODD_CASES, ids=str)
+@pytest.mark.parametrize("dtype,precision", [(torch.float32, "highest"), (torch.float32, "high"),
+                                             (torch.bfloat16, "highest"), (torch.float16, "highest")], ids=str)
 def test_gemm_cuda_odd_leading_strides(dtype, precision):
-    """Odd leading strides are correct: the operands copied into padded rows, c (any leading stride)
-    written in place, pair by pair where aligned and element by element where not, and read the same
-    way for beta (compute-sanitizer's memcheck runs this: a misaligned pair access is reported there)."""
-    odd_strides_products(dtype, precision)
-
-
-@requires_cuda
-@pytest.mark.parametrize("dtype,precision", ODD_CASES, ids=str)
-def test_gemm_odd_leading_strides_run_fast_kernels(dtype, precision):
-    """... and run a fast kernel, not the general one (whose float32 results would also pass the
-    accuracy check). Not under the sanitizers: the profiler that names the kernels does not run there."""
-    odd_strides_products(dtype, precision)  # first: the profiler may name a kernel loaded during the profiled call INVALID
-    names = cuda_kernel_names(lambda: odd_strides_products(dtype, precision))
-    assert not any("gemm_tiled" in k_ for k_ in names), names
-    assert any(expected_gemm_kernel(dtype, precision) in k_ for k_ in names), names
+    """Odd leading strides are correct: contiguous operands and output whose rows are not 16-byte multiples
+    (the 4097^3 shape, scaled down: every leading stride odd), the operands copied into padded rows, c
+    (any leading stride) written in place, pair by pair where aligned and element by element where not,
+    and read the same way for beta (compute-sanitizer's memcheck runs this: a misaligned pair access is
+    reported there). That the copies then run a fast kernel, not the general one:
+    tests/cpp/test_gemm_plan.cpp, OddLeadingStridesAreCopiedForAFastKernel."""
+    a, b = make((257, 333), dtype, "cuda"), make((333, 259), dtype, "cuda")
+    with matmul_precision(precision):
+        check_products(a, b, fast_kernel_tol(dtype, precision))
 
 
 def tight_rows(rows, cols, dtype, ld=16):
@@ -569,7 +481,8 @@ def test_build_info_is_json():
 
 def test_library_uses_the_shared_libstdcxx():
     """A private static libstdc++ inside libcuops crashes the first message that formats a number
-    (torch.ops.load_library opens it RTLD_LOCAL); seen once on a GPU image, kept from coming back."""
+    (torch.ops.load_library opens it RTLD_LOCAL); seen once on a GPU image, kept from coming back. (That
+    such messages format is the bad-input matrix's: test_bad_inputs.py's rank cases print shapes.)"""
     import shutil
     import subprocess
     from conftest import LIBRARY
@@ -577,6 +490,3 @@ def test_library_uses_the_shared_libstdcxx():
         pytest.skip("readelf (binutils) not installed")
     dynamic = subprocess.run(["readelf", "-d", str(LIBRARY)], capture_output=True, text=True, check=True).stdout
     assert "libstdc++.so.6" in dynamic
-    # and a message with numbers in it formats
-    with pytest.raises(RuntimeError, match=r"got 3-D tensor of shape \[2, 3, 4\]"):
-        ops.mm(torch.randn(2, 3, 4), torch.randn(4, 4))

@@ -13,18 +13,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DEVICES, ELEMENTWISE_TOL, HAS_CUDA, LIBRARY, NO_GPU_REASON, REDUCTION_TOL, make, ops, rel_error
-from test_ops import HALF_TOL
+from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, HALF_TOL, HAS_CUDA, LAYOUTS, LIBRARY, NO_GPU_REASON,
+                      REDUCTION_TOL, make, ops, rel_error, requires_cuda)
 
 HERE = pathlib.Path(__file__).resolve().parent
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 PROPERTY = settings(max_examples=int(os.environ.get("CUOPS_HYPOTHESIS_EXAMPLES", 60)), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # ---- property tests ---------------------------------------------------------------------------
 
 shapes = st.lists(st.integers(0, 37), min_size=0, max_size=3).map(tuple)
-layouts = st.sampled_from(["contiguous", "transposed", "sliced", "expanded", "offset"])
+layouts = st.sampled_from(LAYOUTS)
 dtypes = st.sampled_from(DTYPES)
 seeds = st.integers(0, 2**63 - 1)
 magnitudes = st.sampled_from([1e-3, 1.0, 1e3])
@@ -154,7 +153,7 @@ def test_eight_threads_on_their_own_streams_get_correct_results(device):
     assert mismatches == [0] * THREADS, mismatches
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_back_to_back_products_see_each_others_writes(dtype):
     """The Hopper GEMM and the small-M stream launch as programmatic dependents of the kernel before
