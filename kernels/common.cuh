@@ -15,22 +15,35 @@
 namespace cuops::kernels::detail {
 
 // Accumulation type: half types compute in float, float in float, double in double.
-template <typename T> struct AccType { using type = float; };
-template <> struct AccType<double> { using type = double; };
+template <typename T> struct AccType {
+  using type = float;
+};
+template <> struct AccType<double> {
+  using type = double;
+};
 template <typename T> using acc_t = typename AccType<T>::type;
 
 // Conversions through the intrinsics, not the types' conversion operators: torch's JIT extension
 // build (cpp_extension.load) compiles with -D__CUDA_NO_HALF_CONVERSIONS__ and friends, which remove them.
-template <typename T> __device__ __forceinline__ acc_t<T> to_acc(T x) { return static_cast<acc_t<T>>(x); }
+template <typename T> __device__ __forceinline__ acc_t<T> to_acc(T x) {
+  return static_cast<acc_t<T>>(x);
+}
 template <> __device__ __forceinline__ float to_acc<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x) { return static_cast<T>(x); }
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x) {
+  return static_cast<T>(x);
+}
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-template <typename T> inline constexpr bool is_half_type = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+template <typename T> inline constexpr bool is_half_type =
+    std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
 // 16 bytes of T, the widest single global load/store. The half types are held as four 32-bit words
 // of packed pairs: held as eight 16-bit elements, a guarded load (`if (i < n) x = p[i]`) made the
@@ -117,9 +130,12 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 }
 // Arms the barrier's current phase to also wait for `bytes` of bulk-copy data, and arrives once.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
 }
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) { mbar_expect_tx(smem_addr(bar), bytes); }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  mbar_expect_tx(smem_addr(bar), bytes);
+}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -130,13 +146,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
     asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
+        "0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_addr(bar), parity); }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  mbar_wait(smem_addr(bar), parity);
+}
 
 // Thread-block clusters (sm_90 PTX, like the expect_tx and try_wait forms above): this CTA's rank,
 // another CTA's shared memory, the cluster-wide barrier.
@@ -164,7 +183,8 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
 }
 // All threads of all CTAs of the cluster.
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
 }
 
 inline bool aligned_like(const void* p, const void* q, uintptr_t to) {
@@ -174,10 +194,14 @@ inline bool aligned_like(const void* p, const void* q, uintptr_t to) {
 // Calls f(T{}) for the C++ element type of dtype; unknown dtypes are an error, never a guess.
 template <typename F> cudaError_t dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
-    case DType::Float16: return f(__half{});
-    case DType::BFloat16: return f(__nv_bfloat16{});
+    case DType::Float32:
+      return f(float{});
+    case DType::Float64:
+      return f(double{});
+    case DType::Float16:
+      return f(__half{});
+    case DType::BFloat16:
+      return f(__nv_bfloat16{});
   }
   return cudaErrorInvalidValue;
 }

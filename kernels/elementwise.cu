@@ -23,14 +23,15 @@ struct SquareOp {
   template <typename A> __device__ __forceinline__ A operator()(A x, A) const { return x * x; }
 };
 
-template <typename T, typename Op> __device__ __forceinline__ T apply_scalar(const Op& op, T x, T y) {
+template <typename T, typename Op>
+__device__ __forceinline__ T apply_scalar(const Op& op, T x, T y) {
   return from_acc<T>(op(to_acc(x), to_acc(y)));
 }
 
 // kUnroll vectors per thread, kThreads apart, starting at vector `first`: all loads, then all stores.
 template <bool kGuarded, int NIN, typename VecT, typename Op>
-__device__ __forceinline__ void tile(VecT* o, const VecT* a, const VecT* b, int64_t first, int64_t n_vec,
-                                     const Op& op) {
+__device__ __forceinline__ void tile(VecT* o, const VecT* a, const VecT* b, int64_t first,
+                                     int64_t n_vec, const Op& op) {
   VecT x[kUnroll], y[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -49,9 +50,9 @@ __device__ __forceinline__ void tile(VecT* o, const VecT* a, const VecT* b, int6
 
 // out, in0, in1: [n] (in1 unused when NIN == 1). Elements [head, head + n_vec * V) form the vector
 // body, 16-byte aligned when V > 1.
-template <typename T, int V, int NIN, typename Op>
-__global__ void __launch_bounds__(kThreads)
-    elementwise_kernel(T* out, const T* in0, const T* in1, int64_t head, int64_t n_vec, int64_t n, Op op) {
+template <typename T, int V, int NIN, typename Op> __global__ void __launch_bounds__(kThreads)
+    elementwise_kernel(T* out, const T* in0, const T* in1, int64_t head, int64_t n_vec, int64_t n,
+                       Op op) {
   using VecT = Vec<T, V>;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   const VecT* a = reinterpret_cast<const VecT*>(in0 + head);
@@ -67,24 +68,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (blockIdx.x == 0) {
-    for (int64_t j = threadIdx.x; j < head; j += kThreads) out[j] = apply_scalar(op, in0[j], NIN == 2 ? in1[j] : in0[j]);
+    for (int64_t j = threadIdx.x; j < head; j += kThreads)
+      out[j] = apply_scalar(op, in0[j], NIN == 2 ? in1[j] : in0[j]);
     for (int64_t j = head + n_vec * V + threadIdx.x; j < n; j += kThreads)
       out[j] = apply_scalar(op, in0[j], NIN == 2 ? in1[j] : in0[j]);
   }
 }
 
 template <typename T, int NIN, typename Op>
-cudaError_t launch_elementwise(T* out, const T* in0, const T* in1, int64_t n, Op op, cudaStream_t stream) {
+cudaError_t launch_elementwise(T* out, const T* in0, const T* in1, int64_t n, Op op,
+                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   constexpr int V = 16 / sizeof(T);
-  const bool vectorizable = aligned_like(out, in0, 16) && (NIN == 1 || aligned_like(out, in1, 16)) &&
+  const bool vectorizable = aligned_like(out, in0, 16) &&
+                            (NIN == 1 || aligned_like(out, in1, 16)) &&
                             reinterpret_cast<uintptr_t>(out) % sizeof(T) == 0;
   if (vectorizable) {
     const uintptr_t mis = reinterpret_cast<uintptr_t>(out) % 16;
     const int64_t head = mis == 0 ? 0 : std::min<int64_t>(n, (16 - mis) / sizeof(T));
     const int64_t n_vec = (n - head) / V;
     const unsigned int blocks = std::max(1u, blocks_for(n_vec, int64_t{kThreads} * kUnroll));
-    elementwise_kernel<T, V, NIN><<<blocks, kThreads, 0, stream>>>(out, in0, in1, head, n_vec, n, op);
+    elementwise_kernel<T, V, NIN>
+        <<<blocks, kThreads, 0, stream>>>(out, in0, in1, head, n_vec, n, op);
   } else {
     const unsigned int blocks = std::max(1u, blocks_for(n, int64_t{kThreads} * kUnroll));
     elementwise_kernel<T, 1, NIN><<<blocks, kThreads, 0, stream>>>(out, in0, in1, 0, n, n, op);
@@ -94,27 +99,30 @@ cudaError_t launch_elementwise(T* out, const T* in0, const T* in1, int64_t n, Op
 
 }  // namespace
 
-cudaError_t launch_add(DType dtype, void* out, const void* a, const void* b, int64_t n, cudaStream_t stream) {
+cudaError_t launch_add(DType dtype, void* out, const void* a, const void* b, int64_t n,
+                       cudaStream_t stream) {
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_elementwise<T, 2>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b),
-                                    n, AddOp{}, stream);
+    return launch_elementwise<T, 2>(static_cast<T*>(out), static_cast<const T*>(a),
+                                    static_cast<const T*>(b), n, AddOp{}, stream);
   });
 }
 
-cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, int64_t n, cudaStream_t stream) {
+cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, int64_t n,
+                         cudaStream_t stream) {
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(x),
-                                    n, ScaleOp<T>{static_cast<acc_t<T>>(alpha)}, stream);
+    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x),
+                                    static_cast<const T*>(x), n,
+                                    ScaleOp<T>{static_cast<acc_t<T>>(alpha)}, stream);
   });
 }
 
 cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cudaStream_t stream) {
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(x),
-                                    n, SquareOp{}, stream);
+    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x),
+                                    static_cast<const T*>(x), n, SquareOp{}, stream);
   });
 }
 

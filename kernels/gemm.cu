@@ -15,10 +15,10 @@ constexpr int kThreads = (kBM / kTM) * (kBN / kTN);  // 256
 
 // a: [m, k], b: [k, n], c: [m, n], all strided. Block tiles are enumerated in gridDim.x (up to
 // 2^31-1 of them) rather than in x/y, whose 65535 limit would cap m.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gemm_tiled(int64_t m, int64_t n, int64_t k, acc_t<T> alpha, const T* a, int64_t sa0, int64_t sa1, const T* b,
-               int64_t sb0, int64_t sb1, acc_t<T> beta, T* c, int64_t sc0, int64_t sc1) {
+template <typename T> __global__ void __launch_bounds__(kThreads)
+    gemm_tiled(int64_t m, int64_t n, int64_t k, acc_t<T> alpha, const T* a, int64_t sa0,
+               int64_t sa1, const T* b, int64_t sb0, int64_t sb1, acc_t<T> beta, T* c, int64_t sc0,
+               int64_t sc1) {
   using A = acc_t<T>;
   // +1 column of padding keeps the transposed stores of the A tile off one bank.
   __shared__ A as[kBK][kBM + 1];
@@ -82,8 +82,9 @@ __global__ void __launch_bounds__(kThreads)
 // whole 128-byte lines; the padding column keeps the transposed reads off one bank. Tiles are
 // enumerated in gridDim.x, as gemm_tiled's are.
 constexpr int kTile = 32, kTileRows = 8;
-__global__ void __launch_bounds__(kTile * kTileRows)
-    transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst, int64_t ld_dst) {
+__global__ void __launch_bounds__(kTile* kTileRows)
+    transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                  int64_t ld_dst) {
   __shared__ float t[kTile][kTile + 1];
   const int64_t tiles_c = (cols + kTile - 1) / kTile;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) / tiles_c * kTile;
@@ -102,12 +103,13 @@ __global__ void __launch_bounds__(kTile * kTileRows)
 
 }  // namespace
 
-cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
-                                 int64_t ld_dst, cudaStream_t stream) {
+cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                 float* dst, int64_t ld_dst, cudaStream_t stream) {
   if (rows < 0 || cols < 0 || ld < cols || ld_dst < rows) return cudaErrorInvalidValue;
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   if (tiles == 0) return cudaSuccess;
-  return launch_blocks(transpose_f32, tiles, kTile * kTileRows, 0, stream, src, rows, cols, ld, dst, ld_dst);
+  return launch_blocks(transpose_f32, tiles, kTile * kTileRows, 0, stream, src, rows, cols, ld, dst,
+                       ld_dst);
 }
 
 GemmDevice current_gemm_device() {
@@ -115,7 +117,8 @@ GemmDevice current_gemm_device() {
   GemmDevice d = cache.get(
       [](int dev) {
         GemmDevice d;
-        if (cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || d.sms < 1) {
+        if (cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            d.sms < 1) {
           (void)cudaGetLastError();
           d.sms = 1;
         }
@@ -142,8 +145,20 @@ GemmProblem fast_problem(const GemmPlan& plan, void* workspace) {
   const void* a = plan.swap_ab ? r.b.ptr : r.a.ptr;
   const void* b = plan.swap_ab ? r.a.ptr : r.b.ptr;
   if (plan.c_trans) std::swap(a, b);
-  return GemmProblem{plan.m, plan.n, r.k, a, plan.lda, b, plan.ldb, r.c, plan.ldc,
-                     static_cast<float>(r.alpha), static_cast<float>(r.beta), r.alpha, r.beta, workspace};
+  return GemmProblem{plan.m,
+                     plan.n,
+                     r.k,
+                     a,
+                     plan.lda,
+                     b,
+                     plan.ldb,
+                     r.c,
+                     plan.ldc,
+                     static_cast<float>(r.alpha),
+                     static_cast<float>(r.beta),
+                     r.alpha,
+                     r.beta,
+                     workspace};
 }
 
 cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
@@ -151,29 +166,39 @@ cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
   return dispatch_dtype(r.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    return launch_blocks(gemm_tiled<T>, plan.grid, kThreads, 0, stream, r.m, r.n, r.k, static_cast<A>(r.alpha),
-                         static_cast<const T*>(r.a.ptr), r.a.stride0, r.a.stride1, static_cast<const T*>(r.b.ptr),
-                         r.b.stride0, r.b.stride1, static_cast<A>(r.beta), static_cast<T*>(r.c), r.c_stride0,
-                         r.c_stride1);
+    return launch_blocks(gemm_tiled<T>, plan.grid, kThreads, 0, stream, r.m, r.n, r.k,
+                         static_cast<A>(r.alpha), static_cast<const T*>(r.a.ptr), r.a.stride0,
+                         r.a.stride1, static_cast<const T*>(r.b.ptr), r.b.stride0, r.b.stride1,
+                         static_cast<A>(r.beta), static_cast<T*>(r.c), r.c_stride0, r.c_stride1);
   });
 }
 
 }  // namespace
 
 cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream, void* workspace) {
-  if (plan.copy_a != OperandCopy::None || plan.copy_b != OperandCopy::None) return cudaErrorInvalidValue;
-  if (plan.workspace_bytes > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
+  if (plan.copy_a != OperandCopy::None || plan.copy_b != OperandCopy::None)
+    return cudaErrorInvalidValue;
+  if (plan.workspace_bytes > 0 &&
+      (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
     return cudaErrorInvalidValue;
   }
   switch (plan.kernel) {
-    case GemmKernel::None: return cudaSuccess;
-    case GemmKernel::General: return launch_general(plan, stream);
-    case GemmKernel::Simt: return launch_gemm_simt(plan, fast_problem(plan, workspace), stream);
-    case GemmKernel::MmaTf32: return launch_gemm_mma_tf32(plan, fast_problem(plan, workspace), stream);
-    case GemmKernel::MmaHalf: return launch_gemm_mma_half(plan, fast_problem(plan, workspace), stream);
-    case GemmKernel::Wgmma: return launch_gemm_wgmma(plan, fast_problem(plan, workspace), stream);
-    case GemmKernel::Skinny: return launch_gemm_skinny(plan, fast_problem(plan, workspace), stream);
-    case GemmKernel::MmaF64: return launch_gemm_mma_f64(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::None:
+      return cudaSuccess;
+    case GemmKernel::General:
+      return launch_general(plan, stream);
+    case GemmKernel::Simt:
+      return launch_gemm_simt(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::MmaTf32:
+      return launch_gemm_mma_tf32(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::MmaHalf:
+      return launch_gemm_mma_half(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::Wgmma:
+      return launch_gemm_wgmma(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::Skinny:
+      return launch_gemm_skinny(plan, fast_problem(plan, workspace), stream);
+    case GemmKernel::MmaF64:
+      return launch_gemm_mma_f64(plan, fast_problem(plan, workspace), stream);
   }
   return cudaErrorInvalidValue;
 }

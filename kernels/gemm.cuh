@@ -29,26 +29,29 @@ struct GemmProblem {
 };
 
 // tile_coords (tile_order.h) of this block's linear id.
-template <int kGroup>
-__device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
+template <int kGroup> __device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n,
+                                                                  int64_t& tm, int64_t& tn) {
   tile_coords<kGroup>(blockIdx.x, tiles_m, tiles_n, tm, tn);
 }
 
 // 16-byte asynchronous global -> shared copy (`bytes` 16; see copy_chunk for why never less).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(bytes));
 }
 // One 16-byte chunk of elements of size kElem into shared memory, `valid` (0 .. 16 / kElem) of them
 // read from gmem and the rest zero: a whole chunk by cp.async; a partial or empty one (only at the
 // edges) by plain loads and one shared store. cp.async's own zero-fill (source size < 16) is not
 // used: compute-sanitizer counts it as a 16-byte read, out of bounds on a 2-byte tensor.
-template <int kElem> __device__ __forceinline__ void copy_chunk(void* smem, const void* gmem, int valid) {
+template <int kElem>
+__device__ __forceinline__ void copy_chunk(void* smem, const void* gmem, int valid) {
   constexpr int kPer = 16 / kElem;
   if (valid == kPer) {
     cp_async16(smem, gmem, 16);
     return;
   }
-  using R = std::conditional_t<kElem == 8, uint64_t, std::conditional_t<kElem == 4, uint32_t, uint16_t>>;
+  using R =
+      std::conditional_t<kElem == 8, uint64_t, std::conditional_t<kElem == 4, uint32_t, uint16_t>>;
   R e[kPer];
   const R* src = static_cast<const R*>(gmem);
 #pragma unroll
@@ -76,7 +79,8 @@ __device__ __forceinline__ void cp_async_ring(int64_t ktiles, Load&& load, Compu
   for (int64_t kt = 0; kt < ktiles; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    if (kt + STAGES - 1 < ktiles) load(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
+    if (kt + STAGES - 1 < ktiles)
+      load(static_cast<int>((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
     cp_async_commit();
     compute(kt);
   }
@@ -98,33 +102,41 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
 // slice, per chunk, with the row pitch a constant or not) the same statements compiled to other
 // address arithmetic, up to 11 % more instructions in a bf16 loop and 2.5 % slower on the H100 (with
 // CUOPS_DISABLE_WGMMA).
-#define CUOPS_STAGE_CHUNK(T, DST, LD, SWZ, SRC, G_LD, ROW_CHUNKS, IDX, OUTER0, OUTER_N, INNER0, INNER_N)           \
-  do {                                                                                                            \
-    constexpr int kPer_ = 16 / static_cast<int>(sizeof(T));                                                       \
-    const int r_ = (IDX) / (ROW_CHUNKS), c_ = ((IDX) % (ROW_CHUNKS)) * kPer_;                                     \
-    const int64_t go_ = (OUTER0) + r_, gi_ = (INNER0) + c_;                                                       \
-    copy_chunk<sizeof(T)>((DST) + r_ * (LD) + ((SWZ) ? c_ ^ ((r_ & 3) << 2) : c_), (SRC) + go_ * (G_LD) + gi_,    \
-                          go_ < (OUTER_N) ? chunk_valid<kPer_>((INNER_N) - gi_) : 0);                             \
+#define CUOPS_STAGE_CHUNK(T, DST, LD, SWZ, SRC, G_LD, ROW_CHUNKS, IDX, OUTER0, OUTER_N, INNER0, \
+                          INNER_N)                                                              \
+  do {                                                                                          \
+    constexpr int kPer_ = 16 / static_cast<int>(sizeof(T));                                     \
+    const int r_ = (IDX) / (ROW_CHUNKS), c_ = ((IDX) % (ROW_CHUNKS)) * kPer_;                   \
+    const int64_t go_ = (OUTER0) + r_, gi_ = (INNER0) + c_;                                     \
+    copy_chunk<sizeof(T)>((DST) + r_ * (LD) + ((SWZ) ? c_ ^ ((r_ & 3) << 2) : c_),              \
+                          (SRC) + go_ * (G_LD) + gi_,                                           \
+                          go_ < (OUTER_N) ? chunk_valid<kPer_>((INNER_N) - gi_) : 0);           \
   } while (0)
-#define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0, COL0, K0, TID, ASWZ, BSWZ) \
-  do {                                                                                                            \
-    constexpr int kPerS_ = 16 / static_cast<int>(sizeof(T));                                                      \
-    constexpr int kAChunks_ = (BM) * (BK) / kPerS_;  /* fewer than THREADS in float64's 16-row tile */           \
-    _Pragma("unroll") for (int i_ = 0; i_ < (kAChunks_ + (THREADS) - 1) / (THREADS); ++i_) {                     \
-      if (kAChunks_ % (THREADS) != 0 && (TID) + i_ * (THREADS) >= kAChunks_) break;                               \
-      if constexpr (AK) {                                                                                         \
-        CUOPS_STAGE_CHUNK(T, AS, ALD, ASWZ, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS), ROW0, (P).m, K0, (P).k);   \
-      } else {                                                                                                    \
-        CUOPS_STAGE_CHUNK(T, AS, ALD, ASWZ, A, (P).lda, (BM) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, ROW0, (P).m);   \
-      }                                                                                                           \
-    }                                                                                                             \
-    _Pragma("unroll") for (int i_ = 0; i_ < (BN) * (BK) / kPerS_ / (THREADS); ++i_) {                            \
-      if constexpr (BNM) {                                                                                        \
-        CUOPS_STAGE_CHUNK(T, BS, BLD, BSWZ, B, (P).ldb, (BN) / kPerS_, (TID) + i_ * (THREADS), K0, (P).k, COL0, (P).n);   \
-      } else {                                                                                                    \
-        CUOPS_STAGE_CHUNK(T, BS, BLD, BSWZ, B, (P).ldb, (BK) / kPerS_, (TID) + i_ * (THREADS), COL0, (P).n, K0, (P).k);   \
-      }                                                                                                           \
-    }                                                                                                             \
+#define CUOPS_STAGE_OPERANDS(T, BM, BN, BK, THREADS, AK, BNM, P, A, B, AS, ALD, BS, BLD, ROW0,     \
+                             COL0, K0, TID, ASWZ, BSWZ)                                            \
+  do {                                                                                             \
+    constexpr int kPerS_ = 16 / static_cast<int>(sizeof(T));                                       \
+    constexpr int kAChunks_ =                                                                      \
+        (BM) * (BK) / kPerS_; /* fewer than THREADS in float64's 16-row tile */                    \
+    _Pragma("unroll") for (int i_ = 0; i_ < (kAChunks_ + (THREADS) - 1) / (THREADS); ++i_) {       \
+      if (kAChunks_ % (THREADS) != 0 && (TID) + i_ * (THREADS) >= kAChunks_) break;                \
+      if constexpr (AK) {                                                                          \
+        CUOPS_STAGE_CHUNK(T, AS, ALD, ASWZ, A, (P).lda, (BK) / kPerS_, (TID) + i_ * (THREADS),     \
+                          ROW0, (P).m, K0, (P).k);                                                 \
+      } else {                                                                                     \
+        CUOPS_STAGE_CHUNK(T, AS, ALD, ASWZ, A, (P).lda, (BM) / kPerS_, (TID) + i_ * (THREADS), K0, \
+                          (P).k, ROW0, (P).m);                                                     \
+      }                                                                                            \
+    }                                                                                              \
+    _Pragma("unroll") for (int i_ = 0; i_ < (BN) * (BK) / kPerS_ / (THREADS); ++i_) {              \
+      if constexpr (BNM) {                                                                         \
+        CUOPS_STAGE_CHUNK(T, BS, BLD, BSWZ, B, (P).ldb, (BN) / kPerS_, (TID) + i_ * (THREADS), K0, \
+                          (P).k, COL0, (P).n);                                                     \
+      } else {                                                                                     \
+        CUOPS_STAGE_CHUNK(T, BS, BLD, BSWZ, B, (P).ldb, (BK) / kPerS_, (TID) + i_ * (THREADS),     \
+                          COL0, (P).n, K0, (P).k);                                                 \
+      }                                                                                            \
+    }                                                                                              \
   } while (0)
 
 // dst[0], dst[1] <- alpha * (v0, v1) + beta * old: one 8-byte access where dst is 8-byte aligned,
@@ -157,7 +169,8 @@ __device__ __forceinline__ void put_one(const GemmProblem& p, float* dst, float 
 
 // The epilogue's unit: c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, for the pairs in
 // bounds (col even).
-__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int64_t col, float v0,
+                                           float v1) {
   if (r >= p.m || col >= p.n) return;
   float* dst = static_cast<float*>(p.c) + r * p.ldc + col;
   if (col + 1 < p.n) {
@@ -169,7 +182,8 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int6
 
 // c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
 // pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
-__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col, double v0, double v1) {
+__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col,
+                                               double v0, double v1) {
   if (r >= p.m || col >= p.n) return;
   double* dst = static_cast<double*>(p.c) + r * p.ldc + col;
   v0 *= p.alpha64;
@@ -193,8 +207,8 @@ __device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, 
 
 // The same pair of a transposed problem (c^T = b^T a^T computed, c stored): elements (r, col) and
 // (r, col + 1) of c^T are c[col][r] and c[col + 1][r], ldc apart, so two 4-byte accesses.
-__device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int64_t r, int64_t col, float v0,
-                                                      float v1) {
+__device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int64_t r, int64_t col,
+                                                      float v0, float v1) {
   if (r >= p.m || col >= p.n) return;
   float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
   put_one(p, dst, v0);
@@ -203,8 +217,8 @@ __device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int6
 
 // Rows r, r + 1 and columns col, col + 1 of c^T (vRC: row R, column C) into c, whose rows col and
 // col + 1 then each take a pair (r even: 8-byte accesses where ldc and c allow).
-__device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int64_t r, int64_t col, float v00,
-                                                      float v01, float v10, float v11) {
+__device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int64_t r, int64_t col,
+                                                      float v00, float v01, float v10, float v11) {
   if (r + 1 >= p.m) {
     store_pair_transposed(p, r, col, v00, v01);
     return;
@@ -217,8 +231,9 @@ __device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int6
 
 // c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T (col even): one 4-byte
 // access where the pair is 4-byte aligned, else two 2-byte ones (an odd ldc).
-template <typename T>
-__device__ __forceinline__ void store_pair_half(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+template <typename T> __device__ __forceinline__ void store_pair_half(const GemmProblem& p,
+                                                                      int64_t r, int64_t col,
+                                                                      float v0, float v1) {
   if (r >= p.m || col >= p.n) return;
   T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
   v0 *= p.alpha;
@@ -241,8 +256,9 @@ __device__ __forceinline__ void store_pair_half(const GemmProblem& p, int64_t r,
 }
 
 // The epilogue unit for output type T (float: store_pair; bfloat16 / float16: store_pair_half).
-template <typename T>
-__device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r, int64_t col, float v0, float v1) {
+template <typename T> __device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r,
+                                                                   int64_t col, float v0,
+                                                                   float v1) {
   if constexpr (std::is_same_v<T, float>) {
     store_pair(p, r, col, v0, v1);
   } else {
@@ -253,17 +269,22 @@ __device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r, in
 // Calls f(std::bool_constant<a_kmajor>, std::bool_constant<b_nmajor>): the four operand layouts as
 // compile-time arguments, so every kernel instance has its addressing fixed.
 template <typename F> cudaError_t with_layouts(bool a_kmajor, bool b_nmajor, F&& f) {
-  if (a_kmajor) return b_nmajor ? f(std::true_type{}, std::true_type{}) : f(std::true_type{}, std::false_type{});
-  return b_nmajor ? f(std::false_type{}, std::true_type{}) : f(std::false_type{}, std::false_type{});
+  if (a_kmajor)
+    return b_nmajor ? f(std::true_type{}, std::true_type{})
+                    : f(std::true_type{}, std::false_type{});
+  return b_nmajor ? f(std::false_type{}, std::true_type{})
+                  : f(std::false_type{}, std::false_type{});
 }
 
 // `blocks` blocks of `threads` on `stream` with `smem` bytes of dynamic shared memory (a kernel
 // above 48 KiB must opt in: cheap, and set on every launch because the attribute is per device).
 template <typename K, typename... Args>
-cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaStream_t stream, const Args&... args) {
+cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaStream_t stream,
+                          const Args&... args) {
   if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
   if (smem > 0) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
   kernel<<<static_cast<unsigned int>(blocks), threads, smem, stream>>>(args...);
@@ -275,7 +296,8 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
 // sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.
 // Clusters placed their CTAs unevenly on the H100 (two to an SM for clusters of 4, 30 clusters of 8 at
 // once), which cost the cluster split 25-45 % on few-tile products.
-template <typename T> __device__ __forceinline__ GemmProblem planes_problem(const GemmProblem& whole) {
+template <typename T>
+__device__ __forceinline__ GemmProblem planes_problem(const GemmProblem& whole) {
   GemmProblem out = whole;
   out.c = static_cast<T*>(whole.workspace) + int64_t{blockIdx.y} * whole.m * whole.n;
   out.ldc = whole.n;
@@ -289,7 +311,8 @@ template <typename T> __global__ void sum_planes(const GemmProblem p, int split)
   const int64_t plane = p.m * p.n, pairs = (p.n + 1) / 2;
   // Every pair of a plane is aligned for one access when n is even and the planes start aligned.
   const bool even = p.n % 2 == 0 && (reinterpret_cast<uintptr_t>(ws) % sizeof(T2)) == 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.m * pairs; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.m * pairs;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / pairs, col = (i % pairs) * 2;
     const T* src = ws + r * p.n + col;
     const bool two = col + 1 < p.n;
@@ -309,25 +332,30 @@ template <typename T> __global__ void sum_planes(const GemmProblem p, int split)
         if (two) v1 += src[s * plane + 1];
       }
     }
-    if constexpr (std::is_same_v<T, double>) store_pair_f64(p, r, col, v0, v1);
-    else store_pair(p, r, col, v0, v1);
+    if constexpr (std::is_same_v<T, double>)
+      store_pair_f64(p, r, col, v0, v1);
+    else
+      store_pair(p, r, col, v0, v1);
   }
 }
 
 // `blocks` x `split` blocks (the split instances, y: the k slice) and then the planes' sum into c.
 template <typename T, typename K>
-cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads, int smem, cudaStream_t stream,
-                                const GemmProblem& p) {
+cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads, int smem,
+                                cudaStream_t stream, const GemmProblem& p) {
   if (!grid_fits(blocks) || split < 2 || split > 65535) return cudaErrorInvalidConfiguration;
   if (smem > 0) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(split)), threads, smem, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(split)), threads, smem,
+           stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const int64_t pairs = p.m * ((p.n + 1) / 2);
-  return launch_blocks(sum_planes<T>, std::min<int64_t>((pairs + 255) / 256, 4096), 256, 0, stream, p, split);
+  return launch_blocks(sum_planes<T>, std::min<int64_t>((pairs + 255) / 256, 4096), 256, 0, stream,
+                       p, split);
 }
 
 // The wgmma split instance's finish (gemm_wgmma.cuh; only the sweeps run it since the k split there
@@ -348,13 +376,15 @@ __device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank
   return v;
 }
 template <int BM, int BN, int THREADS, typename Store>
-__device__ __forceinline__ void reduce_cluster_tile(const float* part, int ld, int split, int tid, Store&& store) {
+__device__ __forceinline__ void reduce_cluster_tile(const float* part, int ld, int split, int tid,
+                                                    Store&& store) {
   constexpr int kRowChunks = BN / 4, kChunks = BM * kRowChunks;
   constexpr int kInFlight = 4;
   static_assert(BN % 4 == 0, "whole 16-byte chunks per row");
   cluster_sync();  // every CTA's partial staged
   const int stride = THREADS * split;
-  for (int e0 = tid + static_cast<int>(cluster_rank()) * THREADS; e0 < kChunks; e0 += kInFlight * stride) {
+  for (int e0 = tid + static_cast<int>(cluster_rank()) * THREADS; e0 < kChunks;
+       e0 += kInFlight * stride) {
     float4 v[kInFlight];
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
@@ -389,9 +419,11 @@ __device__ __forceinline__ void reduce_cluster_tile(const float* part, int ld, i
 // 8 x 8 x 4 block, so the sm_80-89 form (no m16n8k4 there) is the same product in two halves.
 __device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1, double b) {
 #if __CUDA_ARCH__ >= 900
-  asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-               : "d"(a0), "d"(a1), "d"(b));
+  asm volatile(
+      "mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a0), "d"(a1), "d"(b));
 #elif __CUDA_ARCH__ >= 800
   asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
                : "+d"(d[0]), "+d"(d[1])
@@ -409,11 +441,14 @@ __device__ __forceinline__ void mma_f64_k4(double (&d)[4], double a0, double a1,
 // k 0-3 and 4-7, in one instruction on sm_90. One DMMA.16x8x8 is 32 cycles of the pipe where the
 // 16x8x4 is 16: a warp issues half as many, with the fixed wait ptxas puts between a warp's DMMAs (a
 // NOP each) now under more pipe time. cuBLAS's sm90 DGEMM runs this shape.
-__device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4], const double (&b)[2]) {
+__device__ __forceinline__ void mma_f64_k8(double (&d)[4], const double (&a)[4],
+                                           const double (&b)[2]) {
 #if __CUDA_ARCH__ >= 900
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
-               : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
 #else
   mma_f64_k4(d, a[0], a[1], b[0]);
   mma_f64_k4(d, a[2], a[3], b[1]);

@@ -70,17 +70,22 @@ template <> struct F64Tiling<16, 128> : F64Shape<1, 8, 16, 4, 2, false> {};
 // cuBLAS); its 3 stages of 66-72 KB (64 KB unpadded) fill the SM either way, so it keeps the padded rows.
 template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
   static constexpr int kBK = F64Tiling<BM, BN>::kBK;
-  static constexpr bool kASwz = F64Tiling<BM, BN>::kSwizzle && AK, kBSwz = F64Tiling<BM, BN>::kSwizzle && !BNM;
-  static constexpr int kALd = (AK ? kBK : BM) + (kASwz ? 0 : 4);  // AK: [BM][kALd] (k inner); else [BK][kALd]
-  static constexpr int kBLd = (BNM ? BN : kBK) + (kBSwz ? 0 : 4);  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
-  static_assert(kALd % 16 == (kASwz ? 0 : 4) && kBLd % 16 == (kBSwz ? 0 : 4), "conflict-free fragment reads");
+  static constexpr bool kASwz = F64Tiling<BM, BN>::kSwizzle && AK,
+                        kBSwz = F64Tiling<BM, BN>::kSwizzle && !BNM;
+  static constexpr int kALd =
+      (AK ? kBK : BM) + (kASwz ? 0 : 4);  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kBLd =
+      (BNM ? BN : kBK) + (kBSwz ? 0 : 4);  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static_assert(kALd % 16 == (kASwz ? 0 : 4) && kBLd % 16 == (kBSwz ? 0 : 4),
+                "conflict-free fragment reads");
   static constexpr int kA = AK ? BM * kALd : kBK * kALd;
   static constexpr int kB = BNM ? kBK * kBLd : BN * kBLd;
   static constexpr int kStage = kA + kB;  // doubles
   static constexpr int kStages = F64Tiling<BM, BN>::kStages;
   static constexpr int kBytes = kStages * kStage * 8;
   // The blocks an SM is meant to hold fit its 227 KB (plus 1 KB the runtime reserves per block).
-  static_assert(F64Tiling<BM, BN>::kMinBlocks * (kBytes + 1024) <= 228 * 1024, "ring too large for its blocks");
+  static_assert(F64Tiling<BM, BN>::kMinBlocks * (kBytes + 1024) <= 228 * 1024,
+                "ring too large for its blocks");
 
   // A thread's fragment reads: element (w_r + rl + R, w_c + cl + C) of a stored operand, with w_r, w_c
   // the warp's corner (multiples of 16), rl, cl the lane's part (g or t) and R, C constants of the
@@ -92,18 +97,29 @@ template <int BM, int BN, bool AK, bool BNM> struct F64Smem {
     int base[4];
     __device__ Frag(int w_r, int rl, int w_c, int cl, int ld) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u) base[u] = (w_r + rl) * ld + w_c + (SWZ ? (4 * u + cl) ^ ((rl & 3) << 2) : 4 * u + cl);
+      for (int u = 0; u < 4; ++u)
+        base[u] = (w_r + rl) * ld + w_c + (SWZ ? (4 * u + cl) ^ ((rl & 3) << 2) : 4 * u + cl);
     }
-    __device__ int at(int R, int C, int ld) const { return base[(C >> 2) & 3] + R * ld + (C & ~15); }
+    __device__ int at(int R, int C, int ld) const {
+      return base[(C >> 2) & 3] + R * ld + (C & ~15);
+    }
   };
   using AFrag = Frag<kASwz>;
   using BFrag = Frag<kBSwz>;
   // A's and B's fragment readers for lane (g, t) of a warp whose tile starts at (wm0, wn0): A[m][k]
   // read at m = wm0 + g + R, k = t + C (AK, else stored transposed); B[k][n] at k = t + C, n = wn0 + g + R.
-  __device__ static AFrag a_frag(int wm0, int g, int t) { return AK ? AFrag(wm0, g, 0, t, kALd) : AFrag(0, t, wm0, g, kALd); }
-  __device__ static BFrag b_frag(int wn0, int g, int t) { return BNM ? BFrag(0, t, wn0, g, kBLd) : BFrag(wn0, g, 0, t, kBLd); }
-  __device__ static double a(const double* as, const AFrag& f, int m, int k) { return as[AK ? f.at(m, k, kALd) : f.at(k, m, kALd)]; }
-  __device__ static double b(const double* bs, const BFrag& f, int k, int n) { return bs[BNM ? f.at(k, n, kBLd) : f.at(n, k, kBLd)]; }
+  __device__ static AFrag a_frag(int wm0, int g, int t) {
+    return AK ? AFrag(wm0, g, 0, t, kALd) : AFrag(0, t, wm0, g, kALd);
+  }
+  __device__ static BFrag b_frag(int wn0, int g, int t) {
+    return BNM ? BFrag(0, t, wn0, g, kBLd) : BFrag(wn0, g, 0, t, kBLd);
+  }
+  __device__ static double a(const double* as, const AFrag& f, int m, int k) {
+    return as[AK ? f.at(m, k, kALd) : f.at(k, m, kALd)];
+  }
+  __device__ static double b(const double* bs, const BFrag& f, int k, int n) {
+    return bs[BNM ? f.at(k, n, kBLd) : f.at(n, k, kBLd)];
+  }
 };
 
 // The 16-byte copies of one operand's stage when the whole stage lies inside the matrix: OUTER
@@ -139,7 +155,9 @@ template <int OUTER, int INNER, int kLd, int THREADS, bool SWIZZLE> struct F64St
   __device__ __forceinline__ void pass(double* stage, int64_t advance, int i) const {
     const int r = kRowsPerPass % 4 == 0 ? row : row + i * kRowsPerPass;
     const int dst = r * kLd + (SWIZZLE ? col ^ ((r & 3) << 2) : col);
-    if (active) cp_async16(stage + dst + (kRowsPerPass % 4 == 0 ? i * kRowsPerPass * kLd : 0), src + advance + i * pass_step, 16);
+    if (active)
+      cp_async16(stage + dst + (kRowsPerPass % 4 == 0 ? i * kRowsPerPass * kLd : 0),
+                 src + advance + i * pass_step, 16);
   }
 };
 
@@ -149,9 +167,10 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   using S = F64Smem<BM, BN, AK, BNM>;
   using T = F64Tiling<BM, BN>;
   constexpr int kThreads = T::kThreads, WM = T::kWM, WN = T::kWN;  // warps along m and n
-  constexpr int kMmaK = 8;  // DMMA.16x8x8 steps (F64Tiling says why)
+  constexpr int kMmaK = 8;                            // DMMA.16x8x8 steps (F64Tiling says why)
   constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
-  static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0, "whole MMA blocks per warp");
+  static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0,
+                "whole MMA blocks per warp");
   extern __shared__ __align__(16) double smem_f64[];
   GemmProblem p = whole;
   if constexpr (kSplit) {
@@ -171,7 +190,8 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm0 = (warp / WN) * (BM / WM), wn0 = (warp % WN) * (BN / WN);  // the warp tile's corner
-  static_assert((BM / WM) % 16 == 0 && (BN / WN) % 16 == 0, "warp corners leave the swizzled bits alone");
+  static_assert((BM / WM) % 16 == 0 && (BN / WN) % 16 == 0,
+                "warp corners leave the swizzled bits alone");
   const typename S::AFrag frag_a = S::a_frag(wm0, g, t);
   const typename S::BFrag frag_b = S::b_frag(wn0, g, t);
   const int64_t ktiles = (p.k + S::kBK - 1) / S::kBK;
@@ -194,8 +214,8 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
       copy_b.copy(bs, BNM ? k0 * p.ldb : k0);
       return;
     }
-    CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0,
-                         k0, tid, S::kASwz, S::kBSwz);
+    CUOPS_STAGE_OPERANDS(double, BM, BN, S::kBK, kThreads, AK, BNM, p, A, B, as, S::kALd, bs,
+                         S::kBLd, row0, col0, k0, tid, S::kASwz, S::kBSwz);
   };
 
   double acc[MI][NI][4] = {};
@@ -210,14 +230,16 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   // 128 x 64's samples before a stage's first DMMA). Crossing ran 5-10 % faster on the 128-row
   // tiles, and 128 x 64 alone on its SM (1024^3, cuBLAS's grid there) 0.81 -> 1.00x cuBLAS.
   constexpr int kSteps = S::kBK / kMmaK;
-  static_assert(kSteps % 2 == 0, "a stage's steps alternate the two buffers, the next stage starts in buffer 0");
+  static_assert(kSteps % 2 == 0,
+                "a stage's steps alternate the two buffers, the next stage starts in buffer 0");
   double fa[2][MI][kMmaK / 2], fb[2][NI][kMmaK / 4];
   auto load_step = [&](int buf, const double* as, int ks) {
     const double* bs = as + S::kA;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-      for (int i = 0; i < kMmaK / 2; ++i) fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
+      for (int i = 0; i < kMmaK / 2; ++i)
+        fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
@@ -324,23 +346,28 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
       for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+          f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h],
+            acc[mi][ni][2 * h + 1]);
   };
   // The output: c, or (split) this CTA's plane of the workspace.
   const GemmProblem out = kSplit ? planes_problem<double>(whole) : p;
-  each_pair([&](int r, int c, double v0, double v1) { store_pair_f64(out, row0 + r, col0 + c, v0, v1); });
+  each_pair(
+      [&](int r, int c, double v0, double v1) { store_pair_f64(out, row0 + r, col0 + c, v0, v1); });
 }
 
 template <int BM, int BN, bool AK, bool BNM>
 cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes, threads = F64Tiling<BM, BN>::kThreads;
   // Every block an SM is meant to hold needs the whole carveout for shared memory (the rings bypass L1).
-  auto kernel = plan.split_k <= 1 ? dgemm_mma<BM, BN, AK, BNM, false> : dgemm_mma<BM, BN, AK, BNM, true>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               cudaSharedmemCarveoutMaxShared);
+  auto kernel =
+      plan.split_k <= 1 ? dgemm_mma<BM, BN, AK, BNM, false> : dgemm_mma<BM, BN, AK, BNM, true>;
+  const cudaError_t err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
-  if (plan.split_k <= 1) return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, threads, smem, stream, p);
-  return launch_split_planes<double>(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k, threads, smem, stream, p);
+  if (plan.split_k <= 1)
+    return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, threads, smem, stream, p);
+  return launch_split_planes<double>(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k,
+                                     threads, smem, stream, p);
 }
 
 }  // namespace
@@ -365,8 +392,9 @@ bool dmma_runs_on(int dev, bool& wide) {
   int major = 0, smem_optin = 0;
   wide = false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || major < 8 ||
-      smem_optin < 160 * 1024) {
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+          cudaSuccess ||
+      major < 8 || smem_optin < 160 * 1024) {
     (void)cudaGetLastError();
     return false;
   }

@@ -14,7 +14,8 @@ namespace {
 
 constexpr int kHalfThreads = 256, kHBK = 32, kPad = 8;  // kPad elements = 16 bytes
 
-template <bool kTrans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   if constexpr (kTrans) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -26,11 +27,13 @@ template <bool kTrans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+template <typename T> __device__ __forceinline__ void mma16816(float (&d)[4],
+                                                               const uint32_t (&a)[4], uint32_t b0,
+                                                               uint32_t b1) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -45,7 +48,8 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 template <typename T, int BM, int BN, bool AK, bool BNM> struct HalfSmem {
   static constexpr int kALd = (AK ? kHBK : BM) + kPad;  // AK: [BM][kALd] (k inner); else [BK][kALd]
-  static constexpr int kBLd = (BNM ? BN : kHBK) + kPad;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
+  static constexpr int kBLd =
+      (BNM ? BN : kHBK) + kPad;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
   static constexpr int kAElems = AK ? BM * kALd : kHBK * kALd;
   static constexpr int kBElems = BNM ? kHBK * kBLd : BN * kBLd;
   static constexpr int kStageElems = kAElems + kBElems;
@@ -71,7 +75,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
     const int64_t k0 = kt * kHBK;
     T* as = smem + stage * S::kStageElems;
     T* bs = as + S::kAElems;
-    CUOPS_STAGE_OPERANDS(T, BM, BN, kHBK, kHalfThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid, false, false);
+    CUOPS_STAGE_OPERANDS(T, BM, BN, kHBK, kHalfThreads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd,
+                         row0, col0, k0, tid, false, false);
   };
 
   float acc[MI][NI][4] = {};
@@ -120,7 +125,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
-      const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g, c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
+      const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g,
+                    c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
       store_pair_half<T>(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
       store_pair_half<T>(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
     }
@@ -129,7 +135,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
 template <typename T, int BM, int BN, int STAGES, bool AK, bool BNM>
 cudaError_t launch_half(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = STAGES * HalfSmem<T, BM, BN, AK, BNM>::kStageElems * 2;
-  return launch_blocks(hgemm_mma<T, BM, BN, STAGES, AK, BNM>, plan.grid, kHalfThreads, smem, stream, p);
+  return launch_blocks(hgemm_mma<T, BM, BN, STAGES, AK, BNM>, plan.grid, kHalfThreads, smem, stream,
+                       p);
 }
 
 }  // namespace
@@ -139,8 +146,10 @@ cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cud
     using T = decltype(tag);
     return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
       constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
-      if (plan.bm == 128 && plan.bn == 128) return launch_half<T, 128, 128, 4, AK, BNM>(plan, p, stream);
-      if (plan.bm == 64 && plan.bn == 128) return launch_half<T, 64, 128, 4, AK, BNM>(plan, p, stream);
+      if (plan.bm == 128 && plan.bn == 128)
+        return launch_half<T, 128, 128, 4, AK, BNM>(plan, p, stream);
+      if (plan.bm == 64 && plan.bn == 128)
+        return launch_half<T, 64, 128, 4, AK, BNM>(plan, p, stream);
       return cudaErrorInvalidValue;
     });
   };

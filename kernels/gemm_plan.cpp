@@ -167,7 +167,8 @@ int64_t balanced(int64_t units, int64_t most) {
 void wgmma_tile(GemmPlan& p, int bm, int bn, int cm, const GemmDevice& dev) {
   p.bm = bm, p.bn = bn, p.bk = 0, p.cluster_m = cm;
   const int64_t units = cdiv(p.m, int64_t{bm} * cm) * cdiv(p.n, bn);
-  const int64_t most = cm == 1 ? dev.sms : (dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2);
+  const int64_t most =
+      cm == 1 ? dev.sms : (dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2);
   p.grid = balanced(units, std::max<int64_t>(most, 1)) * cm;
 }
 
@@ -194,8 +195,8 @@ void set_tail(GemmPlan& p, int bn, int64_t grid, int64_t units, int split) {
 // tile's sums meet in the cluster's shared memory and leave by the direct epilogue).
 void wgmma_tma_store(GemmPlan& p) {
   const GemmRequest& r = p.req;
-  p.tma_store = r.dtype != DType::Float32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f && aligned(r.c, 16) &&
-                (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
+  p.tma_store = r.dtype != DType::Float32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f &&
+                aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
 }
 
 bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
@@ -211,8 +212,9 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     p.a_kmajor = p.b_nmajor = false;
     p.c_trans = true;
   }
-  const bool maps = (p.a_kmajor ? tma_describes(r.k, p.m, p.lda) : tma_describes(p.m, r.k, p.lda)) &&
-                    (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
+  const bool maps =
+      (p.a_kmajor ? tma_describes(r.k, p.m, p.lda) : tma_describes(p.m, r.k, p.lda)) &&
+      (p.b_nmajor ? tma_describes(p.n, r.k, p.ldb) : tma_describes(r.k, p.n, p.ldb));
   if (!maps) return false;
   p.kernel = GemmKernel::Wgmma;
   // One cost for every choice: the busiest SM's work, (bn + col) x (its waves of tiles (or split CTAs)
@@ -240,7 +242,8 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     const int64_t col = tf32 ? 32 : (bn == 64 ? 48 : bn == 128 ? 32 : 0);
     const int64_t fixed = tf32 ? 0 : (bn == 256 ? 2048 : 512);
     return (bn + col) * (cdiv(tiles * split, std::max<int64_t>(at_once, 1)) *
-                             (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0)) + fixed);
+                             (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0)) +
+                         fixed);
   };
   int64_t bn = 256, split = 1, best = cost(256, 1);
   for (const int64_t w : {int64_t{128}, int64_t{64}}) {
@@ -265,7 +268,8 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   // run without the pairs' multicast), and loses to its fixed cost on short k (gpt-2's 768-wide
   // products: 0.4-0.7x where the data-parallel tiles ran 0.8-0.9x).
   const int64_t bk = tf32 ? 32 : 64, ktiles = cdiv(r.k, bk);
-  const int64_t tail_fix = tf32 ? kWgTailFixK / 2 : kWgTailFixK, per_run = tf32 ? kWgTailPerRunK / 2 : kWgTailPerRunK;
+  const int64_t tail_fix = tf32 ? kWgTailFixK / 2 : kWgTailFixK,
+                per_run = tf32 ? kWgTailPerRunK / 2 : kWgTailPerRunK;
   int64_t tail_bn = 0;
   int tail_runs = 0;
   for (const int64_t w : {int64_t{256}, int64_t{128}, int64_t{64}}) {
@@ -274,7 +278,8 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     if (s == 0) continue;
     const int64_t col = tf32 ? 32 : (w == 64 ? 48 : w == 128 ? 32 : 0);
     const int64_t fixed = tf32 ? 0 : (w == 256 ? 2048 : 512);
-    const int64_t c = (w + col) * ((units / dev.sms) * r.k + cdiv(ktiles, s) * bk + tail_fix + (s - 1) * per_run + fixed);
+    const int64_t c = (w + col) * ((units / dev.sms) * r.k + cdiv(ktiles, s) * bk + tail_fix +
+                                   (s - 1) * per_run + fixed);
     if (c < best) best = c, tail_bn = w, tail_runs = s;
   }
   if (tail_bn > 0) {
@@ -310,7 +315,8 @@ void skinny_split(GemmPlan& p, int rw, int kw, int split) {
   const SkinnyGeometry g = skinny_geometry(p.req.dtype, p.sk_w_kmajor);
   const int64_t outputs = p.sk_tokens_m ? p.n : p.m;
   p.sk_rw = rw, p.sk_kw = kw, p.sk_split = split;
-  p.sk_slice = std::max<int64_t>(g.chunk, cdiv(cdiv(p.req.k, int64_t{kw} * split), g.chunk) * g.chunk);
+  p.sk_slice =
+      std::max<int64_t>(g.chunk, cdiv(cdiv(p.req.k, int64_t{kw} * split), g.chunk) * g.chunk);
   p.grid = cdiv(cdiv(outputs, g.outputs), rw);
   p.bm = p.sk_tokens_m ? p.sk_mt : g.outputs * rw;
   p.bn = p.sk_tokens_m ? g.outputs * rw : p.sk_mt;
@@ -320,7 +326,8 @@ void skinny_split(GemmPlan& p, int rw, int kw, int split) {
 // tensor cores, float32 "highest" by FP32 FMAs), with the weight and x read by
 // TMA, so both describable (and not empty).
 bool skinny_streams(const GemmPlan& p) {
-  const int64_t k = p.req.k, tokens = p.sk_tokens_m ? p.m : p.n, outputs = p.sk_tokens_m ? p.n : p.m;
+  const int64_t k = p.req.k, tokens = p.sk_tokens_m ? p.m : p.n,
+                outputs = p.sk_tokens_m ? p.n : p.m;
   const int64_t ldx = p.sk_tokens_m ? p.lda : p.ldb, ldw = p.sk_tokens_m ? p.ldb : p.lda;
   return k > 0 && tma_describes(k, tokens, ldx) &&
          (p.sk_w_kmajor ? tma_describes(k, outputs, ldw) : tma_describes(outputs, k, ldw));
@@ -381,12 +388,14 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
     split = std::clamp<int64_t>(dev.sms * kSkinnyWarpsPerSm / (groups * 4), 1, cap);
   }
   skinny_split(p, kSkinnyWarps / kw, kw, static_cast<int>(split));
-  p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs" : "small m: k split over a block's warps";
+  p.why = split > 1 ? "small m: k split over four warps and a cluster's CTAs"
+                    : "small m: k split over a block's warps";
   // float32 "highest" at <= 4 tokens with the weight k-contiguous and its groups of 64 outputs more
   // than half the SMs: the per-lane form reads it 3-5 % faster than the FMA stream (1 x 4096 x 28672:
   // 0.99 of copy against 0.95), whose 8-token tiles are mostly padding there.
   const bool fma = r.dtype == DType::Float32 && !r.allow_tf32;
-  const bool lanes_faster = fma && tokens <= 4 && p.sk_w_kmajor && cdiv(outputs, kSkinnyTma.outputs) > dev.sms / 2;
+  const bool lanes_faster =
+      fma && tokens <= 4 && p.sk_w_kmajor && cdiv(outputs, kSkinnyTma.outputs) > dev.sms / 2;
   if (dev.skinny_tma && skinny_streams(p) && !lanes_faster) {
     // Bytes in flight set the pace, not CTAs: 64 CTAs with rings of 4 x 36 KB read as fast as 128
     // with half that, and clusters cost (4 CTAs measured slower everywhere). So where
@@ -400,15 +409,18 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
     const bool f64 = r.dtype == DType::Float64, few = f64 && tma_groups <= kSkinnyF64FewGroups;
     const bool deep = f64 ? !few : tma_groups <= sms_wanted;
     // The chunks are 16-bit elements' counts; float32 and float64 stages hold the same bytes.
-    const int chunk = (deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk) * 2 / static_cast<int>(element_size(r.dtype));
+    const int chunk = (deep ? kSkinnyTmaDeepChunk : kSkinnyTma.chunk) * 2 /
+                      static_cast<int>(element_size(r.dtype));
     const int64_t min_stages = few ? kSkinnyF64FewMinStages : kSkinnyMinStages;
     const int64_t cap = std::clamp<int64_t>(cdiv(r.k, chunk) / min_stages, 1, kSkinnyMaxCluster);
     const int64_t split_tma = few ? std::clamp<int64_t>(dev.sms / tma_groups, 1, cap)
-                              : deep && tma_groups <= sms_wanted ? std::clamp<int64_t>(sms_wanted / tma_groups, 1, cap)
-                                                                 : 1;
+                              : deep && tma_groups <= sms_wanted
+                                  ? std::clamp<int64_t>(sms_wanted / tma_groups, 1, cap)
+                                  : 1;
     p.sk_mt = std::max(p.sk_mt, 8);  // its token tiles are the mma's 8 columns
     skinny_stream(p, kSkinnyTmaStages, chunk, static_cast<int>(split_tma), true);
-    p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs" : "small m, streamed by TMA";
+    p.why = split_tma > 1 ? "small m, streamed by TMA: k split over a cluster's CTAs"
+                          : "small m, streamed by TMA";
   }
   return true;
 }
@@ -452,11 +464,12 @@ struct CostTile {
   int bm, bn, blocks;
   int64_t rate, rate1;
   int64_t min_m = 0, max_m = INT64_MAX;  // the problem rows (after any swap) the tile may take
-  bool every_split = false;  // float64: any k split up to the maximum, not only the swept ones (f64_split_swept)
+  bool every_split =
+      false;  // float64: any k split up to the maximum, not only the swept ones (f64_split_swept)
 };
-constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100}, {128, 64, 2, 95, 96}, {64, 64, 3, 95, 91},
-                                   {32, 64, 3, 82, 70, 17},  {32, 32, 3, 70, 58, 17, 128},
-                                   {16, 128, 2, 25, 60, 0, 32, true}};
+constexpr CostTile kF64Tiles[] = {{128, 128, 1, 100, 100},      {128, 64, 2, 95, 96},
+                                  {64, 64, 3, 95, 91},          {32, 64, 3, 82, 70, 17},
+                                  {32, 32, 3, 70, 58, 17, 128}, {16, 128, 2, 25, 60, 0, 32, true}};
 constexpr int64_t kF64CtaK = 32, kF64MinSlice = 64, kF64MaxSplit = 16, kF64WideMinK = 512;
 // A split's planes summed (sum_planes): ~6 us and the planes' bytes at ~4 TB/s, in units of one
 // 128 x 128 block's FMA (~4.4 ps at the H100's DMMA rate). The L2-warm sweep fits 2 us; the bench
@@ -469,7 +482,9 @@ constexpr int64_t kF64SumFixed = 6000 * 225, kF64SumBytesPerUnit = 26;
 // every one up to kF64MaxSplit for a tile swept so (the 16-row one, in decode). The rates are fitted to
 // measured configurations and say nothing of the others: 128 x 64 split 11, never swept, ran gpt-2's
 // 128 x 768 x 3072 at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x.
-bool f64_split_swept(const CostTile& t, int64_t split) { return t.every_split || split <= 4 || split == 6 || split == 8; }
+bool f64_split_swept(const CostTile& t, int64_t split) {
+  return t.every_split || split <= 4 || split == 6 || split == 8;
+}
 
 // The busiest SM's time for `ctas` CTAs of `work` each, in units of work at the 128 x 128 rate. A last
 // wave that leaves the busiest SM c of its `blocks` blocks runs them at a rate between rate1 (alone)
@@ -479,7 +494,8 @@ int64_t busiest_sm_time(const CostTile& t, int64_t ctas, int64_t slots, int64_t 
   int64_t time = full * t.blocks * work * 100 / t.rate;
   if (rest > 0) {
     const int64_t c = (rest + slots - 1) / slots;
-    const int64_t rate = t.blocks == 1 ? t.rate : t.rate1 + (t.rate - t.rate1) * (c - 1) / (t.blocks - 1);
+    const int64_t rate =
+        t.blocks == 1 ? t.rate : t.rate1 + (t.rate - t.rate1) * (c - 1) / (t.blocks - 1);
     time += c * work * 100 / rate;
   }
   return time;
@@ -494,10 +510,14 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
     if (p.m < t.min_m || p.m > t.max_m) continue;
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kF64MaxSplit; ++split) {
-      if (split > 1 && (cdiv(k, split) < kF64MinSlice || split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace)) break;
+      if (split > 1 && (cdiv(k, split) < kF64MinSlice ||
+                        split_planes_bytes(p.m, p.n, split, 8) > kMaxSplitWorkspace))
+        break;
       if (!f64_split_swept(t, split)) continue;
-      int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
-      if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k <= kF64WideMinK)) cost = cost * 3 / 2;
+      int64_t cost =
+          busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kF64CtaK));
+      if (t.bn == 128 && t.bm == 128 && (p.m % 128 != 0 || p.n % 128 != 0 || k <= kF64WideMinK))
+        cost = cost * 3 / 2;
       if (split > 1) cost += kF64SumFixed + (split + 1) * p.m * p.n * 8 / kF64SumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;
       best = cost;
@@ -506,7 +526,8 @@ void plan_f64(GemmPlan& p, const GemmDevice& dev) {
     }
   }
   p.workspace_bytes = split_planes_bytes(p.m, p.n, p.split_k, 8);
-  p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split (planes summed in order)" : "float64 on FP64 tensor cores";
+  p.why = p.split_k > 1 ? "float64 on FP64 tensor cores, k split (planes summed in order)"
+                        : "float64 on FP64 tensor cores";
 }
 
 // The SIMT kernel's tiles and k split (float32 "highest"), by the float64 kernel's cost: the busiest
@@ -528,8 +549,11 @@ void plan_simt(GemmPlan& p, const GemmDevice& dev) {
   for (const CostTile& t : kSimtTiles) {
     const int64_t n_tiles = cdiv(p.m, t.bm) * cdiv(p.n, t.bn);
     for (int64_t split = 1; split <= kSimtMaxSplit; ++split) {
-      if (split > 1 && (cdiv(k, split) < kSimtMinSlice || split_planes_bytes(p.m, p.n, split, 4) > kMaxSplitWorkspace)) break;
-      int64_t cost = busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kSimtCtaK));
+      if (split > 1 && (cdiv(k, split) < kSimtMinSlice ||
+                        split_planes_bytes(p.m, p.n, split, 4) > kMaxSplitWorkspace))
+        break;
+      int64_t cost =
+          busiest_sm_time(t, n_tiles * split, dev.sms, t.bm * t.bn * (cdiv(k, split) + kSimtCtaK));
       if (split > 1) cost += kSimtSumFixed + (split + 1) * p.m * p.n * 4 / kSimtSumBytesPerUnit;
       if (best >= 0 && cost >= best) continue;
       best = cost;
@@ -538,21 +562,30 @@ void plan_simt(GemmPlan& p, const GemmDevice& dev) {
     }
   }
   p.workspace_bytes = split_planes_bytes(p.m, p.n, p.split_k, 4);
-  p.why = p.split_k > 1 ? "float32 'highest' on FP32 cores, k split (planes summed in order)" : "float32 'highest' on FP32 cores";
+  p.why = p.split_k > 1 ? "float32 'highest' on FP32 cores, k split (planes summed in order)"
+                        : "float32 'highest' on FP32 cores";
 }
 
 }  // namespace
 
 const char* kernel_name(GemmKernel k) {
   switch (k) {
-    case GemmKernel::None: return "none";
-    case GemmKernel::General: return "general";
-    case GemmKernel::Simt: return "simt";
-    case GemmKernel::MmaTf32: return "mma_tf32";
-    case GemmKernel::MmaHalf: return "mma_half";
-    case GemmKernel::Wgmma: return "wgmma";
-    case GemmKernel::Skinny: return "skinny";
-    case GemmKernel::MmaF64: return "mma_f64";
+    case GemmKernel::None:
+      return "none";
+    case GemmKernel::General:
+      return "general";
+    case GemmKernel::Simt:
+      return "simt";
+    case GemmKernel::MmaTf32:
+      return "mma_tf32";
+    case GemmKernel::MmaHalf:
+      return "mma_half";
+    case GemmKernel::Wgmma:
+      return "wgmma";
+    case GemmKernel::Skinny:
+      return "skinny";
+    case GemmKernel::MmaF64:
+      return "mma_f64";
   }
   return "?";
 }
@@ -567,7 +600,8 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
     p.why = "c is empty";
     return p;
   }
-  if (r.dtype == DType::Float64 && !dev.dmma) return general(p, "float64 without FP64 tensor cores");
+  if (r.dtype == DType::Float64 && !dev.dmma)
+    return general(p, "float64 without FP64 tensor cores");
   const int64_t es = element_size(r.dtype), unit = 16 / es;
   int64_t ldc = 0;
   const bool c_row = row_major(r.m, r.n, r.c_stride0, r.c_stride1, 1, ldc);
@@ -595,7 +629,8 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   if (!p.b_nmajor && !row_major(p.n, r.k, B.stride1, B.stride0, unit, p.ldb)) {
     return general(p, "b not readable in place, too small a product to copy it");
   }
-  if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16)) return general(p, "an operand's base not 16-byte aligned");
+  if (!aligned(A.ptr, 16) || !aligned(B.ptr, 16))
+    return general(p, "an operand's base not 16-byte aligned");
 
   if (r.dtype == DType::Float64) {
     GemmPlan s = p;
@@ -612,18 +647,23 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   if (r.dtype != DType::Float32) {
     p.kernel = GemmKernel::MmaHalf;
     p.why = "bf16/fp16 on mma.sync";
-    if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 264) tiles(p, 128, 128, 32);
-    else tiles(p, 64, 128, 32);
+    if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 264)
+      tiles(p, 128, 128, 32);
+    else
+      tiles(p, 64, 128, 32);
     return p;
   }
   if (tf32) {
     p.kernel = GemmKernel::MmaTf32;
     p.why = "TF32 on mma.sync";
-    if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 512) tiles(p, 128, 128, 32);
-    else tiles(p, 64, 128, 32);
+    if (cdiv(p.m, 128) * cdiv(p.n, 128) >= 512)
+      tiles(p, 128, 128, 32);
+    else
+      tiles(p, 64, 128, 32);
     return p;
   }
-  if (!p.a_kmajor && p.lda == 0 && r.k > 1) return general(p, "SIMT: m-major a of leading stride 0");
+  if (!p.a_kmajor && p.lda == 0 && r.k > 1)
+    return general(p, "SIMT: m-major a of leading stride 0");
   p.kernel = GemmKernel::Simt;
   plan_simt(p, dev);
   return p;
@@ -671,7 +711,8 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
   if (plan.kernel == GemmKernel::Wgmma) {
     wgmma_tile(plan, bm == kWgTallBM ? kWgTallBM : kWgmmaBM, bn, cluster_m, dev);
     wgmma_tma_store(plan);
-    plan.bm = bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check
+    plan.bm =
+        bm;  // a block-row count the kernel does not take stays visible to launch_gemm's check
   } else {
     tiles(plan, bm, bn, bk);
     plan.cluster_m = cluster_m;
@@ -683,7 +724,8 @@ GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const G
 GemmPlan with_split_k(GemmPlan plan, int split) {
   if (plan.kernel != GemmKernel::Simt && plan.kernel != GemmKernel::MmaF64) return plan;
   plan.split_k = split;
-  plan.workspace_bytes = split_planes_bytes(plan.m, plan.n, split, plan.kernel == GemmKernel::Simt ? 4 : 8);
+  plan.workspace_bytes =
+      split_planes_bytes(plan.m, plan.n, split, plan.kernel == GemmKernel::Simt ? 4 : 8);
   plan.why = "split set by with_split_k";
   return plan;
 }

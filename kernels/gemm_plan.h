@@ -60,8 +60,8 @@ enum class GemmKernel : int {
   MmaTf32,  // kernels/gemm_tf32.cu: float32 as TF32, mma.sync
   MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
   Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
-  Skinny,   // kernels/gemm_skinny.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
-  MmaF64,   // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
+  Skinny,  // kernels/gemm_skinny.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
+  MmaF64,  // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
 };
 
 // The small-M kernel (kernels/gemm_skinny.cu) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
@@ -73,7 +73,8 @@ constexpr int kSkinnyWarps = 4;
 struct SkinnyGeometry {
   int outputs, chunk;
 };
-constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128}, kSkinnyFloatN{128, 4};
+constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128},
+    kSkinnyFloatN{128, 4};
 // Its streaming form (every float type on sm_90; float64's only form): a producer warp beside the
 // kSkinnyWarps brings the weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
 // stages per CTA; each of the other warps multiplies 16 of the CTA's outputs. A stage holds
@@ -162,7 +163,9 @@ inline int64_t tail_workspace_bytes(int64_t grid, int64_t bm, int64_t bn) {
 
 // The workspace of a k split on independent CTAs (the SIMT and float64 kernels): split_k planes of
 // m x n partial sums of `elem` bytes (4: float32, 8: float64).
-inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t elem) { return split > 1 ? split * m * n * elem : 0; }
+inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t elem) {
+  return split > 1 ? split * m * n * elem : 0;
+}
 
 // For experiments: a SIMT or float64 plan with its k cut into `split` CTAs (workspace_bytes set to the
 // planes'); other plans unchanged.

@@ -26,7 +26,8 @@ __device__ __forceinline__ float4 load_chunk(const float* p, int valid) {
 template <int N> __device__ __forceinline__ void copy_frag(float* dst, const float* src) {
   if constexpr (N % 4 == 0) {
 #pragma unroll
-    for (int q = 0; q < N; q += 4) *reinterpret_cast<float4*>(dst + q) = *reinterpret_cast<const float4*>(src + q);
+    for (int q = 0; q < N; q += 4)
+      *reinterpret_cast<float4*>(dst + q) = *reinterpret_cast<const float4*>(src + q);
   } else {
     static_assert(N == 2, "fragment halves of 2 or a multiple of 4 floats");
     *reinterpret_cast<float2*>(dst) = *reinterpret_cast<const float2*>(src);
@@ -40,7 +41,9 @@ template <int N> __device__ __forceinline__ void copy_frag(float* dst, const flo
 // per operand slot and bank), rows first had 0.19-0.35 conflicts per FFMA over the four layouts and
 // this order 0.10-0.25; cuBLAS's SGEMM has 0.07. On the H100 it took the 128 x 128 tile from 0.91-0.93x
 // cuBLAS to 0.97-0.99x at 4096^3.
-template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&acc)[TM][TN], const float* a, const float* b) {
+template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&acc)[TM][TN],
+                                                                        const float* a,
+                                                                        const float* b) {
 #pragma unroll
   for (int j = 0; j < TN; ++j)
 #pragma unroll
@@ -72,7 +75,8 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
   constexpr int TM = BM / 16, TN = BN / 16;
   static_assert(TM >= 4 && TN >= 4, "register block of at least 4 x 4");
   constexpr int A_CHUNKS = BM * BK / 4, B_CHUNKS = BN * BK / 4;
-  static_assert(A_CHUNKS % kSimtThreads == 0 && B_CHUNKS % kSimtThreads == 0, "whole chunks per thread");
+  static_assert(A_CHUNKS % kSimtThreads == 0 && B_CHUNKS % kSimtThreads == 0,
+                "whole chunks per thread");
   constexpr int A_LOADS = A_CHUNKS / kSimtThreads, B_LOADS = B_CHUNKS / kSimtThreads;
   // An operand transposed on its way in is stored with 4 floats of padding per k row: a warp's
   // scalar stores then land on 32 distinct banks instead of two-way conflicting (BK = 8).
@@ -103,8 +107,10 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
   float4 ra[A_LOADS], rb[B_LOADS];
   // Chunk i of a thread (4 floats): `outer` along the operand's strided axis and `inner` along its
   // contiguous one, relative to the slice's corner; `inner` is the same for all of a thread's chunks.
-  constexpr int A_ROW = AK ? BK / 4 : BM / 4, B_ROW = BNM ? BN / 4 : BK / 4;  // chunks per stored row
-  static_assert(kSimtThreads % A_ROW == 0 && kSimtThreads % B_ROW == 0, "a thread's chunks share `inner`");
+  constexpr int A_ROW = AK ? BK / 4 : BM / 4,
+                B_ROW = BNM ? BN / 4 : BK / 4;  // chunks per stored row
+  static_assert(kSimtThreads % A_ROW == 0 && kSimtThreads % B_ROW == 0,
+                "a thread's chunks share `inner`");
   auto a_outer = [&](int i) { return (tid + i * kSimtThreads) / A_ROW; };
   const int a_inner = (tid % A_ROW) * 4, b_inner = (tid % B_ROW) * 4;
   auto b_outer = [&](int i) { return (tid + i * kSimtThreads) / B_ROW; };
@@ -180,8 +186,10 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
 
   const bool inside = row0 + BM <= p.m && col0 + BN <= p.n;
   float acc[TM][TN] = {};
-  if (inside && BK <= p.k) fetch_full(a_base, b_base);
-  else fetch_edge(0);
+  if (inside && BK <= p.k)
+    fetch_full(a_base, b_base);
+  else
+    fetch_edge(0);
   stash(0);
   __syncthreads();
   int off = 0;  // the buffer being multiplied: byte offset 0 or kStage
@@ -209,7 +217,8 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
         stash(nxt);
         __syncthreads();
       }
-      if (kk < BK - 1 || kMore || more) load_frag((kk + 1) % 2, kk == BK - 1 ? nxt : cur, (kk + 1) % BK);
+      if (kk < BK - 1 || kMore || more)
+        load_frag((kk + 1) % 2, kk == BK - 1 ? nxt : cur, (kk + 1) % BK);
       outer_product(acc, fa[kk % 2], fb[kk % 2]);
     }
   };
@@ -246,7 +255,8 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
 #pragma unroll
   for (int i = 0; i < TM; ++i)
 #pragma unroll
-    for (int j = 0; j < TN; j += 2) store_pair(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
+    for (int j = 0; j < TN; j += 2)
+      store_pair(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
 }
 
 }  // namespace
@@ -255,12 +265,18 @@ cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStr
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
     if (plan.bm == 128 && plan.bn == 128 && plan.bk == 8) {
-      if (plan.split_k > 1) return launch_split_planes<float>(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan.grid, plan.split_k, kSimtThreads, 0, stream, p);
-      return launch_blocks(sgemm_simt<128, 128, 8, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0, stream, p);
+      if (plan.split_k > 1)
+        return launch_split_planes<float>(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan.grid,
+                                          plan.split_k, kSimtThreads, 0, stream, p);
+      return launch_blocks(sgemm_simt<128, 128, 8, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0,
+                           stream, p);
     }
     if (plan.bm == 64 && plan.bn == 64 && plan.bk == 16) {
-      if (plan.split_k > 1) return launch_split_planes<float>(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan.grid, plan.split_k, kSimtThreads, 0, stream, p);
-      return launch_blocks(sgemm_simt<64, 64, 16, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0, stream, p);
+      if (plan.split_k > 1)
+        return launch_split_planes<float>(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan.grid,
+                                          plan.split_k, kSimtThreads, 0, stream, p);
+      return launch_blocks(sgemm_simt<64, 64, 16, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0,
+                           stream, p);
     }
     return cudaErrorInvalidValue;
   });

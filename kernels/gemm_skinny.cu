@@ -60,7 +60,9 @@ __device__ __forceinline__ uint4 ld_weight(const void* p) {
 // x loads (read through L1, where x stays while every warp re-reads it).
 __device__ __forceinline__ uint4 ld_x16(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 __device__ __forceinline__ uint2 ld_x8(const void* p) {
@@ -71,7 +73,8 @@ __device__ __forceinline__ uint2 ld_x8(const void* p) {
 
 // `valid` (0 .. 16 / kElem) elements of size kElem from p, the rest of the 16 (or kBytes) zero: the
 // edges of k and of the outputs, where a whole vector would read past the tensor.
-template <int kElem, int kBytes = 16> __device__ __forceinline__ void ld_partial(void* dst, const void* p, int valid) {
+template <int kElem, int kBytes = 16>
+__device__ __forceinline__ void ld_partial(void* dst, const void* p, int valid) {
   using R = std::conditional_t<kElem == 4, uint32_t, uint16_t>;
   constexpr int kPer = kBytes / kElem;
   R e[kPer];
@@ -87,11 +90,12 @@ template <int kElem> __device__ __forceinline__ uint4 ld16_partial(const void* p
 }
 
 template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -121,14 +125,17 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 //     reaches 0.90 (235 MB weight), with x's load exposed every chunk, or prefetched one ahead.
 // The last, partial chunk (only at the end of k) is read directly, by masked loads.
 template <typename F> struct RingSize {
-  static constexpr int kBytesPerWarp = F::kStages * F::kVecs * 32 * 16;  // also holds the part (static_assert)
+  static constexpr int kBytesPerWarp =
+      F::kStages * F::kVecs * 32 * 16;  // also holds the part (static_assert)
 };
 
 template <typename F>
 __device__ __forceinline__ void stream_ring(F& f, int64_t kb, int64_t ke, uint4* ring, int lane) {
   constexpr int kStages = F::kStages, kVecs = F::kVecs;
   const int64_t chunks = (ke - kb) / F::kChunk;
-  auto slot = [&](int64_t c, int v) { return ring + (static_cast<int>(c % kStages) * kVecs + v) * 32 + lane; };
+  auto slot = [&](int64_t c, int v) {
+    return ring + (static_cast<int>(c % kStages) * kVecs + v) * 32 + lane;
+  };
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {
     if (c < chunks) f.stage(slot(c, 0), kb + int64_t{c} * F::kChunk);
@@ -142,7 +149,8 @@ __device__ __forceinline__ void stream_ring(F& f, int64_t kb, int64_t ke, uint4*
     for (int v = 0; v < kVecs; ++v) w[v] = *slot(c, v);
     f.compute(w, kb + c * F::kChunk, c + 1 < chunks);
     // The slot of chunk c - 1, which this lane read last trip.
-    if (c + kStages - 1 < chunks) f.stage(slot(c + kStages - 1, 0), kb + (c + kStages - 1) * F::kChunk);
+    if (c + kStages - 1 < chunks)
+      f.stage(slot(c + kStages - 1, 0), kb + (c + kStages - 1) * F::kChunk);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -151,12 +159,14 @@ __device__ __forceinline__ void stream_ring(F& f, int64_t kb, int64_t ke, uint4*
 
 // One 16-byte weight vector into this lane's ring slot: whole by cp.async, or (an edge of the
 // outputs) `valid` elements by plain loads and zeros (copy_chunk), none where valid is 0.
-template <int kElem> __device__ __forceinline__ void stage_vec(uint4* slot, const void* src, int valid) {
+template <int kElem>
+__device__ __forceinline__ void stage_vec(uint4* slot, const void* src, int valid) {
   copy_chunk<kElem>(slot, src, valid);
 }
 
 template <int kChunk, int kUnroll, typename G, typename Load, typename Compute, typename Tail>
-__device__ __forceinline__ void stream_k(int64_t kb, int64_t ke, Load&& load, Compute&& compute, Tail&& tail) {
+__device__ __forceinline__ void stream_k(int64_t kb, int64_t ke, Load&& load, Compute&& compute,
+                                         Tail&& tail) {
   constexpr int64_t kStep = int64_t{kChunk} * kUnroll;
   const int64_t full = kb + (ke - kb) / kChunk * kChunk;
   int64_t k = kb;
@@ -189,12 +199,14 @@ __device__ __forceinline__ void stream_k(int64_t kb, int64_t ke, Load&& load, Co
 // A (weight) and B (x) fragments of one m16n8k16 at its k slots {2q, 2q+1, 2q+8, 2q+9}, words 2-3 of
 // a second; weight and x agree on the order, so the sum is the product's.
 template <typename T, int MT> struct HalfK {
-  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kUnroll = 2, kTiles = MT / 8;
+  static constexpr int kRows = kSkinnyHalfK.outputs, kChunk = kSkinnyHalfK.chunk, kUnroll = 2,
+                       kTiles = MT / 8;
   static constexpr int kSmemPerWarp = MT * kRows * 4;  // the warp's part
   struct Chunk {
     uint4 lo, hi, x[kTiles];
   };
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane,
+                             float* red) {
     const int g = lane >> 2, q = lane & 3;
     const T* w = static_cast<const T*>(s.w);
     const T* x = static_cast<const T*>(s.x);
@@ -250,13 +262,15 @@ template <typename T, int MT> struct HalfK {
 // bytes). Byte permutes pair the rows' values of one output into the (k, k+1) words the A fragment
 // holds: mma i takes outputs 8g + 2i (fragment row g) and 8g + 2i + 1 (row g + 8).
 template <typename T, int MT> struct HalfN {
-  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kUnroll = 2, kTiles = MT / 8;
+  static constexpr int kRows = kSkinnyHalfN.outputs, kChunk = kSkinnyHalfN.chunk, kUnroll = 2,
+                       kTiles = MT / 8;
   static constexpr int kSmemPerWarp = MT * kRows * 4;  // the warp's part
   struct Chunk {
     uint4 w[4];
     uint2 x[kTiles];
   };
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane,
+                             float* red) {
     const int g = lane >> 2, q = lane & 3;
     const T* w = static_cast<const T*>(s.w);
     const T* x = static_cast<const T*>(s.x);
@@ -278,15 +292,19 @@ template <typename T, int MT> struct HalfN {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const T* p = wc + (k + r) * s.ldw;
-        if (r >= rows || cols == 0) c.w[r] = zero;
-        else if (cols == 8) c.w[r] = ld_weight(p);
-        else c.w[r] = ld16_partial<2>(p, cols);
+        if (r >= rows || cols == 0)
+          c.w[r] = zero;
+        else if (cols == 8)
+          c.w[r] = ld_weight(p);
+        else
+          c.w[r] = ld16_partial<2>(p, cols);
       }
     };
     auto compute = [&](const Chunk& c, int64_t) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t r0 = (&c.w[0].x)[i], r1 = (&c.w[1].x)[i], r2 = (&c.w[2].x)[i], r3 = (&c.w[3].x)[i];
+        const uint32_t r0 = (&c.w[0].x)[i], r1 = (&c.w[1].x)[i], r2 = (&c.w[2].x)[i],
+                       r3 = (&c.w[3].x)[i];
         const uint32_t a0 = prmt(r0, r1, 0x5410), a1 = prmt(r0, r1, 0x7632);
         const uint32_t a2 = prmt(r2, r3, 0x5410), a3 = prmt(r2, r3, 0x7632);
 #pragma unroll
@@ -329,7 +347,8 @@ template <typename T, int MT> struct HalfN {
 // lane * kN / 32 + i (kN >= 32) or lane / (32 / kN) (kN < 32). Each sum is taken in one fixed order.
 // With kHi / kLo, over the lanes that differ only in the bits from kHi down to kLo (powers of two):
 // the same with `lane` read as those bits' number and 32 as the lanes in such a group.
-template <int kN, int kHi = 16, int kLo = 1> __device__ __forceinline__ void warp_reduce_scatter(float (&v)[kN], int lane) {
+template <int kN, int kHi = 16, int kLo = 1>
+__device__ __forceinline__ void warp_reduce_scatter(float (&v)[kN], int lane) {
   int len = kN;
 #pragma unroll
   for (int off = kHi; off >= kLo; off >>= 1) {
@@ -351,7 +370,8 @@ template <int kN, int kHi = 16, int kLo = 1> __device__ __forceinline__ void war
 }
 
 __device__ __forceinline__ float4 as_float4(const uint4& v) {
-  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
+                     __uint_as_float(v.w));
 }
 
 // float32, weight k-contiguous. The lanes split each chunk of 128 k (4 floats each) over kRows
@@ -362,7 +382,8 @@ template <int MT> struct FloatK {
   static constexpr int kRows = kSkinnyFloatK.outputs, kChunk = kSkinnyFloatK.chunk;
   static constexpr int kVecs = kRows, kStages = 4;
   static constexpr int kSmemPerWarp = RingSize<FloatK>::kBytesPerWarp;
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane,
+                             float* red) {
     FloatK f(s, row0, lane);
     stream_ring(f, kb, ke, reinterpret_cast<uint4*>(red), lane);
     f.finish(red);
@@ -408,7 +429,8 @@ template <int MT> struct FloatK {
     const int valid = static_cast<int>(max(int64_t{0}, min(int64_t{4}, s.k - k - 4 * lane)));
     uint4 w[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) w[r] = ok_r[r] ? ld16_partial<4>(wr[r] + k, valid) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < kRows; ++r)
+      w[r] = ok_r[r] ? ld16_partial<4>(wr[r] + k, valid) : make_uint4(0, 0, 0, 0);
     multiply(w, k, valid);
   }
   __device__ void finish(float* red) {
@@ -434,7 +456,8 @@ template <int MT> struct FloatN {
   static constexpr int kRows = kSkinnyFloatN.outputs, kChunk = kSkinnyFloatN.chunk;
   static constexpr int kVecs = 4, kStages = 4;
   static constexpr int kSmemPerWarp = RingSize<FloatN>::kBytesPerWarp;
-  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane, float* red) {
+  __device__ static void run(const Skinny& s, int64_t row0, int64_t kb, int64_t ke, int lane,
+                             float* red) {
     FloatN f(s, row0, lane);
     stream_ring(f, kb, ke, reinterpret_cast<uint4*>(red), lane);
     f.finish(red);
@@ -477,13 +500,15 @@ template <int MT> struct FloatN {
     const int rows = static_cast<int>(s.k - k);
     uint4 w[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) w[r] = r < rows ? ld16_partial<4>(wc + (k + r) * s.ldw, cols) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < 4; ++r)
+      w[r] = r < rows ? ld16_partial<4>(wc + (k + r) * s.ldw, cols) : make_uint4(0, 0, 0, 0);
     multiply(w, k, rows);
   }
   __device__ void finish(float* red) {
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
-      *reinterpret_cast<float4*>(red + t * kRows + 4 * lane) = make_float4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+      *reinterpret_cast<float4*>(red + t * kRows + 4 * lane) =
+          make_float4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
     }
   }
 };
@@ -492,12 +517,16 @@ template <int MT> struct FloatN {
 // The sum at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
 __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
   float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(map_cluster(smem_addr(local), rank)));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n"
+               : "=f"(v)
+               : "r"(map_cluster(smem_addr(local), rank)));
   return v;
 }
 __device__ __forceinline__ double ld_cluster(const double* local, int rank) {
   double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(map_cluster(smem_addr(local), rank)));
+  asm volatile("ld.shared::cluster.f64 %0, [%1];\n"
+               : "=d"(v)
+               : "r"(map_cluster(smem_addr(local), rank)));
   return v;
 }
 #endif
@@ -506,7 +535,8 @@ __device__ __forceinline__ double ld_cluster(const double* local, int rank) {
 // sum_at(t, o) points to in this CTA's shared memory (all of them written before the call), plus beta
 // times out. With a cluster along k (gridDim.y CTAs), each CTA stores a share and every output's sum
 // is taken over the cluster in rank order, whichever CTA finishes it. All threads of the block call.
-template <typename T, int MT, typename SumAt> __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at) {
+template <typename T, int MT, typename SumAt>
+__device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at) {
   const int split = static_cast<int>(gridDim.y);
   int rank = 0;
 #if __CUDA_ARCH__ >= 900
@@ -515,12 +545,14 @@ template <typename T, int MT, typename SumAt> __device__ __forceinline__ void st
     rank = static_cast<int>(cluster_rank());
   }
 #else
-  if (split > 1) __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
+  if (split > 1)
+    __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
 #endif
   __syncthreads();
   // Output element e: token e / outs, output e % outs (consecutive threads along o).
   const int threads = static_cast<int>(blockDim.x);
-  for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * outs; e += threads * split) {
+  for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * outs;
+       e += threads * split) {
     const int t = e / outs, o = e % outs;
     const int64_t og = int64_t{blockIdx.x} * outs + o;
     if (t >= s.tokens || og >= s.outputs) continue;
@@ -548,8 +580,8 @@ template <typename T, int MT, typename SumAt> __device__ __forceinline__ void st
 #endif
 }
 
-template <typename T, typename F, int MT>
-__global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
+template <typename T, typename F, int MT> __global__ void __launch_bounds__(kThreads)
+    gemm_skinny(Skinny s) {
   constexpr int kRows = F::kRows, kRed = MT * kRows;
   static_assert(kRed * 4 <= F::kSmemPerWarp, "a warp's part fits in its share");
   // Per warp: its ring (float32), then (after its last copy landed) its part of the sums.
@@ -572,7 +604,9 @@ __global__ void __launch_bounds__(kThreads) gemm_skinny(Skinny s) {
     part(r * s.kw)[i] = v;
   }
   // Output (t, o): the sum in the first k-warp's part of o's row of warps.
-  store_outputs<T, MT>(s, s.rw * kRows, [&](int t, int o) { return part((o / kRows) * s.kw) + t * kRows + o % kRows; });
+  store_outputs<T, MT>(s, s.rw * kRows, [&](int t, int o) {
+    return part((o / kRows) * s.kw) + t * kRows + o % kRows;
+  });
 }
 
 // ---- The streaming form (sm_90; gemm_plan.h's kSkinnyTma)
@@ -594,7 +628,8 @@ constexpr int kTmaThreads = (kSkinnyWarps + 1) * 32;
 // to 1024 bytes (the swizzle's period).
 constexpr int tma_smem(int elem, int mt, int stages, int chunk) {
   const int acc = elem == 8 ? 8 : 4;
-  return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * acc + 16 * stages + 1024;
+  return stages * (kSkinnyTma.outputs + mt) * chunk * elem + mt * kSkinnyTma.outputs * acc +
+         16 * stages + 1024;
 }
 
 #if __CUDA_ARCH__ >= 900  // the streaming form's helpers (its kernel body is sm_90 only)
@@ -603,10 +638,11 @@ __device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
   return r;
 }
-__device__ __forceinline__ void mma1688_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma1688_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -627,7 +663,9 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
 }
 // The shared-memory address of 16-byte unit `unit` of row `row` in a 128-byte swizzled box.
 __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int unit) {
@@ -635,7 +673,9 @@ __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int unit) {
 }
 __device__ __forceinline__ float4 lds128(uint32_t addr) {
   float4 v;
-  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
   return v;
 }
 
@@ -651,11 +691,12 @@ __device__ __forceinline__ float4 lds128(uint32_t addr) {
 //   o-contiguous weight: lane & 7 owns outputs 4u .. 4u + 3 of both 32-output boxes, and the k
 //     groups j (lane >> 3 and the warps not on tokens) k 4j .. 4j + 3 of each 4 x groups.
 template <int MT, bool WK>
-__device__ __forceinline__ void fma_consume(void* ring, uint32_t base, int stage_bytes, int w_bytes, int chunk,
-                                            int stages, int n, uint32_t full, uint32_t empty, int warp, int lane,
-                                            float* part) {
+__device__ __forceinline__ void fma_consume(void* ring, uint32_t base, int stage_bytes, int w_bytes,
+                                            int chunk, int stages, int n, uint32_t full,
+                                            uint32_t empty, int warp, int lane, float* part) {
   constexpr int kOut = kSkinnyTma.outputs, kN = 64;
-  constexpr int kHalves = MT / 8, kGroups = (WK ? 2 : 4) / kHalves;  // token halves; k groups of warps
+  constexpr int kHalves = MT / 8,
+                kGroups = (WK ? 2 : 4) / kHalves;  // token halves; k groups of warps
   float acc[kN] = {};  // acc[o * 8 + tt]: the thread's output o, token 8 th + tt
   const int u = lane & 7, th = kHalves == 2 ? warp >> 1 : 0;
   const int group = kHalves == 2 ? (WK ? 0 : warp & 1) : (WK ? warp >> 1 : warp);
@@ -723,7 +764,7 @@ __device__ __forceinline__ void fma_consume(void* ring, uint32_t base, int stage
     warp_reduce_scatter<kN, 16, 8>(acc, lane);
   }
   asm volatile("bar.sync 1, %0;\n" ::"n"(kSkinnyWarps * 32) : "memory");  // the consumers only
-  float* const red = static_cast<float*>(ring);  // at `base`
+  float* const red = static_cast<float*>(ring);                           // at `base`
 #pragma unroll
   for (int i = 0; i < kKeep; ++i) {
     // The sum at acc index (the lane's share) * kKeep + i: the thread's output idx / 8, token idx % 8.
@@ -759,8 +800,9 @@ __device__ __forceinline__ void lds_f64x2(double& x, double& y, uint32_t addr) {
 // The stage is released after its last batch's fragments are read, before their DMMAs, as the
 // 16-bit consumer does; two accumulator sets (even and odd steps) halve the chain of dependent DMMAs.
 template <int MT, bool WK>
-__device__ __forceinline__ void dmma_consume(uint32_t base, int stage_bytes, int w_bytes, int chunk, int stages, int n,
-                                             uint32_t full, uint32_t empty, int warp, int lane, double* part) {
+__device__ __forceinline__ void dmma_consume(uint32_t base, int stage_bytes, int w_bytes, int chunk,
+                                             int stages, int n, uint32_t full, uint32_t empty,
+                                             int warp, int lane, double* part) {
   constexpr int kOut = kSkinnyTma.outputs, kNT = MT / 8, kSteps = 4;  // a batch: two boxes
   const int g = lane >> 2, t = lane & 3;
   double acc[2][kNT][4] = {};
@@ -817,9 +859,9 @@ __device__ __forceinline__ void dmma_consume(uint32_t base, int stage_bytes, int
 #endif
 
 template <typename T, int MT, bool WK, bool FMA>
-__global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(const __grid_constant__ CUtensorMap mw,
-                                                                const __grid_constant__ CUtensorMap mx, Skinny s,
-                                                                int stages, int chunk) {
+__global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
+    gemm_skinny_tma(const __grid_constant__ CUtensorMap mw, const __grid_constant__ CUtensorMap mx,
+                    Skinny s, int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
   constexpr int kOut = kSkinnyTma.outputs;
   // A box row is 128 bytes: kBoxK elements; one mma step takes kStepK of k (two 16-byte units).
@@ -857,7 +899,8 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
         mbar_expect_tx(bar, stage_bytes);
         const int k = static_cast<int>(kb + int64_t{i} * chunk);
         if constexpr (!WK) {
-          for (int b = 0; b < kOut / kBoxK; ++b) tma_load(wt + b * chunk * 128, &mw, row0 + b * kBoxK, k, bar);
+          for (int b = 0; b < kOut / kBoxK; ++b)
+            tma_load(wt + b * chunk * 128, &mw, row0 + b * kBoxK, k, bar);
         }
         for (int b = 0; b < chunk / kBoxK; ++b) {
           if constexpr (WK) tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
@@ -866,9 +909,11 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
       }
     }
   } else if constexpr (FMA) {
-    fma_consume<MT, WK>(smem, base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane, part);
+    fma_consume<MT, WK>(smem, base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane,
+                        part);
   } else if constexpr (std::is_same_v<T, double>) {
-    dmma_consume<MT, WK>(base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane, part);
+    dmma_consume<MT, WK>(base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane,
+                         part);
   } else {
     // Two accumulator sets (even and odd k steps) halve the chain of dependent mma per stage. Each
     // 8 steps (two boxes) of a stage are read into registers first (ldmatrix), and the stage is
@@ -930,10 +975,12 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1) gemm_skinny_tma(cons
 #pragma unroll
             for (int e = 0; e < kB; ++e) b[s][e] = to_tf32(b[s][e]);
             mma1688_tf32(acc[s & 1][0], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
-            if constexpr (MT == 16) mma1688_tf32(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
+            if constexpr (MT == 16)
+              mma1688_tf32(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
           } else {
             mma16816<T>(acc[s & 1][0], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
-            if constexpr (MT == 16) mma16816<T>(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
+            if constexpr (MT == 16)
+              mma16816<T>(acc[s & 1][1], a[s][0], a[s][1], a[s][2], a[s][3], b[s][2], b[s][3]);
           }
         }
       }
@@ -965,8 +1012,9 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
   const int smem = tma_smem(kElem, MT, stages, chunk);
   // A stage is whole register batches of 8 steps (two boxes), at most 256 rows (a box's limit).
-  if (stages < 2 || chunk < 2 * kBoxK || chunk > 256 || chunk % (2 * kBoxK) != 0 || s.slice % chunk != 0 ||
-      smem > 227 * 1024 || split < 1 || split > 8 || !grid_fits(plan.grid)) {
+  if (stages < 2 || chunk < 2 * kBoxK || chunk > 256 || chunk % (2 * kBoxK) != 0 ||
+      s.slice % chunk != 0 || smem > 227 * 1024 || split < 1 || split > 8 ||
+      !grid_fits(plan.grid)) {
     return cudaErrorInvalidValue;
   }
   CUtensorMap mw, mx;
@@ -976,7 +1024,8 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
   constexpr auto kernel = gemm_skinny_tma<T, MT, WK, FMA>;
   // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2]{};
@@ -988,7 +1037,8 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   if (split > 1) {
     cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
     a.id = cudaLaunchAttributeClusterDimension;
-    a.val.clusterDim.x = 1, a.val.clusterDim.y = static_cast<unsigned>(split), a.val.clusterDim.z = 1;
+    a.val.clusterDim.x = 1, a.val.clusterDim.y = static_cast<unsigned>(split),
+    a.val.clusterDim.z = 1;
   }
   if (plan.sk_pdl) {
     cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
@@ -1002,13 +1052,19 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
 template <typename T, bool FMA = false>
 cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const bool k = plan.sk_w_kmajor;
-  if (plan.sk_mt == 8) return k ? launch_tma<T, 8, true, FMA>(plan, s, stream) : launch_tma<T, 8, false, FMA>(plan, s, stream);
-  if (plan.sk_mt == 16) return k ? launch_tma<T, 16, true, FMA>(plan, s, stream) : launch_tma<T, 16, false, FMA>(plan, s, stream);
+  if (plan.sk_mt == 8)
+    return k ? launch_tma<T, 8, true, FMA>(plan, s, stream)
+             : launch_tma<T, 8, false, FMA>(plan, s, stream);
+  if (plan.sk_mt == 16)
+    return k ? launch_tma<T, 16, true, FMA>(plan, s, stream)
+             : launch_tma<T, 16, false, FMA>(plan, s, stream);
   return cudaErrorInvalidValue;
 }
 
-template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  if (!grid_fits(plan.grid) || plan.sk_split < 1 || plan.sk_split > 8) return cudaErrorInvalidConfiguration;
+template <typename T, typename F, int MT>
+cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  if (!grid_fits(plan.grid) || plan.sk_split < 1 || plan.sk_split > 8)
+    return cudaErrorInvalidConfiguration;
   constexpr int kSmem = kSkinnyWarps * F::kSmemPerWarp;
   static_assert(kSmem <= 48 * 1024, "no opt-in to more shared memory needed");
   cudaLaunchConfig_t cfg{};
@@ -1019,7 +1075,8 @@ template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& pla
   cfg.stream = stream;
   if (plan.sk_split > 1) {
     attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(plan.sk_split), attr.val.clusterDim.z = 1;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = static_cast<unsigned>(plan.sk_split),
+    attr.val.clusterDim.z = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
   }
@@ -1028,17 +1085,27 @@ template <typename T, typename F, int MT> cudaError_t launch(const GemmPlan& pla
 
 template <typename T, template <typename, int> class FK, template <typename, int> class FN>
 cudaError_t launch_half(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  if (plan.sk_mt == 8) return plan.sk_w_kmajor ? launch<T, FK<T, 8>, 8>(plan, s, stream) : launch<T, FN<T, 8>, 8>(plan, s, stream);
-  if (plan.sk_mt == 16) return plan.sk_w_kmajor ? launch<T, FK<T, 16>, 16>(plan, s, stream) : launch<T, FN<T, 16>, 16>(plan, s, stream);
+  if (plan.sk_mt == 8)
+    return plan.sk_w_kmajor ? launch<T, FK<T, 8>, 8>(plan, s, stream)
+                            : launch<T, FN<T, 8>, 8>(plan, s, stream);
+  if (plan.sk_mt == 16)
+    return plan.sk_w_kmajor ? launch<T, FK<T, 16>, 16>(plan, s, stream)
+                            : launch<T, FN<T, 16>, 16>(plan, s, stream);
   return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_float(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const bool k = plan.sk_w_kmajor;
   switch (plan.sk_mt) {
-    case 4: return k ? launch<float, FloatK<4>, 4>(plan, s, stream) : launch<float, FloatN<4>, 4>(plan, s, stream);
-    case 8: return k ? launch<float, FloatK<8>, 8>(plan, s, stream) : launch<float, FloatN<8>, 8>(plan, s, stream);
-    case 16: return k ? launch<float, FloatK<16>, 16>(plan, s, stream) : launch<float, FloatN<16>, 16>(plan, s, stream);
+    case 4:
+      return k ? launch<float, FloatK<4>, 4>(plan, s, stream)
+               : launch<float, FloatN<4>, 4>(plan, s, stream);
+    case 8:
+      return k ? launch<float, FloatK<8>, 8>(plan, s, stream)
+               : launch<float, FloatN<8>, 8>(plan, s, stream);
+    case 16:
+      return k ? launch<float, FloatK<16>, 16>(plan, s, stream)
+               : launch<float, FloatN<16>, 16>(plan, s, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -1065,18 +1132,28 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
   }
   if (plan.sk_tma) {
     switch (plan.req.dtype) {
-      case DType::BFloat16: return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
-      case DType::Float16: return launch_tma_typed<__half>(plan, s, stream);
-      case DType::Float32: return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream) : launch_tma_typed<float, true>(plan, s, stream);
-      case DType::Float64: return launch_tma_typed<double>(plan, s, stream);
-      default: return cudaErrorInvalidValue;
+      case DType::BFloat16:
+        return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
+      case DType::Float16:
+        return launch_tma_typed<__half>(plan, s, stream);
+      case DType::Float32:
+        return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream)
+                                   : launch_tma_typed<float, true>(plan, s, stream);
+      case DType::Float64:
+        return launch_tma_typed<double>(plan, s, stream);
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   switch (plan.req.dtype) {
-    case DType::BFloat16: return launch_half<__nv_bfloat16, HalfK, HalfN>(plan, s, stream);
-    case DType::Float16: return launch_half<__half, HalfK, HalfN>(plan, s, stream);
-    case DType::Float32: return launch_float(plan, s, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::BFloat16:
+      return launch_half<__nv_bfloat16, HalfK, HalfN>(plan, s, stream);
+    case DType::Float16:
+      return launch_half<__half, HalfK, HalfN>(plan, s, stream);
+    case DType::Float32:
+      return launch_float(plan, s, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -1089,7 +1166,9 @@ bool skinny_clusters_on(int dev) {
     return false;
   }
   cudaFuncAttributes attr{};
-  if (major < 9 || cudaFuncGetAttributes(&attr, gemm_skinny<__nv_bfloat16, HalfK<__nv_bfloat16, 8>, 8>) != cudaSuccess) {
+  if (major < 9 ||
+      cudaFuncGetAttributes(&attr, gemm_skinny<__nv_bfloat16, HalfK<__nv_bfloat16, 8>, 8>) !=
+          cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }

@@ -20,18 +20,23 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 // Shared-memory geometry of one stage. Padding: 4 floats on rows of 32 (k), 4 on rows of BM (m)
 // and 8 on rows of BN (n) make the (g, t) fragment pattern of m16n8k8 land on distinct banks.
 template <int BM, int BN, bool AK, bool BNM> struct Tf32Smem {
-  static constexpr int kALd = AK ? kBK + 4 : BM + 4;  // AK: [BM][kALd] (k inner); else [BK][kALd]
+  static constexpr int kALd = AK ? kBK + 4 : BM + 4;   // AK: [BM][kALd] (k inner); else [BK][kALd]
   static constexpr int kBLd = BNM ? BN + 8 : kBK + 4;  // BNM: [BK][kBLd] (n inner); else [BN][kBLd]
   static constexpr int kAFloats = AK ? BM * kALd : kBK * kALd;
   static constexpr int kBFloats = BNM ? kBK * kBLd : BN * kBLd;
   static constexpr int kStageFloats = kAFloats + kBFloats;
-  __device__ static float a(const float* as, int m, int k) { return AK ? as[m * kALd + k] : as[k * kALd + m]; }
-  __device__ static float b(const float* bs, int k, int n) { return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k]; }
+  __device__ static float a(const float* as, int m, int k) {
+    return AK ? as[m * kALd + k] : as[k * kALd + m];
+  }
+  __device__ static float b(const float* bs, int k, int n) {
+    return BNM ? bs[k * kBLd + n] : bs[n * kBLd + k];
+  }
 };
 
 template <int BM, int BN, int STAGES, bool AK, bool BNM>
 // Two blocks per SM fit the 64 x 128 tile in 128 registers; the 128 x 128 tile spills there, so it runs one.
-__global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgemm_tf32(GemmProblem p) {
+__global__ void __launch_bounds__(kTf32Threads, BM* BN > 64 * 128 ? 1 : 2)
+    sgemm_tf32(GemmProblem p) {
   using S = Tf32Smem<BM, BN, AK, BNM>;
   constexpr int MI = BM / 32, NI = BN / 32;  // m16 and n8 tiles per warp
   extern __shared__ __align__(16) float smem[];
@@ -48,7 +53,8 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
     const int64_t k0 = kt * kBK;
     float* as = smem + stage * S::kStageFloats;
     float* bs = as + S::kAFloats;
-    CUOPS_STAGE_OPERANDS(float, BM, BN, kBK, kTf32Threads, AK, BNM, p, A, B, as, S::kALd, bs, S::kBLd, row0, col0, k0, tid, false, false);
+    CUOPS_STAGE_OPERANDS(float, BM, BN, kBK, kTf32Threads, AK, BNM, p, A, B, as, S::kALd, bs,
+                         S::kBLd, row0, col0, k0, tid, false, false);
   };
 
   float acc[MI][NI][4] = {};
@@ -78,10 +84,12 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
         for (int ni = 0; ni < NI; ++ni) {
           float* d = acc[mi][ni];
           asm volatile(
-              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+              "{%8,%9}, "
               "{%0,%1,%2,%3};\n"
               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-              : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]), "r"(bf[ni][1]));
+              : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]), "r"(bf[ni][0]),
+                "r"(bf[ni][1]));
         }
     }
   });
@@ -89,7 +97,8 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
-      const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g, c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
+      const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g,
+                    c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
       store_pair(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
       store_pair(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
     }
@@ -98,7 +107,8 @@ __global__ void __launch_bounds__(kTf32Threads, BM * BN > 64 * 128 ? 1 : 2) sgem
 template <int BM, int BN, int STAGES, bool AK, bool BNM>
 cudaError_t launch_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = STAGES * Tf32Smem<BM, BN, AK, BNM>::kStageFloats * 4;
-  return launch_blocks(sgemm_tf32<BM, BN, STAGES, AK, BNM>, plan.grid, kTf32Threads, smem, stream, p);
+  return launch_blocks(sgemm_tf32<BM, BN, STAGES, AK, BNM>, plan.grid, kTf32Threads, smem, stream,
+                       p);
 }
 
 }  // namespace

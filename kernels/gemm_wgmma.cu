@@ -12,10 +12,14 @@ namespace cuops::kernels::detail {
 #if CUOPS_WGMMA_BUILD
 cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   switch (plan.req.dtype) {
-    case DType::BFloat16: return launch_wgmma_bf16(plan, p, stream);
-    case DType::Float16: return launch_wgmma_f16(plan, p, stream);
-    case DType::Float32: return launch_wgmma_tf32(plan, p, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::BFloat16:
+      return launch_wgmma_bf16(plan, p, stream);
+    case DType::Float16:
+      return launch_wgmma_f16(plan, p, stream);
+    case DType::Float32:
+      return launch_wgmma_tf32(plan, p, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 #else
@@ -23,7 +27,9 @@ bool wgmma_runs_on(int, int& pair_clusters) {
   pair_clusters = 0;
   return false;
 }
-cudaError_t launch_gemm_wgmma(const GemmPlan&, const GemmProblem&, cudaStream_t) { return cudaErrorInvalidValue; }
+cudaError_t launch_gemm_wgmma(const GemmPlan&, const GemmProblem&, cudaStream_t) {
+  return cudaErrorInvalidValue;
+}
 #endif
 
 }  // namespace cuops::kernels::detail

@@ -18,7 +18,6 @@
 // compiles for compute_90a (CUOPS_WGMMA_BUILD).
 #pragma once
 
-
 #include "gemm.cuh"
 #include "trace.cuh"
 #include "wgmma.cuh"
@@ -60,7 +59,8 @@ template <typename T, int BM, int BN> struct WgCfg {
   // 128 rows: 4 stages of 48 KiB, 6 of 32 KiB or 8 of 24 KiB beside the output buffer; 4 of 48 KiB
   // without it. 192 x 128: 5 of 40 KiB.
   static constexpr int kStages = (225 * 1024 - kCBytes) / kStageBytes;
-  static constexpr int kSmem = kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
+  static constexpr int kSmem =
+      kStages * kStageBytes + kCBytes + 1024 + 2 * kStages * 8;  // + alignment, barriers
   static_assert(kSmem <= 227 * 1024, "one block per SM's shared memory");
 };
 
@@ -78,7 +78,6 @@ __device__ __forceinline__ int rs_row(int warp, int lane, int second) {
   const int base = (warp / 2) * 32 + 8 * (warp % 2) + 16 * (lane / 16);
   return base + 2 * ((lane / 4) % 4) + second;
 }
-
 
 // A position in the ring of kStages stages: the stage, and the parity of its current use. The
 // producer and both consumer paths count k-tiles through it the same way.
@@ -113,18 +112,22 @@ enum class WgPart { Whole, Head, Tail };
 // (from first_unit by unit_step, k-tiles kt0 .. kt0 + ktiles - 1: a cluster split's slice), then its
 // run of a tail tile.
 template <typename F>
-__device__ __forceinline__ void walk_units(int64_t units, int64_t first_unit, int64_t unit_step, int kt0, int ktiles,
-                                           const WgTail& tail, F&& f) {
+__device__ __forceinline__ void walk_units(int64_t units, int64_t first_unit, int64_t unit_step,
+                                           int kt0, int ktiles, const WgTail& tail, F&& f) {
   const int64_t dp = units - tail.units;
   for (int64_t u = first_unit; u < dp; u += unit_step) f(u, kt0, ktiles, WgPart::Whole);
   if (tail.units <= 0 || blockIdx.x >= tail.units * tail.split) return;
   // 32-bit: tail.units <= the grid (<= SMs), split <= 16 and ktiles <= 2^26 (k <= INT32_MAX: tma_describes),
   // so ktiles x (run + 1) < 2^32
   // (in 64 bits the Tails' first load came ~0.15 us later: 1.07 -> 0.92 us after entry).
-  const uint32_t units32 = static_cast<uint32_t>(tail.units), split = static_cast<uint32_t>(tail.split);
+  const uint32_t units32 = static_cast<uint32_t>(tail.units),
+                 split = static_cast<uint32_t>(tail.split);
   const uint32_t run = blockIdx.x / units32, kt = static_cast<uint32_t>(ktiles);
   const int k0 = static_cast<int>(kt * run / split), k1 = static_cast<int>(kt * (run + 1) / split);
-  f(dp + blockIdx.x % units32, k0, k1 - k0, tail.split == 1 ? WgPart::Whole : run == 0 ? WgPart::Head : WgPart::Tail);
+  f(dp + blockIdx.x % units32, k0, k1 - k0,
+    tail.split == 1 ? WgPart::Whole
+    : run == 0      ? WgPart::Head
+                    : WgPart::Tail);
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -137,12 +140,14 @@ __device__ __forceinline__ void st_release(int* p, int v) {
 }
 
 // A Tail's sums into this CTA's slot, then its flag (after all consumers' stores: named barrier kAll).
-template <int BM, int BN>
-__device__ __forceinline__ void tail_put(const WgTail& tail, const float (&d)[BN / 2], int cw, int tid) {
+template <int BM, int BN> __device__ __forceinline__ void tail_put(const WgTail& tail,
+                                                                   const float (&d)[BN / 2], int cw,
+                                                                   int tid) {
   using Sh = WgShape<BM>;
   float4* slot = tail.part + (int64_t{blockIdx.x} * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
 #pragma unroll
-  for (int q = 0; q < BN / 8; ++q) __stcg(slot + q * 128, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
+  for (int q = 0; q < BN / 8; ++q)
+    __stcg(slot + q * 128, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
   __threadfence();
   wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
   if (cw == 0 && tid == 0) st_release(tail.flags + blockIdx.x, 1);
@@ -161,8 +166,10 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
   wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
   if (cw == 0 && tid == 0) WG_MARK(kMarkPut);
   for (int r = 1; r < tail.split; ++r) {
-    const float4* slot = tail.part + ((blockIdx.x + r * tail.units) * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
-    constexpr int kBatch = BN / 8 < 16 ? BN / 8 : 16;  // loads in flight, within the consumer's registers
+    const float4* slot =
+        tail.part + ((blockIdx.x + r * tail.units) * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
+    constexpr int kBatch =
+        BN / 8 < 16 ? BN / 8 : 16;  // loads in flight, within the consumer's registers
 #pragma unroll
     for (int q0 = 0; q0 < BN / 8; q0 += kBatch) {
       float4 v[kBatch];
@@ -181,15 +188,17 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
 // each into the next free stage (waited on with the parity of the use before: for a fresh barrier that
 // preceding phase counts as complete, so the first kStages waits return at once).
 template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
-__device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b, int row0, int col0,
-                                          int kt0, int ktiles, uint32_t base_s, uint32_t full_s, uint32_t empty_s,
-                                          uint32_t rank, WgRing<WgCfg<T, BM, BN>::kStages>& ring) {
+__device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                          int row0, int col0, int kt0, int ktiles, uint32_t base_s,
+                                          uint32_t full_s, uint32_t empty_s, uint32_t rank,
+                                          WgRing<WgCfg<T, BM, BN>::kStages>& ring) {
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kConsumers = WgShape<BM>::kConsumers;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   for (int kt = 0; kt < ktiles; ++kt) {
     wg::mbar_wait(empty_s + 8 * ring.stage, ring.phase ^ 1);
-    const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes, bar = full_s + 8 * ring.stage;
+    const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes,
+                   bar = full_s + 8 * ring.stage;
     wg::mbar_expect_tx(bar, Cfg::kStageBytes);
     const int k0 = (kt0 + kt) * Cfg::kBK;
     if (kt == 0) WG_MARK(kMarkFirstLoad);
@@ -197,10 +206,12 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
       wg::tma_load(sa, &map_a, k0, row0, bar);
     } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
 #pragma unroll
-      for (int i = 0; i < 2 * kConsumers; ++i) wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
+      for (int i = 0; i < 2 * kConsumers; ++i)
+        wg::tma_load(sa + i * 4096, &map_a, row0 + 32 * i, k0, bar);
     } else {  // boxes of 64 m x 64 k, one per consumer
 #pragma unroll
-      for (int i = 0; i < kConsumers; ++i) wg::tma_load(sa + i * 8192, &map_a, row0 + 64 * i, k0, bar);
+      for (int i = 0; i < kConsumers; ++i)
+        wg::tma_load(sa + i * 8192, &map_a, row0 + 64 * i, k0, bar);
     }
     // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
     auto load_b = [&](uint32_t dst, int c0, int c1) {
@@ -231,9 +242,11 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
 // back (release) once the group after it is issued: one group stays in flight, so the tensor cores
 // never wait on this thread.
 template <typename T, int BM, int BN, bool AK, bool BNM, typename Release>
-__device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint64_t da_hi,
-                                                uint32_t da_lo, uint64_t db_hi, uint32_t db_lo,
-                                                WgRing<WgCfg<T, BM, BN>::kStages>& ring, Release release) {
+__device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, uint32_t full_s,
+                                                uint64_t da_hi, uint32_t da_lo, uint64_t db_hi,
+                                                uint32_t db_lo,
+                                                WgRing<WgCfg<T, BM, BN>::kStages>& ring,
+                                                Release release) {
   using Cfg = WgCfg<T, BM, BN>;
   uint32_t prev = 0;  // the stage of the group before
   for (int kt = 0; kt < ktiles; ++kt) {
@@ -247,7 +260,8 @@ __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, 
       // applied by the hardware on the address), 16 rows of 128 bytes in an m/n-major box.
       // m/n-major: 64-element core-matrix columns 8 KiB apart (the boxes), 8-row groups 1 KiB.
       constexpr uint32_t kStepA = AK ? 32 / 16 : 2048 / 16, kStepB = BNM ? 2048 / 16 : 32 / 16;
-      wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da_hi | (da_lo + so + kk * kStepA), db_hi | (db_lo + so + kk * kStepB));
+      wg::mma<T, BN, AK ? 0 : 1, BNM ? 1 : 0>(d, da_hi | (da_lo + so + kk * kStepA),
+                                              db_hi | (db_lo + so + kk * kStepB));
     }
     wg::commit();
     wg::wait<1>();
@@ -263,17 +277,17 @@ __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, 
 // m-major tile by 16 loads of 4 bytes per thread, from the rows rs_row names (the epilogue stores
 // them there), into one of two register sets: a group's registers stay untouched until it has been
 // waited for, so the next k-tile loads into the other. box0: this warp's 32-row box in stage 0.
-template <int BM, int BN, typename Release>
-__device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktiles, uint32_t full_s, uint32_t box0,
-                                                   const uint32_t (&off)[2][2], uint64_t db_hi, uint32_t db_lo,
-                                                   WgRing<WgCfg<float, BM, BN>::kStages>& ring, Release release) {
+template <int BM, int BN, typename Release> __device__ __forceinline__ void mma_unit_registers(
+    float (&d)[BN / 2], int ktiles, uint32_t full_s, uint32_t box0, const uint32_t (&off)[2][2],
+    uint64_t db_hi, uint32_t db_lo, WgRing<WgCfg<float, BM, BN>::kStages>& ring, Release release) {
   using Cfg = WgCfg<float, BM, BN>;
   uint32_t prev = 0;  // the stage of the group before
   // step(fr, other, first): the next k-tile into fr; other holds the previous k-tile's fragments, free
   // again once that group has been waited for.
-  auto step = [&](uint32_t(&fr)[4][4], uint32_t(&other)[4][4], bool first) {
+  auto step = [&](uint32_t (&fr)[4][4], uint32_t (&other)[4][4], bool first) {
     wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
-    const uint32_t box = box0 + ring.stage * Cfg::kStageBytes, so = ring.stage * (Cfg::kStageBytes / 16);
+    const uint32_t box = box0 + ring.stage * Cfg::kStageBytes,
+                   so = ring.stage * (Cfg::kStageBytes / 16);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       fr[kk][0] = wg::lds32(box + kk * 1024 + off[0][0]);
@@ -283,7 +297,8 @@ __device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktile
     }
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::mma_tf32_rs<BN>(d, fr[kk], db_hi | (db_lo + so + kk * (32 / 16)));
+    for (int kk = 0; kk < 4; ++kk)
+      wg::mma_tf32_rs<BN>(d, fr[kk], db_hi | (db_lo + so + kk * (32 / 16)));
     wg::commit();
     wg::wait<1>();
     wg::keep(other);
@@ -313,9 +328,9 @@ __device__ __forceinline__ void mma_unit_registers(float (&d)[BN / 2], int ktile
 // q ^ (x % 8), so a warp's 8 rows x 16 bytes land on 32 different banks), in kCSplit parts one after
 // the other, each written once the last stores have read the buffer.
 template <typename T, int BM, int BN>
-__device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2], uint32_t mine,
-                                               float alpha, int64_t tm, int64_t tn, int cw, int tid, int warp,
-                                               int lane) {
+__device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2],
+                                               uint32_t mine, float alpha, int64_t tm, int64_t tn,
+                                               int cw, int tid, int warp, int lane) {
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
   const int x = warp * 16 + lane / 4;
@@ -351,8 +366,9 @@ __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const f
 // rows are the permuted ones the fragments were loaded from. c_trans (float only): the problem is
 // C^T = B^T A^T, so each lane's two adjacent rows go out as pairs of c's columns.
 template <typename T, int BM, int BN, bool kRS>
-__device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const float (&d)[BN / 2], int64_t tm,
-                                                  int64_t tn, int cw, int warp, int lane, bool c_trans) {
+__device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const float (&d)[BN / 2],
+                                                  int64_t tm, int64_t tn, int cw, int warp,
+                                                  int lane, bool c_trans) {
   const int64_t r = tm * BM + cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
   const int64_t r8 = tm * BM + cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
   if constexpr (std::is_same_v<T, float>) {
@@ -380,14 +396,16 @@ template <int BN> constexpr int kWgPartLd = BN + 8;
 // A consumer's 64 rows of partial sums into the CTA's partial tile `part` (the rows its accumulator
 // fragments hold: store_unit_direct's).
 template <int BN, bool kRS>
-__device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN / 2], int cw, int warp, int lane) {
+__device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN / 2], int cw,
+                                              int warp, int lane) {
   const int r = cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
   const int r8 = cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     const int c = j * 8 + 2 * (lane % 4);
     *reinterpret_cast<float2*>(part + r * kWgPartLd<BN> + c) = make_float2(d[4 * j], d[4 * j + 1]);
-    *reinterpret_cast<float2*>(part + r8 * kWgPartLd<BN> + c) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+    *reinterpret_cast<float2*>(part + r8 * kWgPartLd<BN> + c) =
+        make_float2(d[4 * j + 2], d[4 * j + 3]);
   }
 }
 
@@ -402,18 +420,20 @@ __device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN /
 template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kSplit>
 __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store, bool c_trans,
-               const WgTail tail) {
+               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store,
+               bool c_trans, const WgTail tail) {
   using Cfg = WgCfg<T, BM, BN>;
   using Sh = WgShape<BM>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   static_assert(!kSplit || kCM == 1, "a k split's cluster is its own: no multicast pairs");
-  static_assert(!kSplit || BM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes, "the partial tile fits the ring");
-  static_assert(BM == 128 || (!kSplit && kCM == 1 && !kRS), "192-row tiles: 16-bit, single CTAs, no cluster split");
+  static_assert(!kSplit || BM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes,
+                "the partial tile fits the ring");
+  static_assert(BM == 128 || (!kSplit && kCM == 1 && !kRS),
+                "192-row tiles: 16-bit, single CTAs, no cluster split");
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* base = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   unsigned char* c_tile = base + kStages * Cfg::kStageBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
   uint64_t* empty = full + kStages;
@@ -448,7 +468,7 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     prefetch_map(&map_b);
     if (tma_store) prefetch_map(&map_c);
     for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], 1);             // the producer's expect_tx arrival, plus the bytes
+      wg::mbar_init(&full[s], 1);  // the producer's expect_tx arrival, plus the bytes
       wg::mbar_init(&empty[s], Sh::kConsumers * kCM);  // each consumer warpgroup of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -467,13 +487,15 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     if (threadIdx.x == 0) {
       WG_MARK(kMarkRegs);
       WgRing<kStages> ring;
-      walk_units(units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int k0, int n, WgPart) {
-        WG_MARK(kMarkUnit);
-        int64_t um, tn;
-        tile_coords<8>(unit, units_m, tiles_n, um, tn);
-        load_unit<T, BM, BN, AK, BNM, kCM>(map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
-                                       static_cast<int>(tn * BN), k0, n, base_s, full_s, empty_s, rank, ring);
-      });
+      walk_units(units, first_unit, unit_step, kt0, ktiles, tail,
+                 [&](int64_t unit, int k0, int n, WgPart) {
+                   WG_MARK(kMarkUnit);
+                   int64_t um, tn;
+                   tile_coords<8>(unit, units_m, tiles_n, um, tn);
+                   load_unit<T, BM, BN, AK, BNM, kCM>(
+                       map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
+                       static_cast<int>(tn * BN), k0, n, base_s, full_s, empty_s, rank, ring);
+                 });
     }
     if constexpr (kSplit) {
       // The producer warps pass the two cluster barriers of the consumers' reduce_cluster_tile (below),
@@ -505,8 +527,8 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
       }
     };
     // Descriptors of this consumer's A and of B in stage 0 at k-step 0.
-    const uint64_t da0 =
-        AK ? wg::make_desc(base_s + cw * 8192, 16, 1024) : wg::make_desc(base_s + cw * 8192, 8192, 1024);
+    const uint64_t da0 = AK ? wg::make_desc(base_s + cw * 8192, 16, 1024)
+                            : wg::make_desc(base_s + cw * 8192, 8192, 1024);
     const uint64_t db0 = BNM ? wg::make_desc(base_s + Cfg::kABytes, 8192, 1024)
                              : wg::make_desc(base_s + Cfg::kABytes, 16, 1024);
     const uint32_t da_lo = static_cast<uint32_t>(da0), db_lo = static_cast<uint32_t>(db0);
@@ -523,54 +545,59 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
           off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
         }
     }
-    walk_units(units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int, int n, WgPart part) {
-      int64_t um, tn;
-      tile_coords<8>(unit, units_m, tiles_n, um, tn);
-      const int64_t tm = um * kCM + rank;
-      float d[BN / 2];
+    walk_units(
+        units, first_unit, unit_step, kt0, ktiles, tail,
+        [&](int64_t unit, int, int n, WgPart part) {
+          int64_t um, tn;
+          tile_coords<8>(unit, units_m, tiles_n, um, tn);
+          const int64_t tm = um * kCM + rank;
+          float d[BN / 2];
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-      if constexpr (kRS) {
-        mma_unit_registers<BM, BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off, db_hi, db_lo, ring,
-                               release);
-      } else {
-        mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring, release);
-      }
-      if (threadIdx.x == 128) {
-        WG_MARK(kMarkMainEnd);
-        WG_MARK_VALUE(kMarkRole, part == WgPart::Whole ? 0 : part == WgPart::Head ? 1 : 2);
-      }
-      if constexpr (kSplit) {
-        // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
-        // done with it: then it holds the partial tile, finished below with the cluster's.
-        wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
-        stage_partial<BN, kRS>(reinterpret_cast<float*>(base), d, cw, warp, lane);
-        return;
-      }
-      if constexpr (kCM == 1) {
-        if (part == WgPart::Tail) {
-          tail_put<BM, BN>(tail, d, cw, tid);
-          if (threadIdx.x == 128) WG_MARK(kMarkPut);
-          return;
-        }
-        if (part == WgPart::Head) {
-          tail_add<BM, BN>(tail, d, cw, tid);
-          if (threadIdx.x == 128) WG_MARK(kMarkAdded);
-        }
-      }
-      if constexpr (Cfg::kTmaStore) {
-        if (tma_store) {
-          store_unit_tma<T, BM, BN>(map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
-                                    p.alpha, tm, tn, cw, tid, warp, lane);
+          for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+          if constexpr (kRS) {
+            mma_unit_registers<BM, BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off,
+                                       db_hi, db_lo, ring, release);
+          } else {
+            mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring,
+                                                release);
+          }
+          if (threadIdx.x == 128) {
+            WG_MARK(kMarkMainEnd);
+            WG_MARK_VALUE(kMarkRole, part == WgPart::Whole ? 0 : part == WgPart::Head ? 1 : 2);
+          }
+          if constexpr (kSplit) {
+            // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
+            // done with it: then it holds the partial tile, finished below with the cluster's.
+            wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
+            stage_partial<BN, kRS>(reinterpret_cast<float*>(base), d, cw, warp, lane);
+            return;
+          }
+          if constexpr (kCM == 1) {
+            if (part == WgPart::Tail) {
+              tail_put<BM, BN>(tail, d, cw, tid);
+              if (threadIdx.x == 128) WG_MARK(kMarkPut);
+              return;
+            }
+            if (part == WgPart::Head) {
+              tail_add<BM, BN>(tail, d, cw, tid);
+              if (threadIdx.x == 128) WG_MARK(kMarkAdded);
+            }
+          }
+          if constexpr (Cfg::kTmaStore) {
+            if (tma_store) {
+              store_unit_tma<T, BM, BN>(map_c, d,
+                                        smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
+                                        p.alpha, tm, tn, cw, tid, warp, lane);
+              if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
+              return;
+            }
+          }
+          store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
           if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
-          return;
-        }
-      }
-      store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
-      if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
-    });
+        });
     if constexpr (Cfg::kTmaStore) {
-      if (tma_store && tid == 0) wg::bulk_wait();  // the buffer stays until the last stores have read it
+      if (tma_store && tid == 0)
+        wg::bulk_wait();  // the buffer stays until the last stores have read it
     }
     if constexpr (kSplit) {
       // The cluster's partials summed in rank order and stored (the direct epilogue's stores). The grid
@@ -578,13 +605,14 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
       int64_t um, tn;
       tile_coords<8>(first_unit, units_m, tiles_n, um, tn);
       const int64_t row0 = um * BM, col0 = tn * BN;
-      reduce_cluster_tile<BM, BN, 128 * Sh::kConsumers>(reinterpret_cast<const float*>(base), kWgPartLd<BN>, split,
-                                          static_cast<int>(threadIdx.x) - 128, [&](int r, int c, float v0, float v1) {
-                                            if constexpr (std::is_same_v<T, float>) {
-                                              if (c_trans) return store_pair_transposed(p, row0 + r, col0 + c, v0, v1);
-                                            }
-                                            store_pair_t<T>(p, row0 + r, col0 + c, v0, v1);
-                                          });
+      reduce_cluster_tile<BM, BN, 128 * Sh::kConsumers>(
+          reinterpret_cast<const float*>(base), kWgPartLd<BN>, split,
+          static_cast<int>(threadIdx.x) - 128, [&](int r, int c, float v0, float v1) {
+            if constexpr (std::is_same_v<T, float>) {
+              if (c_trans) return store_pair_transposed(p, row0 + r, col0 + c, v0, v1);
+            }
+            store_pair_t<T>(p, row0 + r, col0 + c, v0, v1);
+          });
     }
     if (threadIdx.x == 128) {
       WG_MARK(kMarkExit);
@@ -607,7 +635,8 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2]{};
-  ClusterLaunch(unsigned grid, int cm, int threads, int smem, cudaStream_t stream, bool pdl = false) {
+  ClusterLaunch(unsigned grid, int cm, int threads, int smem, cudaStream_t stream,
+                bool pdl = false) {
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
     cfg.dynamicSmemBytes = static_cast<size_t>(smem);
@@ -616,7 +645,8 @@ struct ClusterLaunch {
     if (cm > 1) {
       cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
       a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = static_cast<unsigned>(cm), a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+      a.val.clusterDim.x = static_cast<unsigned>(cm), a.val.clusterDim.y = 1,
+      a.val.clusterDim.z = 1;
     }
     if (pdl) {
       cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
@@ -645,7 +675,8 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   constexpr auto kernel = gemm_wgmma<T, BM, BN, AK, BNM, kCM, kSplit>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
   // device is whichever the op's guard selected.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
   if (err != cudaSuccess) return err;
   if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
   WgTail tail{nullptr, nullptr, 0, 1};
@@ -660,7 +691,8 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
       return cudaErrorInvalidValue;
     }
     tail.flags = static_cast<int*>(p.workspace);
-    tail.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) + tail_flag_bytes(plan.grid));
+    tail.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) +
+                                          tail_flag_bytes(plan.grid));
     tail.units = plan.tail_units;
     tail.split = plan.tail_split;
     err = cudaMemsetAsync(tail.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
@@ -668,9 +700,10 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   }
   if constexpr (kSplit) {
     // plan.grid: the tiles, each a cluster of plan.split_k CTAs along x.
-    if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k)) return cudaErrorInvalidConfiguration;
-    const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k, kThreads, Cfg::kSmem,
-                               stream);
+    if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k))
+      return cudaErrorInvalidConfiguration;
+    const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k,
+                               kThreads, Cfg::kSmem, stream);
     return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
   } else {
     // A programmatic dependent unless the split tail's memset comes right before it: the relaxed
@@ -688,22 +721,28 @@ template <typename T, bool AK, bool BNM>
 cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   if (plan.bm == 192) {
     if constexpr (sizeof(T) == 2) {
-      if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k == 1) return launch_wg<T, 192, 128, AK, BNM, 1>(plan, p, stream);
+      if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k == 1)
+        return launch_wg<T, 192, 128, AK, BNM, 1>(plan, p, stream);
     }
     return cudaErrorInvalidValue;
   }
   if (plan.bm != 128) return cudaErrorInvalidValue;
-  if (plan.bn == 256 && plan.cluster_m == 2) return launch_wg<T, 128, 256, AK, BNM, 2>(plan, p, stream);
-  if (plan.bn == 256 && plan.cluster_m == 1) return launch_wg<T, 128, 256, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 256 && plan.cluster_m == 2)
+    return launch_wg<T, 128, 256, AK, BNM, 2>(plan, p, stream);
+  if (plan.bn == 256 && plan.cluster_m == 1)
+    return launch_wg<T, 128, 256, AK, BNM, 1>(plan, p, stream);
   if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k > 1) {
     return launch_wg<T, 128, 128, AK, BNM, 1, true>(plan, p, stream);
   }
-  if (plan.bn == 128 && plan.cluster_m == 1) return launch_wg<T, 128, 128, AK, BNM, 1>(plan, p, stream);
-  if (plan.bn == 64 && plan.cluster_m == 1) return launch_wg<T, 128, 64, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 128 && plan.cluster_m == 1)
+    return launch_wg<T, 128, 128, AK, BNM, 1>(plan, p, stream);
+  if (plan.bn == 64 && plan.cluster_m == 1)
+    return launch_wg<T, 128, 64, AK, BNM, 1>(plan, p, stream);
   return cudaErrorInvalidValue;
 }
 
-template <typename T> cudaError_t launch_wg_typed(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+template <typename T>
+cudaError_t launch_wg_typed(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
     if constexpr (std::is_same_v<T, float> && BNM) {

@@ -18,18 +18,23 @@ bool wgmma_runs_on(int dev, int& pair_clusters) {
   int major = 0, minor = 0, sms = 0;
   constexpr auto pair = gemm_wgmma<__nv_bfloat16, 128, 256, true, true, 2, false>;
   cudaFuncAttributes attr{};
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && major == 9 &&
-                  minor == 0 && tma_encoder() != nullptr && cudaFuncGetAttributes(&attr, pair) == cudaSuccess;
+  const bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+      major == 9 && minor == 0 && tma_encoder() != nullptr &&
+      cudaFuncGetAttributes(&attr, pair) == cudaSuccess;
   (void)cudaGetLastError();  // a missing image is an answer here, not an error for the next launch
   if (!ok) return false;
   // Every pair instance runs one CTA per SM (384 threads at 232 registers), so how many pairs fit is
   // the GPC layout's answer, the same for all of them: asked once, of the bf16 one.
   using Cfg = WgCfg<__nv_bfloat16, 128, 256>;
-  if (cudaFuncSetAttribute(pair, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem) == cudaSuccess) {
-    const ClusterLaunch launch(static_cast<unsigned>(2 * (sms / 2)), 2, WgShape<128>::kThreads, Cfg::kSmem, nullptr);
-    if (cudaOccupancyMaxActiveClusters(&pair_clusters, pair, &launch.cfg) != cudaSuccess) pair_clusters = 0;
+  if (cudaFuncSetAttribute(pair, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem) ==
+      cudaSuccess) {
+    const ClusterLaunch launch(static_cast<unsigned>(2 * (sms / 2)), 2, WgShape<128>::kThreads,
+                               Cfg::kSmem, nullptr);
+    if (cudaOccupancyMaxActiveClusters(&pair_clusters, pair, &launch.cfg) != cudaSuccess)
+      pair_clusters = 0;
   }
   (void)cudaGetLastError();
   if (pair_clusters <= 0) pair_clusters = sms / 2;

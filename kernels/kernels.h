@@ -30,13 +30,14 @@ int64_t two_norm_scratch_bytes(int64_t n, int multiprocessors);
 // out[0] = sqrt(sum_i (a[i] - b[i])^2) in dtype; `scratch` holds at least two_norm_scratch_bytes
 // bytes, 16-byte aligned, with any contents (the launch zeroes what it needs on `stream`). n == 0
 // writes 0.
-cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n, void* scratch,
-                            int64_t scratch_bytes, int multiprocessors, cudaStream_t stream);
+cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n,
+                            void* scratch, int64_t scratch_bytes, int multiprocessors,
+                            cudaStream_t stream);
 
 // dst[j * ld_dst + i] = src[i * ld + j] for a float32 src [rows, cols] with leading stride ld: dst is
 // the [cols, rows] transpose with rows ld_dst >= rows apart. The GEMM's operand copies of float32
 // (gemm_plan.h's OperandCopy) where the source's contiguous axis is the copy's strided one.
-cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
-                                 int64_t ld_dst, cudaStream_t stream);
+cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                 float* dst, int64_t ld_dst, cudaStream_t stream);
 
 }  // namespace cuops::kernels

@@ -27,9 +27,15 @@ constexpr int kFinalThreads = 1024;
 // Running sums of squares: double for float32/float64 (cheap while memory-bound: one conversion per
 // 16-byte vector, whose 4 float32 terms are summed in float first; and exact enough that large n
 // loses nothing), float for the half types as the spec asks.
-template <typename T> struct NormAcc { using type = double; };
-template <> struct NormAcc<__half> { using type = float; };
-template <> struct NormAcc<__nv_bfloat16> { using type = float; };
+template <typename T> struct NormAcc {
+  using type = double;
+};
+template <> struct NormAcc<__half> {
+  using type = float;
+};
+template <> struct NormAcc<__nv_bfloat16> {
+  using type = float;
+};
 
 template <typename A> __device__ __forceinline__ A block_sum(A v) {
   __shared__ A warp_sums[32];
@@ -53,9 +59,9 @@ template <typename T, typename A> __device__ __forceinline__ A sq_diff(T x, T y)
 }
 
 // a, b: [n]; elements [head, head + n_vec * V) are the 16-byte aligned vector body.
-template <typename T, int V, typename A>
-__global__ void __launch_bounds__(kThreads)
-    sum_sq_diff_partials(const T* a, const T* b, int64_t head, int64_t n_vec, int64_t n, A* partials) {
+template <typename T, int V, typename A> __global__ void __launch_bounds__(kThreads)
+    sum_sq_diff_partials(const T* a, const T* b, int64_t head, int64_t n_vec, int64_t n,
+                         A* partials) {
   using VecT = Vec<T, V>;
   const VecT* va = reinterpret_cast<const VecT*>(a + head);
   const VecT* vb = reinterpret_cast<const VecT*>(b + head);
@@ -81,7 +87,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = 0; u < kUnroll; ++u) s += acc[u];
   if (blockIdx.x == 0) {
     for (int64_t j = threadIdx.x; j < head; j += kThreads) s += sq_diff<T, A>(a[j], b[j]);
-    for (int64_t j = head + n_vec * V + threadIdx.x; j < n; j += kThreads) s += sq_diff<T, A>(a[j], b[j]);
+    for (int64_t j = head + n_vec * V + threadIdx.x; j < n; j += kThreads)
+      s += sq_diff<T, A>(a[j], b[j]);
   }
   s = block_sum(s);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
@@ -111,11 +118,12 @@ template <typename A> __device__ __forceinline__ void fx_add(unsigned long long*
   }
   if (v == A(0)) return;
   int e;
-  const double m = frexp(static_cast<double>(v), &e);    // v = m * 2^e, m in [0.5, 1): exact
-  const int p = e - 53 - kFxLow;                          // v = mant * 2^(p + kFxLow)
+  const double m = frexp(static_cast<double>(v), &e);  // v = m * 2^e, m in [0.5, 1): exact
+  const int p = e - 53 - kFxLow;                       // v = mant * 2^(p + kFxLow)
   unsigned long long mant = static_cast<unsigned long long>(ldexp(m, 53));
   int pos = p;
-  if (pos < 0) mant >>= (-pos < 64 ? -pos : 63), pos = 0;  // only zero bits, for sums of float squares
+  if (pos < 0)
+    mant >>= (-pos < 64 ? -pos : 63), pos = 0;  // only zero bits, for sums of float squares
   const int k = pos / 32, r = pos % 32;
   // mant << r spans up to 85 bits: three digits.
   fx[k] += (mant << r) & 0xffffffffull;
@@ -123,17 +131,17 @@ template <typename A> __device__ __forceinline__ void fx_add(unsigned long long*
   fx[k + 2] += r ? (mant >> (64 - r)) : 0ull;
 }
 
-template <typename T, typename A>
-__global__ void __launch_bounds__(kBulkThreads) sum_sq_diff_bulk(const T* a, const T* b, int64_t head, int64_t nchunks,
-                                                                 int64_t n, unsigned int* counters,
-                                                                 unsigned long long* slots, T* out) {
+template <typename T, typename A> __global__ void __launch_bounds__(kBulkThreads)
+    sum_sq_diff_bulk(const T* a, const T* b, int64_t head, int64_t nchunks, int64_t n,
+                     unsigned int* counters, unsigned long long* slots, T* out) {
 #if __CUDA_ARCH__ >= 900
   const auto sq = [](auto p, auto q) { return (p - q) * (p - q); };
   using VecT = Vec<T, 16 / sizeof(T)>;
   extern __shared__ __align__(128) unsigned char ring[];
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + 2 * kBulkStages * kBulkChunk);
   uint64_t* empty = full + kBulkStages;
-  int64_t* which = reinterpret_cast<int64_t*>(empty + kBulkStages);  // each stage's chunk; -1: no more
+  int64_t* which =
+      reinterpret_cast<int64_t*>(empty + kBulkStages);  // each stage's chunk; -1: no more
   __shared__ A red[2][kBulkWarps];
   __shared__ unsigned long long fx[kFxWords];
   __shared__ unsigned long long totals[kBulkWarps + 1][kFxWords];
@@ -149,9 +157,11 @@ __global__ void __launch_bounds__(kBulkThreads) sum_sq_diff_bulk(const T* a, con
   if (threadIdx.x < 32) {
     if (threadIdx.x == 0) {
       for (int64_t j = 0;; ++j) {
-        const int64_t c = atomicAdd(&counters[0], 1u);  // drawn before the wait: its latency overlaps
+        const int64_t c =
+            atomicAdd(&counters[0], 1u);  // drawn before the wait: its latency overlaps
         const int st = static_cast<int>(j % kBulkStages);
-        if (j >= kBulkStages) mbar_wait(&empty[st], static_cast<uint32_t>((j / kBulkStages - 1) & 1));
+        if (j >= kBulkStages)
+          mbar_wait(&empty[st], static_cast<uint32_t>((j / kBulkStages - 1) & 1));
         if (c >= nchunks) {
           which[st] = -1;
           mbar_arrive(&full[st]);  // no bytes: the consumers read -1 and stop
@@ -162,11 +172,12 @@ __global__ void __launch_bounds__(kBulkThreads) sum_sq_diff_bulk(const T* a, con
         unsigned char* dst = ring + st * 2 * kBulkChunk;
         mbar_expect_tx(&full[st], 2 * kBulkChunk);
         asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%4], [%5], %2, [%3];\n" ::"r"(
-                smem_addr(dst)),
-            "l"(body_a + off), "r"(kBulkChunk), "r"(smem_addr(&full[st])), "r"(smem_addr(dst + kBulkChunk)),
-            "l"(body_b + off)
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];\n"
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%4], [%5], %2, "
+            "[%3];\n" ::"r"(smem_addr(dst)),
+            "l"(body_a + off), "r"(kBulkChunk), "r"(smem_addr(&full[st])),
+            "r"(smem_addr(dst + kBulkChunk)), "l"(body_b + off)
             : "memory");
       }
     }
@@ -203,7 +214,8 @@ __global__ void __launch_bounds__(kBulkThreads) sum_sq_diff_bulk(const T* a, con
       const VecT* y = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk + kBulkChunk);
       VecT xv[kPer], yv[kPer];
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) xv[u] = x[t + u * 32 * kBulkWarps], yv[u] = y[t + u * 32 * kBulkWarps];
+      for (int u = 0; u < kPer; ++u)
+        xv[u] = x[t + u * 32 * kBulkWarps], yv[u] = y[t + u * 32 * kBulkWarps];
       __syncwarp();
       if (threadIdx.x % 32 == 0) mbar_arrive(&empty[st]);
       A s = 0;
@@ -278,7 +290,8 @@ template <typename T, typename A> bool bulk_pass_runs_here() {
         // reports the GPU's binary version but holds the trapping body.
         const bool ok = cudaFuncGetAttributes(&attr, sum_sq_diff_bulk<T, A>) == cudaSuccess &&
                         attr.ptxVersion >= 90 &&
-                        cudaFuncSetAttribute(sum_sq_diff_bulk<T, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                        cudaFuncSetAttribute(sum_sq_diff_bulk<T, A>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kBulkSmem) == cudaSuccess;
         (void)cudaGetLastError();
         return ok;
@@ -286,8 +299,8 @@ template <typename T, typename A> bool bulk_pass_runs_here() {
       false);
 }
 
-template <typename T, typename A>
-__global__ void __launch_bounds__(kFinalThreads) finish_norm(const A* partials, int64_t count, T* out) {
+template <typename T, typename A> __global__ void __launch_bounds__(kFinalThreads)
+    finish_norm(const A* partials, int64_t count, T* out) {
   A s = 0;
   for (int64_t i = threadIdx.x; i < count; i += kFinalThreads) s += partials[i];
   s = block_sum(s);
@@ -301,7 +314,8 @@ int64_t two_norm_num_partials(int64_t n, int multiprocessors) {
   // At least one 16-byte vector per thread of each block (in the widest dtype), at least one block,
   // and never more than kBlocksPerSm per SM (nor than finish_norm's one partial per thread).
   const int64_t per_block = int64_t{kThreads} * 2;
-  const int64_t full = std::clamp<int64_t>(int64_t{multiprocessors} * kBlocksPerSm, 1, kFinalThreads);
+  const int64_t full =
+      std::clamp<int64_t>(int64_t{multiprocessors} * kBlocksPerSm, 1, kFinalThreads);
   return std::max<int64_t>(1, std::min(full, (n + per_block - 1) / per_block));
 }
 constexpr int64_t kCounterBytes = 16;  // the bulk pass's chunk ticket and finished-block count
@@ -313,9 +327,11 @@ int64_t two_norm_scratch_bytes(int64_t n, int multiprocessors) {
   return kCounterBytes + std::max<int64_t>(blocks * 8, bulk_blocks * kFxWords * 8);
 }
 
-cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n, void* scratch,
-                            int64_t scratch_bytes, int multiprocessors, cudaStream_t stream) {
-  if (multiprocessors < 1 || scratch_bytes < two_norm_scratch_bytes(n, multiprocessors)) return cudaErrorInvalidValue;
+cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b, int64_t n,
+                            void* scratch, int64_t scratch_bytes, int multiprocessors,
+                            cudaStream_t stream) {
+  if (multiprocessors < 1 || scratch_bytes < two_norm_scratch_bytes(n, multiprocessors))
+    return cudaErrorInvalidValue;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = typename NormAcc<T>::type;
@@ -339,11 +355,13 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
           cudaError_t err = cudaMemsetAsync(counters, 0, kCounterBytes, stream);
           if (err != cudaSuccess) return err;
           sum_sq_diff_bulk<T, A><<<bulk_blocks, kBulkThreads, kBulkSmem, stream>>>(
-              pa, pb, head, chunks, n, counters, static_cast<unsigned long long*>(rest), static_cast<T*>(out));
+              pa, pb, head, chunks, n, counters, static_cast<unsigned long long*>(rest),
+              static_cast<T*>(out));
           return cudaGetLastError();
         }
       }
-      sum_sq_diff_partials<T, V, A><<<blocks, kThreads, 0, stream>>>(pa, pb, head, (n - head) / V, n, part);
+      sum_sq_diff_partials<T, V, A>
+          <<<blocks, kThreads, 0, stream>>>(pa, pb, head, (n - head) / V, n, part);
     } else {
       sum_sq_diff_partials<T, 1, A><<<blocks, kThreads, 0, stream>>>(pa, pb, 0, n, n, part);
     }

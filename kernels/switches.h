@@ -7,9 +7,9 @@
 namespace cuops::kernels {
 
 enum class Switch : int {
-  DisableWgmma,      // CUOPS_DISABLE_WGMMA: no sm_90a TMA + wgmma GEMM (the mma.sync kernels run)
+  DisableWgmma,  // CUOPS_DISABLE_WGMMA: no sm_90a TMA + wgmma GEMM (the mma.sync kernels run)
   DisableSkinnyTma,  // CUOPS_DISABLE_SKINNY_TMA: no small-M streaming form (per-lane forms; float64 tiles)
-  DisableBulkNorm,   // CUOPS_DISABLE_BULK_NORM: two_norm's 16-byte load pass, not the bulk-copy one
+  DisableBulkNorm,  // CUOPS_DISABLE_BULK_NORM: two_norm's 16-byte load pass, not the bulk-copy one
 };
 constexpr int kSwitchCount = 3;
 

@@ -31,8 +31,9 @@ CUOPS_TILE_ORDER_FN void tile_coords_in(I id, I tiles_m, I tiles_n, int64_t& tm,
 // ~2^32 tiles), the same mapping (test_gemm_plan.cpp): a 64-bit division is a ~70-instruction routine
 // on the way to a CTA's first load. The gain was not measurable (the wgmma producer's ~0.3 us from its
 // unit to its first TMA stayed); the shorter form stays.
-template <int kGroup>
-CUOPS_TILE_ORDER_FN void tile_coords(int64_t id, int64_t tiles_m, int64_t tiles_n, int64_t& tm, int64_t& tn) {
+template <int kGroup> CUOPS_TILE_ORDER_FN void tile_coords(int64_t id, int64_t tiles_m,
+                                                           int64_t tiles_n, int64_t& tm,
+                                                           int64_t& tn) {
   if ((tiles_m + kGroup) * tiles_n < (int64_t{1} << 32)) {
     tile_coords_in<uint32_t, kGroup>(static_cast<uint32_t>(id), static_cast<uint32_t>(tiles_m),
                                      static_cast<uint32_t>(tiles_n), tm, tn);

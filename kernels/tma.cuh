@@ -18,7 +18,8 @@ inline EncodeTiled tma_encoder() {
   static const EncodeTiled fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       f = nullptr;
@@ -41,7 +42,8 @@ inline bool bind_current_context() {
   static const GetCurrent get_current = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 4000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       f = nullptr;
@@ -71,30 +73,33 @@ template <typename T> constexpr CUtensorMapDataType tma_dtype() {
 // tensor arrive as zeros. false where TMA cannot describe the operand (a stride of 0 on an expanded
 // view, sizes past its 32-bit coordinates: gemm_plan.cpp's tma_describes, which the planner asks
 // first) or the encoder is missing.
-template <typename T>
-bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer, int64_t ld, uint32_t box_inner,
-              uint32_t box_outer) {
+template <typename T> bool make_map(CUtensorMap& map, const void* ptr, int64_t inner, int64_t outer,
+                                    int64_t ld, uint32_t box_inner, uint32_t box_outer) {
   constexpr int64_t kElem = sizeof(T);
-  if (outer == 1) ld = (inner * kElem + 15) / 16 * 16 / kElem;  // never used; TMA wants a valid stride
-  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX || tma_encoder() == nullptr || !bind_current_context()) {
+  if (outer == 1)
+    ld = (inner * kElem + 15) / 16 * 16 / kElem;  // never used; TMA wants a valid stride
+  if (ld < inner || inner > INT32_MAX || outer > INT32_MAX || tma_encoder() == nullptr ||
+      !bind_current_context()) {
     return false;
   }
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * kElem)};
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t elem_strides[2] = {1, 1};
-  return tma_encoder()(&map, tma_dtype<T>(), 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return tma_encoder()(&map, tma_dtype<T>(), 2, const_cast<void*>(ptr), dims, strides, box,
+                       elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
 // Parts of the box outside the tensor arrive as zeros (and still count their bytes).
 // dst, bar: shared-memory addresses.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                         uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }

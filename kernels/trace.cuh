@@ -13,16 +13,16 @@ enum WgMark : int {
   kMarkPrologue = 2,   // barriers initialised, programmatic dependency resolved
   kMarkFirstFull = 3,  // the consumer's first k-tile arrived
   kMarkMainEnd = 4,    // the consumer's last wgmma done
-  kMarkPut = 5,        // split tail: a Tail's partial and flag out, or the Head's wait for them over
-  kMarkAdded = 6,      // split tail: the Head's adds done
-  kMarkEpilogue = 7,   // the tile's stores issued
-  kMarkExit = 8,       // clock64 as the first consumer leaves
-  kMarkExitTime = 9,   // globaltimer then
-  kMarkRole = 10,      // 0 whole tile, 1 Head, 2 Tail
-  kMarkSm = 11,        // %smid
-  kMarkFirstLoad = 12, // the producer's first TMA issued
-  kMarkUnit = 13,      // the producer has its unit (walk_units)
-  kMarkRegs = 14,      // the producer past setmaxnreg
+  kMarkPut = 5,       // split tail: a Tail's partial and flag out, or the Head's wait for them over
+  kMarkAdded = 6,     // split tail: the Head's adds done
+  kMarkEpilogue = 7,  // the tile's stores issued
+  kMarkExit = 8,      // clock64 as the first consumer leaves
+  kMarkExitTime = 9,  // globaltimer then
+  kMarkRole = 10,     // 0 whole tile, 1 Head, 2 Tail
+  kMarkSm = 11,       // %smid
+  kMarkFirstLoad = 12,  // the producer's first TMA issued
+  kMarkUnit = 13,       // the producer has its unit (walk_units)
+  kMarkRegs = 14,       // the producer past setmaxnreg
   kMarkSlots = 16
 };
 }  // namespace cuops::kernels::detail
@@ -32,7 +32,8 @@ namespace {
 constexpr int kTraceCtas = 1024;
 __device__ unsigned long long g_wg_trace[cuops::kernels::detail::kMarkSlots * kTraceCtas];
 __device__ __forceinline__ void wg_mark_value(int slot, unsigned long long v) {
-  if (blockIdx.x < kTraceCtas) g_wg_trace[blockIdx.x * cuops::kernels::detail::kMarkSlots + slot] = v;
+  if (blockIdx.x < kTraceCtas)
+    g_wg_trace[blockIdx.x * cuops::kernels::detail::kMarkSlots + slot] = v;
 }
 __device__ __forceinline__ void wg_mark(int slot) {
   unsigned long long c;

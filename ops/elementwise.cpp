@@ -63,8 +63,8 @@ void run_flat(const at::Tensor& out, std::initializer_list<at::Tensor> inputs, L
   std::vector<const at::Tensor*> all{&out};
   for (const at::Tensor& t : inputs) all.push_back(&t);
   bool direct = out.is_non_overlapping_and_dense();
-  for (const at::Tensor* t : all) direct = direct && t->strides().equals(out.strides()) &&
-                                           t->is_non_overlapping_and_dense();
+  for (const at::Tensor* t : all)
+    direct = direct && t->strides().equals(out.strides()) && t->is_non_overlapping_and_dense();
   std::vector<at::Tensor> ins;
   if (direct) {
     ins.assign(inputs.begin(), inputs.end());
@@ -86,8 +86,9 @@ void add2_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
   check_add2_memory(c, a, b);
   const c10::cuda::CUDAGuard guard(c.device());
   run_flat(c, {a, b}, [&](const at::Tensor& out, const std::vector<at::Tensor>& in) {
-    C10_CUDA_CHECK(kernels::launch_add(kernel_dtype(out.scalar_type()), out.data_ptr(), in[0].data_ptr(),
-                                       in[1].data_ptr(), out.numel(), current_stream(out)));
+    C10_CUDA_CHECK(kernels::launch_add(kernel_dtype(out.scalar_type()), out.data_ptr(),
+                                       in[0].data_ptr(), in[1].data_ptr(), out.numel(),
+                                       current_stream(out)));
   });
 }
 
@@ -96,8 +97,9 @@ at::Tensor vector_add_cuda(const at::Tensor& a, const at::Tensor& b) {
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty(a.sizes(), a.options());
   run_flat(out, {a, b}, [&](const at::Tensor& o, const std::vector<at::Tensor>& in) {
-    C10_CUDA_CHECK(kernels::launch_add(kernel_dtype(o.scalar_type()), o.data_ptr(), in[0].data_ptr(),
-                                       in[1].data_ptr(), o.numel(), current_stream(o)));
+    C10_CUDA_CHECK(kernels::launch_add(kernel_dtype(o.scalar_type()), o.data_ptr(),
+                                       in[0].data_ptr(), in[1].data_ptr(), o.numel(),
+                                       current_stream(o)));
   });
   return out;
 }
@@ -107,8 +109,8 @@ at::Tensor scale_cuda(const at::Tensor& x, double alpha) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options());
   run_flat(out, {x}, [&](const at::Tensor& o, const std::vector<at::Tensor>& in) {
-    C10_CUDA_CHECK(kernels::launch_scale(kernel_dtype(o.scalar_type()), o.data_ptr(), in[0].data_ptr(), alpha,
-                                         o.numel(), current_stream(o)));
+    C10_CUDA_CHECK(kernels::launch_scale(kernel_dtype(o.scalar_type()), o.data_ptr(),
+                                         in[0].data_ptr(), alpha, o.numel(), current_stream(o)));
   });
   return out;
 }
@@ -118,15 +120,17 @@ at::Tensor square_cuda(const at::Tensor& x) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options());
   run_flat(out, {x}, [&](const at::Tensor& o, const std::vector<at::Tensor>& in) {
-    C10_CUDA_CHECK(kernels::launch_square(kernel_dtype(o.scalar_type()), o.data_ptr(), in[0].data_ptr(),
-                                          o.numel(), current_stream(o)));
+    C10_CUDA_CHECK(kernels::launch_square(kernel_dtype(o.scalar_type()), o.data_ptr(),
+                                          in[0].data_ptr(), o.numel(), current_stream(o)));
   });
   return out;
 }
 
 // ---- Meta: checks and output shapes only (symbolic sizes trace under dynamic shapes).
 
-void add2_meta(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) { check_add2(c, a, b); }
+void add2_meta(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
+  check_add2(c, a, b);
+}
 
 at::Tensor vector_add_meta(const at::Tensor& a, const at::Tensor& b) {
   check_binary("vector_add", a, b);
@@ -160,7 +164,9 @@ class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
     at::AutoDispatchBelowADInplaceOrView guard;
     return cuops::vector_add(a, b);
   }
-  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], grads[0]}; }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0], grads[0]};
+  }
 };
 
 class ScaleFunction : public torch::autograd::Function<ScaleFunction> {
@@ -188,8 +194,12 @@ class SquareFunction : public torch::autograd::Function<SquareFunction> {
   }
 };
 
-at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) { return VectorAddFunction::apply(a, b); }
-at::Tensor scale_autograd(const at::Tensor& x, double alpha) { return ScaleFunction::apply(x, alpha); }
+at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) {
+  return VectorAddFunction::apply(a, b);
+}
+at::Tensor scale_autograd(const at::Tensor& x, double alpha) {
+  return ScaleFunction::apply(x, alpha);
+}
 at::Tensor square_autograd(const at::Tensor& x) { return SquareFunction::apply(x); }
 
 }  // namespace

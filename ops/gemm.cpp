@@ -13,16 +13,18 @@ namespace {
 void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b) {
   check_dim(op, "a", a, 2);
   check_dim(op, "b", b, 2);
-  TORCH_CHECK(a.sym_size(1) == b.sym_size(0), "cuops::", op, ": expected a and b to share the inner dimension, got a ",
-              shape_str(a), " and b ", shape_str(b));
+  TORCH_CHECK(a.sym_size(1) == b.sym_size(0), "cuops::", op,
+              ": expected a and b to share the inner dimension, got a ", shape_str(a), " and b ",
+              shape_str(b));
 }
 
 void check_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
   check_dtypes_and_devices("gemm", {{"c", &c}, {"a", &a}, {"b", &b}});
   check_operands("gemm", a, b);
   check_dim("gemm", "c", c, 2);
-  TORCH_CHECK(c.sym_size(0) == a.sym_size(0) && c.sym_size(1) == b.sym_size(1), "cuops::gemm: expected c of shape [",
-              a.sym_size(0), ", ", b.sym_size(1), "] (rows of a, columns of b), got ", shape_str(c));
+  TORCH_CHECK(c.sym_size(0) == a.sym_size(0) && c.sym_size(1) == b.sym_size(1),
+              "cuops::gemm: expected c of shape [", a.sym_size(0), ", ", b.sym_size(1),
+              "] (rows of a, columns of b), got ", shape_str(c));
 }
 
 // c is written everywhere (and read first where beta != 0) while a and b are re-read many times: any
@@ -41,11 +43,13 @@ void check_mm(const at::Tensor& a, const at::Tensor& b) {
 // ---- CPU reference: half types are multiplied in float32 (the accumulation type) and rounded once.
 
 at::Tensor product_cpu(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16) return at::mm(a.to(at::kFloat), b.to(at::kFloat));
+  if (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)
+    return at::mm(a.to(at::kFloat), b.to(at::kFloat));
   return at::mm(a, b);
 }
 
-void gemm_cpu(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+void gemm_cpu(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
+              double beta) {
   check_gemm(c, a, b);
   check_gemm_memory(c, a, b);
   at::Tensor result = product_cpu(a, b).mul_(alpha);
@@ -64,11 +68,24 @@ at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b) {
 // Read at each call, like torch.mm: "high"/"medium" float32 matmul precision allows TF32.
 bool allow_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
-kernels::GemmOperand operand(const at::Tensor& t) { return {t.data_ptr(), t.stride(0), t.stride(1)}; }
+kernels::GemmOperand operand(const at::Tensor& t) {
+  return {t.data_ptr(), t.stride(0), t.stride(1)};
+}
 
-kernels::GemmRequest request(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
-  return {kernel_dtype(c.scalar_type()), a.size(0), b.size(1), a.size(1), operand(a), operand(b), c.data_ptr(),
-          c.stride(0), c.stride(1), alpha, beta, allow_tf32()};
+kernels::GemmRequest request(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                             double alpha, double beta) {
+  return {kernel_dtype(c.scalar_type()),
+          a.size(0),
+          b.size(1),
+          a.size(1),
+          operand(a),
+          operand(b),
+          c.data_ptr(),
+          c.stride(0),
+          c.stride(1),
+          alpha,
+          beta,
+          allow_tf32()};
 }
 
 // An empty [rows, cols] view with rows a whole number of 16 bytes apart (what the fast kernels read).
@@ -81,8 +98,9 @@ at::Tensor padded_rows(int64_t rows, int64_t cols, const at::Tensor& like) {
 // kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus).
 at::Tensor transposed_copy(const at::Tensor& x) {
   at::Tensor out = padded_rows(x.size(1), x.size(0), x);
-  C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                                               out.data_ptr<float>(), out.stride(0), current_stream(x)));
+  C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1),
+                                               x.stride(0), out.data_ptr<float>(), out.stride(0),
+                                               current_stream(x)));
   return out;
 }
 
@@ -92,9 +110,10 @@ at::Tensor transposed_copy(const at::Tensor& x) {
 at::Tensor copied(const at::Tensor& t, kernels::OperandCopy how) {
   if (how == kernels::OperandCopy::None) return t;
   const at::Tensor src = how == kernels::OperandCopy::ColumnMajor ? t.t() : t;
-  const bool transposing = src.scalar_type() == at::kFloat && src.stride(0) == 1 && src.stride(1) >= src.size(0);
-  const at::Tensor out =
-      transposing ? transposed_copy(src.t()) : padded_rows(src.size(0), src.size(1), src).copy_(src);
+  const bool transposing =
+      src.scalar_type() == at::kFloat && src.stride(0) == 1 && src.stride(1) >= src.size(0);
+  const at::Tensor out = transposing ? transposed_copy(src.t())
+                                     : padded_rows(src.size(0), src.size(1), src).copy_(src);
   return how == kernels::OperandCopy::ColumnMajor ? out.t() : out;
 }
 
@@ -106,18 +125,22 @@ void run_gemm(const at::Tensor& c, at::Tensor a, at::Tensor b, double alpha, dou
     a = copied(a, plan.copy_a);
     b = copied(b, plan.copy_b);
     plan = kernels::plan_gemm(request(c, a, b, alpha, beta), device);
-    TORCH_INTERNAL_ASSERT(plan.copy_a == kernels::OperandCopy::None && plan.copy_b == kernels::OperandCopy::None,
-                          "cuops::gemm: the planner asked to copy an operand twice");
+    TORCH_INTERNAL_ASSERT(
+        plan.copy_a == kernels::OperandCopy::None && plan.copy_b == kernels::OperandCopy::None,
+        "cuops::gemm: the planner asked to copy an operand twice");
   }
   // A split's workspace (the wgmma tail's partial tiles and flags, or the SIMT / float64 split's partial
   // planes): from torch's allocator on the op's stream (a CUDA graph keeps it in its pool; launch_gemm
   // zeroes the tail's flags on the stream before each run).
   at::Tensor workspace;
-  if (plan.workspace_bytes > 0) workspace = at::empty({plan.workspace_bytes}, c.options().dtype(at::kByte));
-  C10_CUDA_CHECK(kernels::launch_gemm(plan, current_stream(c), workspace.defined() ? workspace.data_ptr() : nullptr));
+  if (plan.workspace_bytes > 0)
+    workspace = at::empty({plan.workspace_bytes}, c.options().dtype(at::kByte));
+  C10_CUDA_CHECK(kernels::launch_gemm(plan, current_stream(c),
+                                      workspace.defined() ? workspace.data_ptr() : nullptr));
 }
 
-void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
+               double beta) {
   check_gemm(c, a, b);
   check_gemm_memory(c, a, b);
   const c10::cuda::CUDAGuard guard(c.device());
@@ -134,7 +157,9 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
 
 // ---- Meta
 
-void gemm_meta(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double, double) { check_gemm(c, a, b); }
+void gemm_meta(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double, double) {
+  check_gemm(c, a, b);
+}
 
 at::Tensor mm_meta(const at::Tensor& a, const at::Tensor& b) {
   check_mm(a, b);
@@ -143,7 +168,8 @@ at::Tensor mm_meta(const at::Tensor& a, const at::Tensor& b) {
 
 // ---- Autograd
 
-void gemm_autograd(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha, double beta) {
+void gemm_autograd(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
+                   double beta) {
   check_no_grad("gemm", "mm", {{"c", &c}, {"a", &a}, {"b", &b}});
   {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -157,7 +183,9 @@ void gemm_autograd(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b
 // strides differ from its parameter's, and a row-major grad of weight.t() made that a transposing
 // float32 copy of every weight on every training step. Symbolic sizes
 // compare with a guard, so a compiled graph keeps the layout it was traced with.
-bool column_major(const at::Tensor& t) { return t.sym_stride(0) == 1 && t.sym_stride(1) == t.sym_size(0); }
+bool column_major(const at::Tensor& t) {
+  return t.sym_stride(0) == 1 && t.sym_stride(1) == t.sym_size(0);
+}
 
 // grad_a = g @ b^T, grad_b = a^T @ g, through cuops::mm, which reads the transposed views in place; a
 // column-major operand's gradient as the transpose of grad^T's row-major product.
@@ -173,8 +201,10 @@ class MmFunction : public torch::autograd::Function<MmFunction> {
     const at::Tensor& g = grads[0];
     at::Tensor grad_a, grad_b;
     const at::Tensor &a = saved[0], &b = saved[1];
-    if (ctx->needs_input_grad(0)) grad_a = column_major(a) ? cuops::mm(b, g.t()).t() : cuops::mm(g, b.t());
-    if (ctx->needs_input_grad(1)) grad_b = column_major(b) ? cuops::mm(g.t(), a).t() : cuops::mm(a.t(), g);
+    if (ctx->needs_input_grad(0))
+      grad_a = column_major(a) ? cuops::mm(b, g.t()).t() : cuops::mm(g, b.t());
+    if (ctx->needs_input_grad(1))
+      grad_b = column_major(b) ? cuops::mm(g.t(), a).t() : cuops::mm(a.t(), g);
     return {grad_a, grad_b};
   }
 };

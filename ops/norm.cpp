@@ -30,8 +30,9 @@ at::Tensor two_norm_cuda(const at::Tensor& a, const at::Tensor& b) {
   const int64_t scratch_bytes = kernels::two_norm_scratch_bytes(n, sms);
   // Scratch through torch's allocator, so it is stream-ordered and CUDA-graph safe.
   at::Tensor scratch = at::empty({scratch_bytes}, a.options().dtype(at::kByte));
-  C10_CUDA_CHECK(kernels::launch_two_norm(dtype, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), n, scratch.data_ptr(),
-                                          scratch_bytes, sms, current_stream(a)));
+  C10_CUDA_CHECK(kernels::launch_two_norm(dtype, out.data_ptr(), ac.data_ptr(), bc.data_ptr(), n,
+                                          scratch.data_ptr(), scratch_bytes, sms,
+                                          current_stream(a)));
   return out;
 }
 
@@ -57,13 +58,16 @@ class TwoNormFunction : public torch::autograd::Function<TwoNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &a = saved[0], &b = saved[1], &norm = saved[2];
     const at::Tensor zero_norm = norm == 0;
-    const at::Tensor coef = at::where(zero_norm, at::zeros_like(norm), grads[0] / at::where(zero_norm, at::ones_like(norm), norm));
+    const at::Tensor coef = at::where(zero_norm, at::zeros_like(norm),
+                                      grads[0] / at::where(zero_norm, at::ones_like(norm), norm));
     const at::Tensor grad_a = (a - b) * coef;
     return {grad_a, -grad_a};
   }
 };
 
-at::Tensor two_norm_autograd(const at::Tensor& a, const at::Tensor& b) { return TwoNormFunction::apply(a, b); }
+at::Tensor two_norm_autograd(const at::Tensor& a, const at::Tensor& b) {
+  return TwoNormFunction::apply(a, b);
+}
 
 // Under CUDA autocast the norm runs in float32, as torch's own norms do.
 at::Tensor two_norm_autocast(const at::Tensor& a, const at::Tensor& b) {

@@ -7,8 +7,9 @@ TORCH_PIN=$(sed -n 's/^dependencies = \["torch==\([^"]*\)"\]$/\1/p' "$CUOPS_ROOT
 [ -n "$TORCH_PIN" ] || { echo "tools/env.sh: no torch pin in $CUOPS_ROOT/pyproject.toml"; exit 1; }
 # Test and packaging tools: scikit-build-core (pip install . of the wheel), cuobjdump (from NVIDIA's
 # wheel: the CUDA toolkit image CI runs on has nvcc but no cuobjdump) to check the built binary, and
-# nvdisasm (cuobjdump -sass needs it: the sm_90a GEMM's HGMMA check).
-PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37"
+# nvdisasm (cuobjdump -sass needs it: the sm_90a GEMM's HGMMA check), and clang-format (tools/format.sh:
+# the C++ style, one release, since releases format differently).
+PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37 clang-format==21.1.8"
 
 has_pinned_torch() {
   "$1" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" >/dev/null 2>&1

@@ -26,21 +26,22 @@ namespace detail {
 // variable would be dropped when unused, and the reference with it).
 __attribute__((weak)) int64_t (*keep_libcuops_linked)() = &link_anchor;
 
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op(const char* name) {
+template <typename Signature> c10::TypedOperatorHandle<Signature> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 }  // namespace detail
 
 // c <- a + b (in place into c; c may be a or b).
 inline void add2(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
-  static const auto handle = detail::op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::add2");
+  static const auto handle =
+      detail::op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::add2");
   handle.call(c, a, b);
 }
 
 // a + b as a new tensor; differentiable.
 inline at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b) {
-  static const auto handle = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::vector_add");
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::vector_add");
   return handle.call(a, b);
 }
 
@@ -58,7 +59,8 @@ inline at::Tensor square(const at::Tensor& x) {
 
 // 0-dim ||a - b||_2 over all elements; differentiable.
 inline at::Tensor two_norm(const at::Tensor& a, const at::Tensor& b) {
-  static const auto handle = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::two_norm");
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::two_norm");
   return handle.call(a, b);
 }
 
@@ -66,13 +68,15 @@ inline at::Tensor two_norm(const at::Tensor& a, const at::Tensor& b) {
 inline void gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha = 1.0,
                  double beta = 0.0) {
   static const auto handle =
-      detail::op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double)>("cuops::gemm");
+      detail::op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double)>(
+          "cuops::gemm");
   handle.call(c, a, b, alpha, beta);
 }
 
 // a @ b as a new [M, N] tensor; differentiable.
 inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
-  static const auto handle = detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::mm");
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::mm");
   return handle.call(a, b);
 }
 

@@ -17,8 +17,10 @@ namespace {
 using cuops::kernels::DType;
 using cuops::kernels::GemmDevice;
 using cuops::kernels::GemmKernel;
+using cuops::kernels::GemmOperand;
 using cuops::kernels::GemmPlan;
 using cuops::kernels::GemmRequest;
+using cuops::kernels::kernel_name;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
 using cuops::kernels::tail_workspace_bytes;
@@ -31,12 +33,16 @@ const GemmDevice kH100Lanes{132, true, 66, true, false, true, true};
 const GemmDevice kA100{108, false, 0, false, false, true};
 // A GPU without FP64 tensor cores (before sm_80), or a build without code for them.
 const GemmDevice kNoDmma{80, false, 0, false, false, false};
+// Hopper with the wgmma kernel switched off (CUOPS_DISABLE_WGMMA): the mma.sync kernels' plans there.
+const GemmDevice kH100NoWgmma{132, false, 66, true, true, true, true};
 
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
 // c = a @ b with a [m, k], b [k, n], c [m, n] all row-major and contiguous, 16-byte aligned bases.
 GemmRequest row_major(DType t, int64_t m, int64_t n, int64_t k) {
-  return {t, m, n, k, {address(0x100000), k, 1}, {address(0x200000), n, 1}, address(0x300000), n, 1, 1.0, 0.0, false};
+  return {
+      t, m,   n,   k,    {address(0x100000), k, 1}, {address(0x200000), n, 1}, address(0x300000), n,
+      1, 1.0, 0.0, false};
 }
 GemmRequest tf32(GemmRequest r) {
   r.allow_tf32 = true;
@@ -52,13 +58,50 @@ GemmRequest transposed_b(GemmRequest r) {
   return r;
 }
 
+// The request ops/gemm.cpp plans again after making the copies `p` asks for (its copied()): each copied
+// operand in fresh rows padded to a whole number of 16 bytes, row-major, or column-major (the padded
+// row-major copy of its transpose, viewed transposed).
+GemmRequest with_copies(GemmRequest r, const GemmPlan& p) {
+  const int64_t unit = r.dtype == DType::Float64 ? 2 : r.dtype == DType::Float32 ? 4 : 8;
+  const auto pad = [unit](int64_t n) { return (n + unit - 1) / unit * unit; };
+  if (p.copy_a == OperandCopy::RowMajor) r.a = {address(0x400000), pad(r.k), 1};
+  if (p.copy_a == OperandCopy::ColumnMajor) r.a = {address(0x400000), 1, pad(r.m)};
+  if (p.copy_b == OperandCopy::RowMajor) r.b = {address(0x500000), pad(r.n), 1};
+  if (p.copy_b == OperandCopy::ColumnMajor) r.b = {address(0x500000), 1, pad(r.k)};
+  return r;
+}
+
+// The plan a product runs on (ops/gemm.cpp's run_gemm): the first, or where that asks for copies, the
+// plan of the copies, which asks for none.
+GemmPlan plan_after_copies(const GemmRequest& r, const GemmDevice& dev) {
+  const GemmPlan first = plan_gemm(r, dev);
+  if (first.copy_a == OperandCopy::None && first.copy_b == OperandCopy::None) return first;
+  const GemmPlan second = plan_gemm(with_copies(r, first), dev);
+  EXPECT_EQ(second.copy_a, OperandCopy::None);
+  EXPECT_EQ(second.copy_b, OperandCopy::None);
+  return second;
+}
+
+// The fast paths by dtype and float32 matmul precision: the kernel on Hopper, and without wgmma (an A100,
+// or Hopper with CUOPS_DISABLE_WGMMA).
+struct FastPath {
+  DType t;
+  bool allow_tf32;
+  GemmKernel hopper, portable;
+};
+const FastPath kFastPaths[] = {{DType::BFloat16, false, GemmKernel::Wgmma, GemmKernel::MmaHalf},
+                               {DType::Float16, false, GemmKernel::Wgmma, GemmKernel::MmaHalf},
+                               {DType::Float32, true, GemmKernel::Wgmma, GemmKernel::MmaTf32},
+                               {DType::Float32, false, GemmKernel::Simt, GemmKernel::Simt}};
+
 TEST(GemmPlan, EmptyOutputRunsNothing) {
   EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 0, 5, 7), kH100).kernel, GemmKernel::None);
   EXPECT_EQ(plan_gemm(row_major(DType::Float32, 5, 0, 7), kH100).kernel, GemmKernel::None);
 }
 
 TEST(GemmPlan, Float64RunsOnTheFp64TensorCoresWhereTheyExist) {
-  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 4096, 4096, 4096), kNoDmma).kernel, GemmKernel::General);
+  EXPECT_EQ(plan_gemm(row_major(DType::Float64, 4096, 4096, 4096), kNoDmma).kernel,
+            GemmKernel::General);
   for (const GemmDevice& dev : {kH100, kA100}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
@@ -129,13 +172,16 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   }
   // Outside decode, only the splits swept (1-4, 6, 8): gpt-2's 128 x 768 x 3072 took 128 x 64 split 11,
   // never swept, at 0.85x cuBLAS where 32 x 64 split 8 had run 0.99x.
-  for (const auto& [m, n, k] : {std::array<int64_t, 3>{128, 768, 3072}, {128, 4544, 18176}, {768, 768, 4096}}) {
+  for (const auto& [m, n, k] :
+       {std::array<int64_t, 3>{128, 768, 3072}, {128, 4544, 18176}, {768, 768, 4096}}) {
     const int split = plan_gemm(row_major(DType::Float64, m, n, k), kH100).split_k;
-    EXPECT_TRUE(split <= 4 || split == 6 || split == 8) << m << " x " << n << " x " << k << ": split " << split;
+    EXPECT_TRUE(split <= 4 || split == 6 || split == 8)
+        << m << " x " << n << " x " << k << ": split " << split;
   }
   // gpt-2's 768-wide products at 128 tokens: 32 x 32 tiles, twice 32 x 64's CTAs (48 of those over
   // k = 768 ran 0.72x cuBLAS), not split (a split's planes cost a second kernel).
-  for (GemmRequest r : {row_major(DType::Float64, 128, 768, 768), transposed_b(row_major(DType::Float64, 128, 768, 768))}) {
+  for (GemmRequest r : {row_major(DType::Float64, 128, 768, 768),
+                        transposed_b(row_major(DType::Float64, 128, 768, 768))}) {
     p = plan_gemm(r, kH100);
     EXPECT_EQ(p.bm, 32);
     EXPECT_EQ(p.bn, 32);
@@ -146,6 +192,27 @@ TEST(GemmPlan, Float64SplitsKWhereTilesLeaveSmsIdle) {
   EXPECT_LT(p.bm * p.bn, 128 * 128);
   // 512 rows: the 16-row tile would read the weight 32 times over from L2.
   EXPECT_NE(plan_gemm(row_major(DType::Float64, 512, 4096, 4096), kH100).bm, 16);
+}
+
+// The products the GPU suite's float64 kernel check ran (all operands row-major): the DMMA kernel on any
+// GPU with FP64 tensor cores, its k split on a 132-SM H100 only where the tiles leave SMs idle over a
+// long k (the split instance and the planes' sum; tests/python/test_gemm_f64.py checks the products of
+// both, this which one each shape takes).
+TEST(GemmPlan, Float64SplitsOnlyWhereTheTilesLeaveSmsIdle) {
+  struct Case {
+    int64_t m, n, k;
+    bool split;
+  };
+  for (const Case& c : {Case{4096, 4096, 512, false}, Case{1024, 1024, 8192, true},
+                        Case{17, 4096, 14336, true}, Case{512, 512, 100, false}}) {
+    SCOPED_TRACE(testing::Message() << c.m << " x " << c.n << " x " << c.k);
+    const GemmRequest r = row_major(DType::Float64, c.m, c.n, c.k);
+    const GemmPlan p = plan_gemm(r, kH100);
+    EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+    EXPECT_EQ(p.split_k > 1, c.split) << p.split_k;
+    EXPECT_EQ(p.workspace_bytes > 0, c.split);
+    EXPECT_EQ(plan_gemm(r, kA100).kernel, GemmKernel::MmaF64);
+  }
 }
 
 TEST(GemmPlan, Float64OperandRowsNotWholeSixteenBytesAreCopiedOrRunGeneral) {
@@ -197,7 +264,8 @@ TEST(GemmPlan, HalfTypesOnHopperTakeWgmmaPairsFromOneTilePerSm) {
   // 256 units: 4 waves of 66 pairs, or of 64.
   EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100).grid, 128);
   // Fewer pairs fit (62): 1024 units take 17 waves, of 61 pairs.
-  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 8192, 8192, 8192), GemmDevice{132, true, 62}).grid, 122);
+  EXPECT_EQ(plan_gemm(row_major(DType::BFloat16, 8192, 8192, 8192), GemmDevice{132, true, 62}).grid,
+            122);
 }
 
 TEST(GemmPlan, OneTileRowOfWideTilesRunsSingleCtas) {
@@ -259,13 +327,30 @@ TEST(GemmPlan, OneWaveOfTallTilesWhereNarrowerOnesLeaveAPartialOne) {
   EXPECT_EQ(plan_gemm(w, kH100).bm, 192);
   // Not where 128-row tiles fill their waves as well: big squares keep their pairs, the forwards at
   // 8192 tokens 128 x 128 (1536 tiles, 11.6 waves, against 1032 tall in 7.8); TF32 has no tall tile.
-  for (const GemmRequest& r : {row_major(DType::BFloat16, 4096, 4096, 4096), row_major(DType::BFloat16, 8192, 8192, 8192),
-                               row_major(DType::BFloat16, 8192, 3072, 1024), row_major(DType::BFloat16, 1024, 6144, 4096),
-                               tf32(row_major(DType::Float32, 3072, 1024, 8192))}) {
+  for (const GemmRequest& r :
+       {row_major(DType::BFloat16, 4096, 4096, 4096), row_major(DType::BFloat16, 8192, 8192, 8192),
+        row_major(DType::BFloat16, 8192, 3072, 1024), row_major(DType::BFloat16, 1024, 6144, 4096),
+        tf32(row_major(DType::Float32, 3072, 1024, 8192))}) {
     EXPECT_EQ(plan_gemm(r, kH100).bm, 128) << r.m << " x " << r.n << " x " << r.k;
   }
+  // Both 16-bit types alike, on the GPU suite's tall-tile products (tests/python/test_gemm_split_k.py's
+  // wgmma products; a m-major over the long k, k-major otherwise): the ragged 3000 x 1000 x 8200 too.
+  for (DType t : {DType::BFloat16, DType::Float16}) {
+    for (const GemmRequest& r : {transposed_a(row_major(t, 3072, 1024, 8192)),
+                                 transposed_a(row_major(t, 3000, 1000, 8200))}) {
+      const GemmPlan q = plan_gemm(r, kH100);
+      EXPECT_EQ(q.bm, 192) << static_cast<int>(t) << ": " << r.m << " x " << r.n << " x " << r.k;
+      EXPECT_EQ(q.bn, 128);
+    }
+    for (const GemmRequest& r : {row_major(t, 4096, 4096, 4096), row_major(t, 8192, 8192, 8192),
+                                 row_major(t, 1024, 6144, 4096)}) {
+      EXPECT_EQ(plan_gemm(r, kH100).bm, 128)
+          << static_cast<int>(t) << ": " << r.m << " x " << r.n << " x " << r.k;
+    }
+  }
   // The sweep's override takes the tall tile too, and only 128 or 192 rows.
-  const GemmPlan t = with_tile(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 192, 128, 0, 1, kH100);
+  const GemmPlan t = with_tile(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 192,
+                               128, 0, 1, kH100);
   EXPECT_EQ(t.bm, 192);
   EXPECT_EQ(t.grid, 118);  // 22 x 32 tiles: 6 waves of 118
 }
@@ -289,15 +374,26 @@ TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
   EXPECT_GT(p.workspace_bytes, 0);
   // Not where the waves are whole or nearly so, or the k is short: big squares keep their pairs,
   // gpt-2's short-k products their data-parallel tiles (the tail's fixed cost lost 0.3-0.5x there).
-  for (const GemmRequest& r : {row_major(DType::BFloat16, 4096, 4096, 4096), row_major(DType::BFloat16, 8192, 8192, 8192),
-                               row_major(DType::BFloat16, 1024, 6144, 4096), row_major(DType::Float16, 128, 4096, 4096),
-                               row_major(DType::BFloat16, 512, 768, 768), row_major(DType::BFloat16, 1024, 1024, 1024)}) {
+  for (const GemmRequest& r :
+       {row_major(DType::BFloat16, 4096, 4096, 4096), row_major(DType::BFloat16, 8192, 8192, 8192),
+        row_major(DType::BFloat16, 1024, 6144, 4096), row_major(DType::Float16, 128, 4096, 4096),
+        row_major(DType::BFloat16, 128, 4096, 4096), row_major(DType::BFloat16, 512, 768, 768),
+        row_major(DType::BFloat16, 1024, 1024, 1024)}) {
     const GemmPlan q = plan_gemm(r, kH100);
     EXPECT_EQ(q.tail_units, 0) << r.m << " x " << r.n << " x " << r.k;
     EXPECT_EQ(q.workspace_bytes, 0);
   }
-  // The cluster split stays off (kWgMaxSplit): it lost to the best unsplit tile everywhere.
+  // The cluster split stays off (kWgMaxSplit): it lost to the best unsplit tile everywhere. Also on the
+  // bf16 products the GPU suite ran to see its instance unused (tests/python/test_gemm_split_k.py).
   EXPECT_EQ(plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100).split_k, 1);
+  for (const GemmRequest& r :
+       {row_major(DType::BFloat16, 3072, 1024, 8192), row_major(DType::BFloat16, 128, 4096, 4096),
+        row_major(DType::BFloat16, 4096, 4096, 4096),
+        row_major(DType::BFloat16, 1024, 1024, 1024)}) {
+    const GemmPlan q = plan_gemm(r, kH100);
+    EXPECT_EQ(q.kernel, GemmKernel::Wgmma) << r.m << " x " << r.n << " x " << r.k;
+    EXPECT_EQ(q.split_k, 1) << r.m << " x " << r.n << " x " << r.k;
+  }
   // A sweep's tile override is data-parallel and unsplit; its tail override cuts as asked, within
   // the idle SMs (60 tiles of 128 x 128 at 3072 x 1024: at most 2 runs) and the k-tiles.
   const GemmPlan t = with_tile(p, 128, 128, 0, 1, kH100);
@@ -311,8 +407,10 @@ TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
   EXPECT_EQ(two.tail_split, 2);
   EXPECT_EQ(two.workspace_bytes, tail_workspace_bytes(132, 128, 128));
   EXPECT_EQ(with_tail_split(two, 128, 3, kH100).tail_units, two.tail_units);  // refused: unchanged
-  EXPECT_EQ(with_tail_split(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 256, 0, kH100).tail_units,
-            0);  // 512 tiles of 128 x 256 on 132 SMs: 116 left, room for one run each
+  EXPECT_EQ(
+      with_tail_split(plan_gemm(row_major(DType::BFloat16, 4096, 4096, 4096), kH100), 256, 0, kH100)
+          .tail_units,
+      0);  // 512 tiles of 128 x 256 on 132 SMs: 116 left, room for one run each
 }
 
 TEST(GemmPlan, BetaOrAnUnalignedOutputKeepsTheDirectEpilogue) {
@@ -340,7 +438,8 @@ TEST(GemmPlan, Tf32WithRowMajorBIsTheTransposedProblem) {
   EXPECT_FALSE(p.b_nmajor);
   EXPECT_FALSE(p.tma_store);  // float32 outputs are stored directly
   // a.t() @ b.t(): A m-major from registers, B k-major: no transposition needed.
-  const GemmPlan q = plan_gemm(transposed_b(transposed_a(tf32(row_major(DType::Float32, 300, 200, 64)))), kH100);
+  const GemmPlan q =
+      plan_gemm(transposed_b(transposed_a(tf32(row_major(DType::Float32, 300, 200, 64)))), kH100);
   EXPECT_EQ(q.kernel, GemmKernel::Wgmma);
   EXPECT_FALSE(q.c_trans);
 }
@@ -398,6 +497,92 @@ TEST(GemmPlan, UnreadableOperandsAreCopiedWhenTheProductPays) {
   EXPECT_EQ(p.copy_a, OperandCopy::None);
 }
 
+// The GPU suite's quick product on each fast path in each operand layout (tests/python/test_ops.py's
+// test_gemm_fast_paths_every_layout, and its run with the wgmma switch on): 512 x 384 over k = 256, a and
+// b row-major or transposed. On Hopper the 16-bit types and TF32 take wgmma (TF32's transposed a times
+// row-major b after a column-major copy of b, the smaller), "highest" the SIMT kernel; without wgmma the
+// mma.sync kernels, copy-free.
+TEST(GemmPlan, FastPathsInEveryOperandLayout) {
+  for (const FastPath& f : kFastPaths) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(testing::Message() << kernel_name(f.portable) << ", a " << (ta ? "m" : "k")
+                                        << "-major, b " << (tb ? "k" : "n") << "-major");
+        GemmRequest r = row_major(f.t, 512, 384, 256);
+        r.allow_tf32 = f.allow_tf32;
+        if (ta) r = transposed_a(r);
+        if (tb) r = transposed_b(r);
+        const GemmPlan first = plan_gemm(r, kH100);
+        EXPECT_EQ(first.copy_a, OperandCopy::None);
+        EXPECT_EQ(first.copy_b,
+                  f.allow_tf32 && ta && !tb ? OperandCopy::ColumnMajor : OperandCopy::None);
+        EXPECT_EQ(plan_after_copies(r, kH100).kernel, f.hopper);
+        for (const GemmDevice& dev : {kA100, kH100NoWgmma}) {
+          const GemmPlan p = plan_gemm(r, dev);
+          EXPECT_EQ(p.copy_a, OperandCopy::None);
+          EXPECT_EQ(p.copy_b, OperandCopy::None);
+          EXPECT_EQ(p.kernel, f.portable);
+        }
+      }
+    }
+  }
+}
+
+// TF32 of slices of wider tensors in every operand layout, with the GPU suite's strides
+// (tests/python/test_ops.py's test_gemm_tf32_sliced_rows_every_layout: 300 x 290 over k = 333). Rows a
+// whole number of 16 bytes apart are read in place, except on Hopper a transposed a times a row-major b:
+// the smaller (b) is copied column-major. Rows that are not (leading strides one more) are copied, b
+// column-major where TF32 wgmma reads it. Then wgmma on Hopper, the portable TF32 kernel elsewhere.
+TEST(GemmPlan, Tf32CopiesOnlyWhatWgmmaCannotRead) {
+  const int64_t m = 300, k = 333, n = 290;
+  for (const int64_t odd : {int64_t{0}, int64_t{1}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(testing::Message()
+                     << (odd ? "odd" : "16-byte") << " rows, a " << (ta ? "m" : "k") << "-major, b "
+                     << (tb ? "k" : "n") << "-major");
+        GemmRequest r = tf32(row_major(DType::Float32, m, n, k));
+        // Leading strides 324 or 340 for a, 340 or 332 for b (325, 341, 341, 333 with odd rows).
+        r.a = ta ? GemmOperand{r.a.ptr, 1, m + 24 + odd} : GemmOperand{r.a.ptr, k + 7 + odd, 1};
+        r.b = tb ? GemmOperand{r.b.ptr, 1, k + 7 + odd} : GemmOperand{r.b.ptr, n + 42 + odd, 1};
+        const GemmPlan hopper = plan_gemm(r, kH100);
+        EXPECT_EQ(hopper.copy_a, odd ? OperandCopy::RowMajor : OperandCopy::None);
+        EXPECT_EQ(hopper.copy_b, odd || (ta && !tb) ? OperandCopy::ColumnMajor : OperandCopy::None);
+        EXPECT_EQ(plan_after_copies(r, kH100).kernel, GemmKernel::Wgmma);
+        for (const GemmDevice& dev : {kA100, kH100NoWgmma}) {
+          const GemmPlan p = plan_gemm(r, dev);
+          EXPECT_EQ(p.copy_a, odd ? OperandCopy::RowMajor : OperandCopy::None);
+          EXPECT_EQ(p.copy_b, odd ? OperandCopy::RowMajor : OperandCopy::None);
+          EXPECT_EQ(plan_after_copies(r, dev).kernel, GemmKernel::MmaTf32);
+        }
+      }
+    }
+  }
+}
+
+// Contiguous operands and output whose rows are not whole 16 bytes (tests/python/test_ops.py's
+// test_gemm_cuda_odd_leading_strides: 257 x 259 over k = 333, c's rows 259 elements apart too, beta 0 or
+// not): both operands copied into padded rows (b column-major for TF32 on wgmma), then a fast kernel,
+// never the general one (whose float32 results would pass that test's accuracy check too).
+TEST(GemmPlan, OddLeadingStridesAreCopiedForAFastKernel) {
+  for (const FastPath& f : kFastPaths) {
+    for (const double beta : {0.0, -2.0}) {
+      SCOPED_TRACE(testing::Message() << kernel_name(f.portable) << ", beta " << beta);
+      GemmRequest r = row_major(f.t, 257, 259, 333);
+      r.allow_tf32 = f.allow_tf32;
+      r.beta = beta;
+      const GemmPlan first = plan_gemm(r, kH100);
+      EXPECT_EQ(first.copy_a, OperandCopy::RowMajor);
+      EXPECT_EQ(first.copy_b, f.allow_tf32 ? OperandCopy::ColumnMajor : OperandCopy::RowMajor);
+      EXPECT_EQ(plan_after_copies(r, kH100).kernel, f.hopper);
+      for (const GemmDevice& dev : {kA100, kH100NoWgmma}) {
+        EXPECT_EQ(plan_gemm(r, dev).copy_b, OperandCopy::RowMajor);
+        EXPECT_EQ(plan_after_copies(r, dev).kernel, f.portable);
+      }
+    }
+  }
+}
+
 TEST(GemmPlan, OperandsTmaCannotDescribeRunTheMmaKernel) {
   // A column of a broadcast along k (strides (1, 0)): readable m-major with leading stride 0, which
   // TMA refuses (rows would overlap).
@@ -444,7 +629,8 @@ TEST(GemmPlan, Float32HighestRunsTheSimtKernel) {
   p = plan_gemm(row_major(DType::Float32, 128, 4096, 4096), kH100);
   EXPECT_EQ(p.grid, 32);
   EXPECT_EQ(p.split_k, 8);  // 256 CTAs: one wave of pairs
-  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 14336, 4096), kH100).split_k, 7);  // 784 CTAs: 3 waves
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 14336, 4096), kH100).split_k,
+            7);  // 784 CTAs: 3 waves
   // 224 tiles are one wave, but 92 SMs would run two and 40 one: 896 CTAs even them out.
   EXPECT_EQ(plan_gemm(row_major(DType::Float32, 128, 28672, 4096), kH100).split_k, 4);
   // Many waves gain too little for the workspace they would take (2 ways at 4096^3: 128 MiB).
@@ -454,6 +640,12 @@ TEST(GemmPlan, Float32HighestRunsTheSimtKernel) {
   p = plan_gemm(row_major(DType::Float32, 1024, 1024, 1024), kA100);  // no clusters needed
   EXPECT_EQ(p.bm, 128);
   EXPECT_EQ(p.split_k, 3);
+  // 2048^3: 256 tiles of 128 x 128 nearly fill the SMs' 264 block slots: unsplit (the other side of
+  // tests/python/test_gemm_split_k.py's split products).
+  EXPECT_EQ(plan_gemm(row_major(DType::Float32, 2048, 2048, 2048), kH100).split_k, 1);
+  // nn.Linear's x @ W.t() at 128 tokens, 4096 -> 4096 (b k-major) splits as a row-major b does: the split
+  // test_gemm_split_k.py's reduce-overhead test replays in CUDA graphs.
+  EXPECT_EQ(plan_gemm(transposed_b(row_major(DType::Float32, 128, 4096, 4096)), kH100).split_k, 8);
   // A k too short for two slices of 128: unsplit, 64 x 64 tiles to spread the 32 big ones.
   p = plan_gemm(row_major(DType::Float32, 128, 4096, 200), kH100);
   EXPECT_EQ(p.bm, 64);
@@ -482,12 +674,15 @@ using cuops::kernels::kSkinnyMaxTokens;
 using cuops::kernels::with_split;
 
 // x @ W.t() as nn.Linear runs it: x [m, k] row-major, W [n, k] row-major read as b = W.t() (k-major).
-GemmRequest linear_forward(DType t, int64_t m, int64_t n, int64_t k) { return transposed_b(row_major(t, m, n, k)); }
+GemmRequest linear_forward(DType t, int64_t m, int64_t n, int64_t k) {
+  return transposed_b(row_major(t, m, n, k));
+}
 
 TEST(GemmPlan, FewTokensTakeTheSmallMKernelInEveryFloatType) {
   for (DType t : {DType::BFloat16, DType::Float16, DType::Float32}) {
     for (bool allow_tf32 : {false, true}) {
-      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{15}, int64_t{kSkinnyMaxTokens}}) {
+      for (int64_t m :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{15}, int64_t{kSkinnyMaxTokens}}) {
         GemmRequest fwd = linear_forward(t, m, 4096, 4096), grad = row_major(t, m, 4096, 4096);
         fwd.allow_tf32 = grad.allow_tf32 = allow_tf32;
         GemmPlan p = plan_gemm(fwd, kH100);
@@ -517,11 +712,14 @@ TEST(GemmPlan, FewTokensTakeTheSmallMKernelInEveryFloatType) {
     p = plan_gemm(row_major(DType::Float64, m, 4096, 4096), kH100);  // g @ W
     EXPECT_EQ(p.kernel, GemmKernel::Skinny) << m;
     EXPECT_FALSE(p.sk_w_kmajor);
-    EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kH100Lanes).kernel, GemmKernel::MmaF64);
-    EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kA100).kernel, GemmKernel::MmaF64);
+    EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kH100Lanes).kernel,
+              GemmKernel::MmaF64);
+    EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, m, 4096, 4096), kA100).kernel,
+              GemmKernel::MmaF64);
   }
-  EXPECT_EQ(plan_gemm(linear_forward(DType::Float64, kSkinnyMaxTokens + 1, 4096, 4096), kH100).kernel,
-            GemmKernel::MmaF64);
+  EXPECT_EQ(
+      plan_gemm(linear_forward(DType::Float64, kSkinnyMaxTokens + 1, 4096, 4096), kH100).kernel,
+      GemmKernel::MmaF64);
   // Its stages: deep (one CTA an SM) however many groups of 64 outputs (71-284 groups: 2-9 % faster
   // than two CTAs an SM), except at most 16 groups, whose few SMs' own read rate bound gpt-2's
   // 768-output products: half the k a stage and k split over 8 CTAs (0.60-0.96x -> 0.90-1.31x).
@@ -550,6 +748,49 @@ TEST(GemmPlan, SmallMTokensMayBeTheColumnsOfC) {
   // Tokens whose k is not contiguous (x.t() as a: m-major) are not the small-M kernel's: wgmma.
   p = plan_gemm(transposed_a(linear_forward(DType::BFloat16, 8, 4096, 4096)), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Wgmma);
+}
+
+// Both sides of the small-M boundary as nn.Linear(1024 -> 4096) runs them, with the GPU suite's operands
+// (tests/python/test_gemm_small_m.py's products at M = 16 and 17: slices of wider tensors, rows a whole
+// number of 16 bytes and 16 bytes more apart), forward x @ W.t() and input gradient g @ W, in every float
+// type: M = 16 takes the small-M kernel, streamed on Hopper and per lane without the stream (float64, which
+// has no per-lane form: the DMMA kernel), M = 17 the tiled kernels.
+TEST(GemmPlan, SmallMBoundaryAsNnLinearRunsIt) {
+  for (const auto& [t, allow_tf32] :
+       {std::pair{DType::BFloat16, false}, std::pair{DType::Float16, false},
+        std::pair{DType::Float32, false}, std::pair{DType::Float32, true},
+        std::pair{DType::Float64, false}}) {
+    const int64_t unit = t == DType::Float64 ? 2 : t == DType::Float32 ? 4 : 8;
+    const auto ld = [unit](int64_t cols) { return (cols + unit - 1) / unit * unit + unit; };
+    const bool f64 = t == DType::Float64;
+    for (const bool forward : {true, false}) {
+      for (const int64_t m : {int64_t{kSkinnyMaxTokens}, int64_t{kSkinnyMaxTokens} + 1}) {
+        SCOPED_TRACE(testing::Message()
+                     << static_cast<int>(t) << (allow_tf32 ? " tf32" : "")
+                     << (forward ? " forward" : " input gradient") << ", m " << m);
+        // Forward: x [m, 1024] @ W.t() (W [4096, 1024]); input gradient: g [m, 4096] @ W.
+        GemmRequest r = forward ? row_major(t, m, 4096, 1024) : row_major(t, m, 1024, 4096);
+        r.allow_tf32 = allow_tf32;
+        r.a.stride0 = ld(r.k);
+        r.b = forward ? GemmOperand{r.b.ptr, 1, ld(1024)} : GemmOperand{r.b.ptr, ld(1024), 1};
+        const bool small = m <= kSkinnyMaxTokens;
+        const GemmPlan hopper = plan_gemm(r, kH100);
+        EXPECT_EQ(hopper.kernel == GemmKernel::Skinny, small) << kernel_name(hopper.kernel);
+        EXPECT_EQ(hopper.sk_tma, small);
+        if (f64) {
+          EXPECT_EQ(hopper.kernel == GemmKernel::MmaF64, !small) << kernel_name(hopper.kernel);
+        }
+        for (const GemmDevice& dev : {kH100Lanes, kA100}) {
+          const GemmPlan p = plan_gemm(r, dev);
+          EXPECT_EQ(p.kernel == GemmKernel::Skinny, small && !f64) << kernel_name(p.kernel);
+          EXPECT_FALSE(p.sk_tma);
+          if (f64) {
+            EXPECT_EQ(p.kernel, GemmKernel::MmaF64);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(GemmPlan, SmallMSplitsKWhereTheOutputsCannotFillTheSms) {
@@ -677,7 +918,8 @@ TEST(GemmPlan, SmallMStreamsTheWeightByTmaOnHopper) {
   EXPECT_FALSE(p.sk_tma);
   EXPECT_FALSE(p.sk_pdl);
   EXPECT_EQ(p.sk_kw, 4);
-  EXPECT_FALSE(with_stream(plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100), 4, 128, 1).sk_tma);
+  EXPECT_FALSE(
+      with_stream(plan_gemm(linear_forward(DType::BFloat16, 1, 64, 0), kH100), 4, 128, 1).sk_tma);
 }
 
 // Every tile once, in groups of 8 tile rows walked column by column (the last group short).
@@ -689,7 +931,8 @@ TEST(TileOrder, EveryTileOnceInGroupsOfEightRows) {
     for (int64_t id = 0; id < tiles_m * tiles_n; ++id) {
       int64_t tm = -1, tn = -1;
       cuops::kernels::detail::tile_coords<8>(id, tiles_m, tiles_n, tm, tn);
-      ASSERT_TRUE(tm >= 0 && tm < tiles_m && tn >= 0 && tn < tiles_n) << "id " << id << " -> " << tm << ", " << tn;
+      ASSERT_TRUE(tm >= 0 && tm < tiles_m && tn >= 0 && tn < tiles_n)
+          << "id " << id << " -> " << tm << ", " << tn;
       EXPECT_EQ(tm / 8, id / (8 * tiles_n)) << "id " << id;  // the group of rows comes first
       ++seen[tm * tiles_n + tn];
     }
@@ -706,14 +949,19 @@ TEST(TileOrder, ThirtyTwoBitFormIsTheSixtyFourBitOne) {
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
   // (tiles_m + 8) x tiles_n just under 2^32, then just over it.
-  for (const auto& [tiles_m, tiles_n] : std::vector<std::pair<int64_t, int64_t>>{
-           {65000, 66000}, {8, 268435455}, {536870903, 8}, {1, 477218588}, {65536, 65536}, {70000, 70000},
-           {3, 1LL << 31}}) {
+  for (const auto& [tiles_m, tiles_n] : std::vector<std::pair<int64_t, int64_t>>{{65000, 66000},
+                                                                                 {8, 268435455},
+                                                                                 {536870903, 8},
+                                                                                 {1, 477218588},
+                                                                                 {65536, 65536},
+                                                                                 {70000, 70000},
+                                                                                 {3, 1LL << 31}}) {
     const int64_t tiles = tiles_m * tiles_n;
     const bool narrow = (tiles_m + 8) * tiles_n < (int64_t{1} << 32);
     SCOPED_TRACE(testing::Message() << tiles_m << " x " << tiles_n << " tiles");
     std::vector<int64_t> ids = {0, 1, 7, 8, 8 * tiles_n - 1, 8 * tiles_n, tiles - 1};
-    for (int i = 0; i < 2000; ++i) ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(tiles)));
+    for (int i = 0; i < 2000; ++i)
+      ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(tiles)));
     for (const int64_t id : ids) {
       if (id < 0 || id >= tiles) continue;
       int64_t tm = -1, tn = -1, tm64 = -2, tn64 = -2;

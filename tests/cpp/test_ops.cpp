@@ -32,9 +32,13 @@ double tolerance(at::ScalarType t) {
     }
     return m;
   }();
-  const char* name = t == at::kDouble ? "float64" : t == at::kFloat ? "float32" : t == at::kHalf ? "float16" : "bfloat16";
+  const char* name = t == at::kDouble  ? "float64"
+                     : t == at::kFloat ? "float32"
+                     : t == at::kHalf  ? "float16"
+                                       : "bfloat16";
   const auto it = table.find(name);
-  if (it == table.end()) throw std::runtime_error(std::string("no ") + name + " bound in " + CUOPS_TOLERANCES);
+  if (it == table.end())
+    throw std::runtime_error(std::string("no ") + name + " bound in " + CUOPS_TOLERANCES);
   return it->second;
 }
 
@@ -59,7 +63,8 @@ template <typename F> std::string error_of(F&& f) {
 class Ops : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    if (GetParam() == "cuda" && !torch::cuda::is_available())
+      GTEST_SKIP() << "no CUDA GPU on this machine";
     device_ = torch::Device(GetParam());
   }
   at::Tensor rand(at::IntArrayRef shape, at::ScalarType t) {
@@ -104,9 +109,10 @@ TEST_P(Ops, TwoNormMatchesFloat64Reference) {
 
 TEST_P(Ops, GemmAndMmMatchFloat64Reference) {
   for (auto t : kDtypes) {
-    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 1000, 5}, {65, 33, 129}, {0, 4, 3}, {3, 0, 4}}) {
-      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(m) + "x" + std::to_string(k) + "x" +
-                   std::to_string(n));
+    for (auto [m, k, n] : std::vector<std::array<int64_t, 3>>{
+             {1, 1, 1}, {7, 1000, 5}, {65, 33, 129}, {0, 4, 3}, {3, 0, 4}}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " " + std::to_string(m) + "x" +
+                   std::to_string(k) + "x" + std::to_string(n));
       auto a = rand({m, k}, t), b = rand({k, n}, t);
       auto ref = torch::mm(a.to(at::kDouble), b.to(at::kDouble));
       const double tol = tolerance(t) * (t == at::kFloat ? 10 : 1);
@@ -120,13 +126,15 @@ TEST_P(Ops, GemmAndMmMatchFloat64Reference) {
       EXPECT_LE(rel_err(c1, ref * 0.5 - 2.0 * c0.to(at::kDouble)), 4 * tol);
       // Transposed operands are read through their strides.
       auto at_ = rand({k, m}, t).t(), bt = rand({n, k}, t).t();
-      EXPECT_LE(rel_err(cuops::mm(at_, bt), torch::mm(at_.to(at::kDouble), bt.to(at::kDouble))), tol);
+      EXPECT_LE(rel_err(cuops::mm(at_, bt), torch::mm(at_.to(at::kDouble), bt.to(at::kDouble))),
+                tol);
     }
   }
 }
 
 TEST_P(Ops, MmAutogradMatchesATen) {
-  auto a = rand({17, 9}, at::kDouble).requires_grad_(), b = rand({9, 5}, at::kDouble).requires_grad_();
+  auto a = rand({17, 9}, at::kDouble).requires_grad_(),
+       b = rand({9, 5}, at::kDouble).requires_grad_();
   auto g = rand({17, 5}, at::kDouble);
   cuops::mm(a, b).backward(g);
   auto a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
@@ -136,7 +144,8 @@ TEST_P(Ops, MmAutogradMatchesATen) {
 }
 
 TEST_P(Ops, TwoNormAutogradMatchesATenAndIsZeroAtZero) {
-  auto a = rand({6, 7}, at::kDouble).requires_grad_(), b = rand({6, 7}, at::kDouble).requires_grad_();
+  auto a = rand({6, 7}, at::kDouble).requires_grad_(),
+       b = rand({6, 7}, at::kDouble).requires_grad_();
   cuops::two_norm(a, b).backward();
   auto a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
   torch::linalg_vector_norm(a2 - b2).backward();
@@ -150,22 +159,27 @@ TEST_P(Ops, TwoNormAutogradMatchesATenAndIsZeroAtZero) {
 
 TEST_P(Ops, ErrorsNameOpArgumentExpectedAndGot) {
   auto f = rand({4}, at::kFloat);
-  EXPECT_NE(error_of([&] { cuops::vector_add(f, rand({4}, at::kDouble)); })
-                .find("cuops::vector_add: expected b to have the dtype of a (float32), got float64"),
+  EXPECT_NE(error_of([&] {
+              cuops::vector_add(f, rand({4}, at::kDouble));
+            }).find("cuops::vector_add: expected b to have the dtype of a (float32), got float64"),
             std::string::npos);
   auto i = torch::ones({4}, torch::TensorOptions().dtype(at::kLong).device(device_));
   EXPECT_NE(error_of([&] { cuops::square(i); })
-                .find("cuops::square: expected x to have dtype float32, float64, float16 or bfloat16, got int64"),
+                .find("cuops::square: expected x to have dtype float32, float64, float16 or "
+                      "bfloat16, got int64"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cuops::two_norm(f, rand({5}, at::kFloat)); })
-                .find("cuops::two_norm: expected b to have the shape of a [4], got [5]"),
+  EXPECT_NE(error_of([&] {
+              cuops::two_norm(f, rand({5}, at::kFloat));
+            }).find("cuops::two_norm: expected b to have the shape of a [4], got [5]"),
             std::string::npos);
   EXPECT_NE(error_of([&] { cuops::mm(rand({64, 32}, at::kFloat), rand({31, 16}, at::kFloat)); })
-                .find("cuops::mm: expected a and b to share the inner dimension, got a [64, 32] and b [31, 16]"),
+                .find("cuops::mm: expected a and b to share the inner dimension, got a [64, 32] "
+                      "and b [31, 16]"),
             std::string::npos);
   auto big = rand({8}, at::kFloat);
-  EXPECT_NE(error_of([&] { cuops::add2(big.narrow(0, 1, 4), big.narrow(0, 0, 4), rand({4}, at::kFloat)); })
-                .find("cuops::add2: expected c to be exactly a or not to overlap it"),
+  EXPECT_NE(error_of([&] {
+              cuops::add2(big.narrow(0, 1, 4), big.narrow(0, 0, 4), rand({4}, at::kFloat));
+            }).find("cuops::add2: expected c to be exactly a or not to overlap it"),
             std::string::npos);
 }
 
@@ -180,14 +194,20 @@ TEST_P(Ops, EightThreadsOnTheirOwnStreamsGetTheSingleThreadedBits) {
   auto run_all = [](Inputs& in) {
     cuops::add2(in.c, in.a, in.b);
     cuops::gemm(in.cm, in.am, in.bm);
-    return std::vector<at::Tensor>{in.c, in.cm, cuops::vector_add(in.a, in.b), cuops::scale(in.a, 1.5),
-                                   cuops::square(in.b), cuops::two_norm(in.a, in.b), cuops::mm(in.am, in.bm)};
+    return std::vector<at::Tensor>{in.c,
+                                   in.cm,
+                                   cuops::vector_add(in.a, in.b),
+                                   cuops::scale(in.a, 1.5),
+                                   cuops::square(in.b),
+                                   cuops::two_norm(in.a, in.b),
+                                   cuops::mm(in.am, in.bm)};
   };
   std::vector<Inputs> inputs;
   std::vector<std::vector<at::Tensor>> expected;
   for (int i = 0; i < kThreads; ++i) {
-    inputs.push_back({rand({1000 + i}, at::kFloat), rand({1000 + i}, at::kFloat), rand({1000 + i}, at::kFloat),
-                      rand({33, 17}, at::kFloat), rand({17, 9 + i}, at::kFloat), rand({33, 9 + i}, at::kFloat)});
+    inputs.push_back({rand({1000 + i}, at::kFloat), rand({1000 + i}, at::kFloat),
+                      rand({1000 + i}, at::kFloat), rand({33, 17}, at::kFloat),
+                      rand({17, 9 + i}, at::kFloat), rand({33, 9 + i}, at::kFloat)});
     std::vector<at::Tensor> e;
     for (const auto& t : run_all(inputs.back())) e.push_back(t.clone());
     expected.push_back(std::move(e));
@@ -200,7 +220,8 @@ TEST_P(Ops, EightThreadsOnTheirOwnStreamsGetTheSingleThreadedBits) {
     threads.emplace_back([&, i] {
       try {
         std::optional<c10::cuda::CUDAStreamGuard> on_stream;
-        if (device_.is_cuda()) on_stream.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+        if (device_.is_cuda())
+          on_stream.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
         at::Tensor bad = torch::zeros({}, torch::TensorOptions().dtype(at::kLong).device(device_));
         for (int call = 0; call < calls; ++call) {
           const auto got = run_all(inputs[i]);
@@ -223,7 +244,8 @@ TEST_P(Ops, TwoNormIsBitwiseIdenticalOver100Runs) {
   for (auto t : {at::kFloat, at::kBFloat16}) {
     auto a = rand({(1 << 20) + 4097}, t), b = rand({(1 << 20) + 4097}, t);
     const auto first = cuops::two_norm(a, b);
-    for (int i = 0; i < 100; ++i) ASSERT_TRUE(torch::equal(cuops::two_norm(a, b), first)) << "run " << i;
+    for (int i = 0; i < 100; ++i)
+      ASSERT_TRUE(torch::equal(cuops::two_norm(a, b), first)) << "run " << i;
   }
 }
 
@@ -247,8 +269,8 @@ TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
 
 TEST(BuildInfo, IsJsonWithVersions) {
   const std::string s = cuops::build_info();
-  for (const char* key : {"\"cuops_version\"", "\"torch_version\"", "\"cuda_version\"", "\"cuda_archs\"",
-                          "\"cxx_compiler\"", "\"build_type\""})
+  for (const char* key : {"\"cuops_version\"", "\"torch_version\"", "\"cuda_version\"",
+                          "\"cuda_archs\"", "\"cxx_compiler\"", "\"build_type\""})
     EXPECT_NE(s.find(key), std::string::npos) << s;
   EXPECT_EQ(s.front(), '{');
   EXPECT_EQ(s.back(), '}');
@@ -256,7 +278,8 @@ TEST(BuildInfo, IsJsonWithVersions) {
 
 TEST(Switches, SetAndReadInProcess) {
   // Each switch: set, read back, restored; the planner asks them at every plan (kernels/switches.h).
-  for (const char* name : {"CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA", "CUOPS_DISABLE_BULK_NORM"}) {
+  for (const char* name :
+       {"CUOPS_DISABLE_WGMMA", "CUOPS_DISABLE_SKINNY_TMA", "CUOPS_DISABLE_BULK_NORM"}) {
     SCOPED_TRACE(name);
     const bool was = cuops::set_switch(name);
     EXPECT_EQ(cuops::set_switch(name, !was), was);
@@ -265,17 +288,21 @@ TEST(Switches, SetAndReadInProcess) {
     EXPECT_EQ(cuops::set_switch(name), was);
   }
   const std::string err = error_of([] { cuops::set_switch("CUOPS_DISABLE_EVERYTHING", true); });
-  EXPECT_NE(err.find("cuops::set_switch: expected name to be one of CUOPS_DISABLE_WGMMA, "
-                     "CUOPS_DISABLE_SKINNY_TMA, CUOPS_DISABLE_BULK_NORM, got 'CUOPS_DISABLE_EVERYTHING'"),
-            std::string::npos)
+  EXPECT_NE(
+      err.find("cuops::set_switch: expected name to be one of CUOPS_DISABLE_WGMMA, "
+               "CUOPS_DISABLE_SKINNY_TMA, CUOPS_DISABLE_BULK_NORM, got 'CUOPS_DISABLE_EVERYTHING'"),
+      std::string::npos)
       << err;
 }
 
 TEST(Autograd, InPlaceOpsRejectInputsThatRequireGrad) {
   auto a = torch::randn({3}).requires_grad_(), b = torch::randn({3}), c = torch::empty({3});
-  EXPECT_NE(error_of([&] { cuops::add2(c, a, b); }).find("cuops::add2: a requires grad"), std::string::npos);
+  EXPECT_NE(error_of([&] { cuops::add2(c, a, b); }).find("cuops::add2: a requires grad"),
+            std::string::npos);
   auto m = torch::randn({3, 3}).requires_grad_();
-  EXPECT_NE(error_of([&] { cuops::gemm(torch::empty({3, 3}), m, torch::randn({3, 3})); }).find("cuops::mm"),
+  EXPECT_NE(error_of([&] {
+              cuops::gemm(torch::empty({3, 3}), m, torch::randn({3, 3}));
+            }).find("cuops::mm"),
             std::string::npos);
   torch::NoGradGuard no_grad;
   cuops::add2(c, a, b);

@@ -17,9 +17,11 @@ const std::string kDir = CUOPS_ARTIFACT_DIR;
 class PythonArtifacts : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
+    if (GetParam() == "cuda" && !torch::cuda::is_available())
+      GTEST_SKIP() << "no CUDA GPU on this machine";
     const std::string io = kDir + "/io_" + GetParam() + ".pt";
-    ASSERT_TRUE(std::filesystem::exists(io)) << io << " missing: run python tests/scripts/make_artifacts.py " << kDir;
+    ASSERT_TRUE(std::filesystem::exists(io))
+        << io << " missing: run python tests/scripts/make_artifacts.py " << kDir;
     io_ = torch::jit::load(io);
   }
   at::Tensor io(const char* name) { return io_.attr(name).toTensor(); }
