@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import torch
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
@@ -109,8 +110,8 @@ CALLS = ["mm", "gemm", "backward"]
 
 def operand(rows, cols, dtype, device, layout, gen):
     """A random [rows, cols] tensor whose memory layout is `layout`."""
-    def randn(*shape):
-        return torch.randn(*shape, dtype=torch.float64, generator=gen).to(dtype=dtype, device=device)
+    def randn(*shape):  # drawn on the device (gen is the device's generator): no host work per step
+        return torch.randn(*shape, dtype=torch.float64, generator=gen, device=device).to(dtype)
 
     unit = 16 // torch.empty((), dtype=dtype).element_size()
     ld = (cols + unit - 1) // unit * unit + unit  # padded: whole 16-byte rows and a spare one
@@ -161,7 +162,7 @@ def run_step(step):
     r = RECIPES[step["recipe"]]
     dtype = getattr(torch, step["dtype"])
     device = step.get("device", "cuda")
-    gen = torch.Generator().manual_seed(step["seed"])
+    gen = torch.Generator(device=device).manual_seed(step["seed"])
     la = r.layout_a if step["layout_a"] == "recipe" else step["layout_a"]
     lb = r.layout_b if step["layout_b"] == "recipe" else step["layout_b"]
     a = operand(r.m, r.k, dtype, device, la, gen)
@@ -245,11 +246,13 @@ def steps_strategy(draw, device="cuda", names=None):
 
 def every_recipe_on_a_fresh_thread():
     """The explicit first example: each recipe's product as the first CUDA work of a fresh thread, in
-    its own layouts, then its backward; then again on the portable paths."""
+    its own layouts, then its backward; then the product of each recipe whose portable path differs."""
     steps = []
     for portable in (False, True):
         for i, name in enumerate(sorted(RECIPES)):
-            for call in ("mm", "backward"):
+            if portable and not RECIPES[name].portable:
+                continue
+            for call in ("mm",) if portable else ("mm", "backward"):
                 steps.append({"recipe": name, "dtype": str(RECIPES[name].dtypes[0]).removeprefix("torch."),
                               "layout_a": "recipe", "layout_b": "recipe", "call": call, "alpha": 1.0,
                               "beta": 0.0, "layout_c": "row", "thread": "fresh", "portable": portable,
@@ -257,8 +260,11 @@ def every_recipe_on_a_fresh_thread():
     return steps
 
 
-def search(max_examples):
-    """The property search: sequences of 1-12 drawn steps, after the explicit walk over every recipe."""
+def search(max_examples, budget_s):
+    """The property search: sequences of 1-12 drawn steps, after the explicit walk over every recipe;
+    no sequence starts after budget_s seconds (those left pass unrun). Returns how many ran."""
+    start, ran = time.monotonic(), [0]
+
     @seed(46)
     @settings(max_examples=max_examples, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -266,9 +272,13 @@ def search(max_examples):
     @given(steps=st.lists(steps_strategy(), min_size=1, max_size=12))
     @example(steps=every_recipe_on_a_fresh_thread())
     def sequences(steps):
+        if ran[0] and time.monotonic() - start > budget_s and json.dumps(steps, sort_keys=True) not in _FAILED:
+            return
+        ran[0] += 1
         check_sequence(steps)
 
     sequences()
+    return ran[0]
 
 
 def main(argv):
