@@ -164,12 +164,6 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
-// CTAs in this CTA's cluster.
-__device__ __forceinline__ uint32_t cluster_ctas() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
 // The shared::cluster address of shared-memory address `addr` in CTA `rank` of the cluster. Addresses
 // of one CTA's window are contiguous there too, so an offset may be added to the result.
 __device__ __forceinline__ uint32_t map_cluster(uint32_t addr, uint32_t rank) {

@@ -291,6 +291,38 @@ cudaError_t launch_blocks(K kernel, int64_t blocks, int threads, int smem, cudaS
   return cudaGetLastError();
 }
 
+// A launch through cudaLaunchKernelEx (for the occupancy query, and the launch itself): `grid` blocks
+// of `threads` with `smem` bytes of dynamic shared memory on `stream`, in clusters of `cluster` blocks
+// where one of its sides is above 1, and, with `pdl`, as a programmatic dependent of the kernel
+// before it on the stream (the kernel's griddepcontrol.wait holds its global accesses back until
+// that one completes, so its launch and prologue overlap that kernel's last wave). Not copyable: cfg
+// points at the member attributes.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attrs[2]{};
+  ClusterLaunch(dim3 grid, dim3 cluster, int threads, int smem, cudaStream_t stream,
+                bool pdl = false) {
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = stream;
+    cfg.attrs = attrs;
+    if (cluster.x * cluster.y * cluster.z > 1) {
+      cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = cluster.x, a.val.clusterDim.y = cluster.y,
+      a.val.clusterDim.z = cluster.z;
+    }
+    if (pdl) {
+      cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // The k split on independent CTAs (gemm_simt.cu, gemm_f64.cu): CTA (x, y) writes its partial tile,
 // unscaled, to plane y of the workspace (split planes of m x n T, rows n apart: planes_problem), and
 // sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.
@@ -358,62 +390,8 @@ cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads
                        p, split);
 }
 
-// The wgmma split instance's finish (gemm_wgmma.cuh; only the sweeps run it since the k split there
-// measured slower): each of the cluster's `split` CTAs has staged its partial BM x BN float tile in its
-// own shared memory at `part`, rows `ld` floats apart (a 16-byte multiple). After a cluster barrier,
-// CTA r sums the 16-byte chunks r, r + split, ... (in units of THREADS) over the CTAs in rank order
-// through distributed shared memory and hands each pair of sums to store(row, col, v0, v1): the same
-// bits on every run, no workspace. A thread keeps kInFlight chunks' loads in flight per rank: one pair
-// at a time, a round trip (~1 us per 128 x 128 tile and rank) each, made every split slower than none
-// (docs/performance.md). The last barrier keeps every CTA resident while another may still
-// read its shared memory. sm_90 PTX, as common.cuh's cluster primitives: call it only from code
-// compiled for sm_90 and up.
-__device__ __forceinline__ float4 ld_cluster16(const float* local, uint32_t rank) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(map_cluster(smem_addr(local), rank)));
-  return v;
-}
-template <int BM, int BN, int THREADS, typename Store>
-__device__ __forceinline__ void reduce_cluster_tile(const float* part, int ld, int split, int tid,
-                                                    Store&& store) {
-  constexpr int kRowChunks = BN / 4, kChunks = BM * kRowChunks;
-  constexpr int kInFlight = 4;
-  static_assert(BN % 4 == 0, "whole 16-byte chunks per row");
-  cluster_sync();  // every CTA's partial staged
-  const int stride = THREADS * split;
-  for (int e0 = tid + static_cast<int>(cluster_rank()) * THREADS; e0 < kChunks;
-       e0 += kInFlight * stride) {
-    float4 v[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int e = e0 + u * stride;
-      if (e < kChunks) v[u] = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * 4, 0);
-    }
-    for (int s = 1; s < split; ++s) {
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int e = e0 + u * stride;
-        if (e >= kChunks) continue;
-        const float4 w = ld_cluster16(part + (e / kRowChunks) * ld + (e % kRowChunks) * 4, s);
-        v[u].x += w.x, v[u].y += w.y, v[u].z += w.z, v[u].w += w.w;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int e = e0 + u * stride;
-      if (e >= kChunks) break;
-      const int r = e / kRowChunks, c = (e % kRowChunks) * 4;
-      store(r, c, v[u].x, v[u].y);
-      store(r, c + 2, v[u].z, v[u].w);
-    }
-  }
-  cluster_sync();
-}
-
 // The FP64 tensor-core products both float64 kernels multiply with (kernels/gemm_f64.cu, and the
-// small-M streaming form in kernels/gemm_skinny.cu).
+// small-M streaming form in kernels/gemm_skinny_tma.cu).
 // d += a b for one 16 x 8 x 4 block. Fragments (lane = 4 g + t): a0 = A[g][t], a1 = A[g + 8][t],
 // b = B[t][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j] of an
 // 8 x 8 x 4 block, so the sm_80-89 form (no m16n8k4 there) is the same product in two halves.
@@ -466,7 +444,7 @@ cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cuda
 // Whether the float64 tensor-core kernel runs on device `dev`: compute capability 8.0 and up, and the
 // image the runtime picks there holds DMMA code (kernels/gemm_f64.cu).
 bool dmma_runs_on(int dev, bool& wide);
-// Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny.cu).
+// Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny_lanes.cu).
 bool skinny_clusters_on(int dev);
 // Whether its streaming form (TMA) runs on device `dev`: the above, and the driver's tensor-map encoder.
 bool skinny_tma_on(int dev);

@@ -37,12 +37,12 @@
 // |   n-major                                      |   above), k-major                       |   no transposed form that avoids it |
 // | bf16/fp16, or TF32, on a wgmma device; sizes   | wgmma (TF32 with b n-major: the         | TMA + wgmma ~3x the mma.sync kernels: 1.02x cuBLAS |
 // |   < 2^31; operands TMA can describe            |   transposed problem, B^T from registers)|   at 8192^3 (bf16, fp16), 0.95-0.99x TF32 |
-// | wgmma tile and k split                         | of 128 x 256 (pairs along m when >= 2   | one model for every shape: a partial last wave of  |
-// |                                                |   tile rows), 128 x 128, 128 x 64, and  |   wide tiles cost 1024 x 6144 x 4096 0.82x where   |
-// |                                                |   128 x 128 with k split over a cluster |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
-// |                                                |   of 2-8 (kWgMaxSplit, now 1: none), the|   ran 0.99x where 128 x 128 ran 0.81x. 16-bit: col |
-// |                                                |   least (bn + col) x (waves x k / split |   and fixed fitted to every width on the bf16 suite|
-// |                                                |   + fixed); pairs multicast B           |   (performance.md). The split lost everywhere: off |
+// | wgmma tile                                     | of 128 x 256 (pairs along m when >= 2   | one model for every shape: a partial last wave of  |
+// |                                                |   tile rows), 128 x 128, 128 x 64: the  |   wide tiles cost 1024 x 6144 x 4096 0.82x where   |
+// |                                                |   least (bn + col) x (waves x k         |   128 x 128 ran 0.97x, and 128 tiles of 128 x 256  |
+// |                                                |   + fixed); pairs multicast B           |   ran 0.99x where 128 x 128 ran 0.81x. 16-bit: col |
+// |                                                |                                         |   and fixed fitted to every width on the bf16 suite|
+// |                                                |                                         |   (performance.md)                                 |
 // | wgmma, 16-bit, one wave of 192 x 128 tiles     | 192 x 128 (three consumer warpgroups),  | cuBLAS's tile for the c_attn weight gradient |
 // |   costs less than the 128-row plans            |   single CTAs                           |   3072 x 1024 x 8192: 0.85x -> 0.99-1.23x; gpt-2  |
 // |                                                |                                         |   dW over 1-4k tokens 0.73 -> 0.90x               |
@@ -74,6 +74,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "gemm_plan_hooks.h"
+
 namespace cuops::kernels {
 namespace {
 
@@ -86,14 +88,10 @@ constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two co
 // 1024-4096 tokens 0.73-0.79 -> 0.90x). 208 (the rate its operand rows a output predicted) sent
 // 1024-k products there too, where 128 x 128 ran 5-10 % faster. Its fixed cost is 128 x 128's (512 k).
 constexpr int64_t kWgTallBM = 192, kWgTallBN = 128, kWgTallWork = 240, kWgTallFixedK = 512;
-// The wgmma k split: slices of at least kWgMinSlice k (8 k-tiles of 16-bit types), a split tile's
-// reduction (staging 64 KB, reading the cluster's partials over DSMEM) counted as kWgSplitReduceK more
-// k. Measured on the H100 the split instance (one tile per cluster, not
-// persistent) lost to the best unsplit tile on every shape tried, by 3-30 %: each of its CTAs costs
-// ~10 us more than its k (not the reduction: loading 16 bytes per round trip instead of 8 changed
-// nothing), and only 30 clusters of 4 fit. So the planner does not split (kWgMaxSplit 1) until that
-// is found; the instance stays for the sweep (wgmma_lib_sweep shapes).
-constexpr int64_t kWgMaxSplit = 1, kWgMinSlice = 512, kWgSplitReduceK = 256;
+// No k split over a cluster: an instance that split a tile's k over 2-8 CTAs and summed their partial
+// tiles over DSMEM lost to the best unsplit tile on every shape tried, by 3-30 % (each CTA ~10 us more
+// than its k; only 30 clusters of 4 fit), and was removed (docs/performance.md, "What was tried and
+// lost"). The split tail below covers the shapes it was for.
 // The split tail (GemmPlan::tail_units): what it costs beyond a run's k, in 16-bit k (TF32 counts half
 // as many, each of its k taking twice the time): the workspace's flags zeroed (a memset before the
 // kernel, which also waits for the kernel before it) and the wait, and per run past the first a
@@ -191,11 +189,10 @@ void set_tail(GemmPlan& p, int bn, int64_t grid, int64_t units, int split) {
   p.workspace_bytes = tail_workspace_bytes(grid, kWgmmaBM, bn);
 }
 
-// 16-bit outputs leave by TMA store where beta is 0, TMA describes c, and k is not split (a split
-// tile's sums meet in the cluster's shared memory and leave by the direct epilogue).
+// 16-bit outputs leave by TMA store where beta is 0 and TMA describes c.
 void wgmma_tma_store(GemmPlan& p) {
   const GemmRequest& r = p.req;
-  p.tma_store = r.dtype != DType::Float32 && p.split_k == 1 && static_cast<float>(r.beta) == 0.f &&
+  p.tma_store = r.dtype != DType::Float32 && static_cast<float>(r.beta) == 0.f &&
                 aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
 }
 
@@ -233,24 +230,17 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   // cost until its widths are swept.
   const int64_t tiles_m = cdiv(p.m, kWgmmaBM);
   const int64_t pairs = dev.pair_clusters > 0 ? dev.pair_clusters : dev.sms / 2;
-  auto cost = [&](int64_t bn, int64_t split) {
+  auto cost = [&](int64_t bn) {
     const int64_t tiles = tiles_m * cdiv(p.n, bn);
     int64_t at_once = dev.sms;  // CTAs
     if (bn == 256 && tiles_m >= 2) at_once = 2 * pairs;
-    if (split == 2) at_once = 2 * pairs;
-    if (split > 2) at_once = dev.sms / split * split;
     const int64_t col = tf32 ? 32 : (bn == 64 ? 48 : bn == 128 ? 32 : 0);
     const int64_t fixed = tf32 ? 0 : (bn == 256 ? 2048 : 512);
-    return (bn + col) * (cdiv(tiles * split, std::max<int64_t>(at_once, 1)) *
-                             (cdiv(r.k, split) + (split > 1 ? kWgSplitReduceK : 0)) +
-                         fixed);
+    return (bn + col) * (cdiv(tiles, std::max<int64_t>(at_once, 1)) * r.k + fixed);
   };
-  int64_t bn = 256, split = 1, best = cost(256, 1);
+  int64_t bn = 256, best = cost(256);
   for (const int64_t w : {int64_t{128}, int64_t{64}}) {
-    if (cost(w, 1) < best) best = cost(w, 1), bn = w;
-  }
-  for (int64_t s = 2; dev.clusters && s <= kWgMaxSplit && cdiv(r.k, s) >= kWgMinSlice; s *= 2) {
-    if (cost(128, s) < best) best = cost(128, s), bn = 128, split = s;
+    if (cost(w) < best) best = cost(w), bn = w;
   }
   // The tall tile (16-bit types), single CTAs: where a third more rows a tile turn a partial last wave
   // into a full one (cuBLAS's choice for the c_attn weight gradient 3072 x 1024 x 8192: 128 tiles,
@@ -288,11 +278,6 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   } else if (tall) {
     wgmma_tile(p, kWgTallBM, kWgTallBN, 1, dev);
     p.why = "wgmma: 192 x 128 tiles, fewer waves";
-  } else if (split > 1) {
-    wgmma_tile(p, kWgmmaBM, 128, 1, dev);
-    p.grid = tiles_m * cdiv(p.n, 128);  // one cluster per tile, not persistent
-    p.split_k = static_cast<int>(split);
-    p.why = "wgmma: k split over a cluster (fewer tiles than SMs, k long)";
   } else {
     wgmma_tile(p, kWgmmaBM, static_cast<int>(bn), bn == 256 && tiles_m >= 2 ? 2 : 1, dev);
     p.why = bn == 256 ? "wgmma: 128 x 256 tiles" : "wgmma: narrower tiles, fewer waves";

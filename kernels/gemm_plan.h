@@ -2,7 +2,7 @@
 // pay. A plain function of the problem and the device (host code, no CUDA calls), so the rules are
 // written once, unit-tested on the CPU (tests/cpp/test_gemm_plan.cpp), and obeyed by everyone:
 // ops/gemm.cpp makes the copies a plan asks for, launch_gemm runs the kernel it names, and the
-// sweeps in bench/sweep override a plan's tile or grid to time other choices. Why each rule is what
+// sweeps in bench/sweep override a plan's tile or grid to time other choices (gemm_plan_hooks.h). Why each rule is what
 // it is: the table at the top of kernels/gemm_plan.cpp.
 #pragma once
 
@@ -60,11 +60,11 @@ enum class GemmKernel : int {
   MmaTf32,  // kernels/gemm_tf32.cu: float32 as TF32, mma.sync
   MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
   Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
-  Skinny,  // kernels/gemm_skinny.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
+  Skinny,  // kernels/gemm_skinny*.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
   MmaF64,  // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
 };
 
-// The small-M kernel (kernels/gemm_skinny.cu) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
+// The small-M kernel (kernels/gemm_skinny.cuh) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
 // kSkinnyMaxTokens tokens t. Its blocks are kSkinnyWarps warps; each warp owns `outputs` consecutive
 // outputs o over a slice of k, walked `chunk` at a time: the geometry of each of its four forms
 // (bf16/fp16 on tensor cores, float32 on FP32 cores; the weight k-contiguous or o-contiguous).
@@ -104,10 +104,9 @@ struct GemmPlan {
   // and the grid in blocks (a persistent kernel's is below its tile count).
   int bm = 0, bn = 0, bk = 0, cluster_m = 1;
   int64_t grid = 0;
-  // k split into split_k CTAs. The SIMT and float64 kernels' CTAs (grid: the tiles, split_k along y)
-  // are independent: each writes its partial tile to a plane of the workspace (split_planes_bytes) and
-  // a second kernel adds the planes in order. wgmma's (along x; grid: the tiles, each a cluster; only
-  // in the sweeps) sum their partial tiles in rank order in the cluster's shared memory.
+  // k split into split_k CTAs (the SIMT and float64 kernels; 1 elsewhere): independent CTAs (grid:
+  // the tiles, split_k along y), each writes its partial tile to a plane of the workspace
+  // (split_planes_bytes) and a second kernel adds the planes in order.
   int split_k = 1;
   // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
   bool tma_store = false;
@@ -140,19 +139,6 @@ struct GemmPlan {
 // the copies as operands; that second plan asks for none.
 GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
 
-// For experiments (bench/sweep): `plan` with another tile (block rows and columns, the SIMT kernel's
-// k-slice, CTAs per cluster along m), k unsplit, and the grid the planner would give that tile. launch_gemm then
-// runs it if the library compiles that instance, else answers cudaErrorInvalidValue.
-GemmPlan with_tile(GemmPlan plan, int bm, int bn, int bk, int cluster_m, const GemmDevice& dev);
-
-// For experiments: a small-M plan with another split (warps along the outputs and along k, CTAs per
-// cluster along k; sk_rw * sk_kw == kSkinnyWarps), its slice and grid recomputed.
-GemmPlan with_split(GemmPlan plan, int rw, int kw, int split);
-// For experiments: a small-M plan on the streaming form with `stages` ring stages of `chunk` k and
-// `split` CTAs per cluster along k, its slice and grid recomputed, launched as a programmatic
-// dependent or not (a plan that cannot stream stays as it was, its why saying so).
-GemmPlan with_stream(GemmPlan plan, int stages, int chunk, int split, bool pdl = true);
-
 // The split tail's workspace on a grid of `grid` CTAs with tiles of bm x bn: a flag per CTA (rounded up
 // to 256 bytes), then a bm x bn float32 partial tile per CTA. One home for the planner's size and the
 // launcher's layout.
@@ -166,15 +152,6 @@ inline int64_t tail_workspace_bytes(int64_t grid, int64_t bm, int64_t bn) {
 inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t elem) {
   return split > 1 ? split * m * n * elem : 0;
 }
-
-// For experiments: a SIMT or float64 plan with its k cut into `split` CTAs (workspace_bytes set to the
-// planes'); other plans unchanged.
-GemmPlan with_split_k(GemmPlan plan, int split);
-
-// For experiments: a wgmma plan on tile 128 x bn (cluster_m 1, one CTA per SM) whose partial last wave
-// is split along k `split` ways (0: as many as the idle SMs allow), or the plan unchanged with its why
-// saying why not (whole waves, or a split the SMs or the k-tiles cannot hold).
-GemmPlan with_tail_split(GemmPlan plan, int bn, int split, const GemmDevice& dev);
 
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();

@@ -389,35 +389,10 @@ __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const fl
   }
 }
 
-// The k split's partial tile: 128 x BN floats in the drained ring, rows padded by 8 floats so the
-// 8-byte stores of a half warp (4 rows x 4 column pairs) fill the 32 banks once.
-template <int BN> constexpr int kWgPartLd = BN + 8;
-
-// A consumer's 64 rows of partial sums into the CTA's partial tile `part` (the rows its accumulator
-// fragments hold: store_unit_direct's).
-template <int BN, bool kRS>
-__device__ __forceinline__ void stage_partial(float* part, const float (&d)[BN / 2], int cw,
-                                              int warp, int lane) {
-  const int r = cw * 64 + (kRS ? rs_row(warp, lane, 0) : warp * 16 + lane / 4);
-  const int r8 = cw * 64 + (kRS ? rs_row(warp, lane, 1) : warp * 16 + lane / 4 + 8);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int c = j * 8 + 2 * (lane % 4);
-    *reinterpret_cast<float2*>(part + r * kWgPartLd<BN> + c) = make_float2(d[4 * j], d[4 * j + 1]);
-    *reinterpret_cast<float2*>(part + r8 * kWgPartLd<BN> + c) =
-        make_float2(d[4 * j + 2], d[4 * j + 3]);
-  }
-}
-
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
 // (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
 // result (i, j) goes to c[j * ldc + i].
-// kSplit (kCM = 1): k split over a cluster of S CTAs along x, one tile per cluster (not persistent:
-// the split serves products with fewer tiles than SMs). CTA r multiplies the r-th of S runs of
-// k-tiles, both consumers stage their sums in the drained ring, and the cluster adds the S partial
-// tiles in rank order through distributed shared memory (gemm.cuh's reduce_cluster_tile), applying
-// alpha/beta as the direct epilogue does: the same bits on every run, no workspace.
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kSplit>
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
 __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store,
@@ -426,11 +401,7 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   using Sh = WgShape<BM>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
-  static_assert(!kSplit || kCM == 1, "a k split's cluster is its own: no multicast pairs");
-  static_assert(!kSplit || BM * kWgPartLd<BN> * 4 <= kStages * Cfg::kStageBytes,
-                "the partial tile fits the ring");
-  static_assert(BM == 128 || (!kSplit && kCM == 1 && !kRS),
-                "192-row tiles: 16-bit, single CTAs, no cluster split");
+  static_assert(BM == 128 || (kCM == 1 && !kRS), "192-row tiles: 16-bit, single CTAs");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -444,18 +415,9 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
   const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
-  // Under kSplit a cluster (split CTAs) shares one unit; rank is then this CTA's slice of k, not a
-  // tile of a pair (kCM = 1 keeps the tile rank 0).
-  const int split = kSplit ? static_cast<int>(wg::cluster_ctas()) : 1;
-  const int64_t first_unit = blockIdx.x / (kCM * split), unit_step = gridDim.x / (kCM * split);
-  const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();
-  const int ktiles_all = static_cast<int>((p.k + kBK - 1) / kBK);
-  int kt0 = 0, ktiles = ktiles_all;
-  if constexpr (kSplit) {
-    const int per = (ktiles_all + split - 1) / split;
-    kt0 = min(ktiles_all, static_cast<int>(wg::cluster_rank()) * per);
-    ktiles = min(ktiles_all, kt0 + per) - kt0;
-  }
+  const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
+  const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();  // the tile of a pair
+  const int kt0 = 0, ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
   if (threadIdx.x == 0) {
     WG_MARK_TIME(kMarkEntryTime);
     WG_MARK(kMarkEntry);
@@ -496,14 +458,6 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                        map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
                        static_cast<int>(tn * BN), k0, n, base_s, full_s, empty_s, rank, ring);
                  });
-    }
-    if constexpr (kSplit) {
-      // The producer warps pass the two cluster barriers of the consumers' reduce_cluster_tile (below),
-      // here, inside their branch: nothing of the split runs after the branches join, so the code
-      // each runs stays within its setmaxnreg budget. Lane 0 left the load loop alone: reconverge.
-      __syncwarp();
-      wg::cluster_sync();
-      wg::cluster_sync();
     }
   } else {
     wg::setmaxnreg_inc<Sh::kConsumerRegs>();
@@ -565,13 +519,6 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
             WG_MARK(kMarkMainEnd);
             WG_MARK_VALUE(kMarkRole, part == WgPart::Whole ? 0 : part == WgPart::Head ? 1 : 2);
           }
-          if constexpr (kSplit) {
-            // The ring is drained (its one unit's k-tiles all consumed) once both consumers' wgmmas are
-            // done with it: then it holds the partial tile, finished below with the cluster's.
-            wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
-            stage_partial<BN, kRS>(reinterpret_cast<float*>(base), d, cw, warp, lane);
-            return;
-          }
           if constexpr (kCM == 1) {
             if (part == WgPart::Tail) {
               tail_put<BM, BN>(tail, d, cw, tid);
@@ -599,21 +546,6 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
       if (tma_store && tid == 0)
         wg::bulk_wait();  // the buffer stays until the last stores have read it
     }
-    if constexpr (kSplit) {
-      // The cluster's partials summed in rank order and stored (the direct epilogue's stores). The grid
-      // is whole clusters, one unit each (launch_wg), so first_unit is this cluster's tile.
-      int64_t um, tn;
-      tile_coords<8>(first_unit, units_m, tiles_n, um, tn);
-      const int64_t row0 = um * BM, col0 = tn * BN;
-      reduce_cluster_tile<BM, BN, 128 * Sh::kConsumers>(
-          reinterpret_cast<const float*>(base), kWgPartLd<BN>, split,
-          static_cast<int>(threadIdx.x) - 128, [&](int r, int c, float v0, float v1) {
-            if constexpr (std::is_same_v<T, float>) {
-              if (c_trans) return store_pair_transposed(p, row0 + r, col0 + c, v0, v1);
-            }
-            store_pair_t<T>(p, row0 + r, col0 + c, v0, v1);
-          });
-    }
     if (threadIdx.x == 128) {
       WG_MARK(kMarkExit);
       WG_MARK_TIME(kMarkExitTime);
@@ -627,38 +559,7 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
 
 // Tensor maps: tma.cuh's make_map (one layout for both TMA kernels).
 
-// A launch of `grid` blocks of `threads` in clusters of `cm` along x, for the occupancy query and
-// the launch itself. Not copyable: cfg points at the member attributes.
-// pdl: launched as a programmatic dependent of the kernel before it on the stream (the kernel's
-// griddepcontrol.wait holds its global accesses back until that one completes), so its launch and
-// prologue overlap that kernel's last wave.
-struct ClusterLaunch {
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attrs[2]{};
-  ClusterLaunch(unsigned grid, int cm, int threads, int smem, cudaStream_t stream,
-                bool pdl = false) {
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.stream = stream;
-    cfg.attrs = attrs;
-    if (cm > 1) {
-      cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = static_cast<unsigned>(cm), a.val.clusterDim.y = 1,
-      a.val.clusterDim.z = 1;
-    }
-    if (pdl) {
-      cudaLaunchAttribute& a = attrs[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      a.val.programmaticStreamSerializationAllowed = 1;
-    }
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
-
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kSplit = false>
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
 cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kThreads = WgShape<BM>::kThreads;
@@ -671,8 +572,8 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
                          : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM)) &&
                     (!plan.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
   if (!maps) return cudaErrorInvalidValue;
-  const bool tma_store = Cfg::kTmaStore && plan.tma_store && !kSplit;
-  constexpr auto kernel = gemm_wgmma<T, BM, BN, AK, BNM, kCM, kSplit>;
+  const bool tma_store = Cfg::kTmaStore && plan.tma_store;
+  constexpr auto kernel = gemm_wgmma<T, BM, BN, AK, BNM, kCM>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
   // device is whichever the op's guard selected.
   cudaError_t err =
@@ -685,7 +586,7 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
     // waits on its Tails), the workspace laid out as gemm_plan.h's tail_workspace_bytes counts it, the
     // flags zeroed on the stream.
     const int64_t units = (p.m + BM - 1) / BM * ((p.n + BN - 1) / BN);
-    if (kSplit || kCM != 1 || plan.tail_units > units || plan.tail_split < 1 ||
+    if (kCM != 1 || plan.tail_units > units || plan.tail_split < 1 ||
         plan.tail_units * plan.tail_split > plan.grid || p.workspace == nullptr ||
         plan.workspace_bytes < tail_workspace_bytes(plan.grid, BM, BN)) {
       return cudaErrorInvalidValue;
@@ -698,30 +599,21 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
     err = cudaMemsetAsync(tail.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (kSplit) {
-    // plan.grid: the tiles, each a cluster of plan.split_k CTAs along x.
-    if (plan.split_k < 2 || plan.split_k > 8 || !grid_fits(plan.grid * plan.split_k))
-      return cudaErrorInvalidConfiguration;
-    const ClusterLaunch launch(static_cast<unsigned>(plan.grid * plan.split_k), plan.split_k,
-                               kThreads, Cfg::kSmem, stream);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
-  } else {
-    // A programmatic dependent unless the split tail's memset comes right before it: the relaxed
-    // ordering is a kernel's, and its flags must be zero before any run can arrive.
-    const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kCM, kThreads, Cfg::kSmem, stream,
-                               plan.tail_units == 0);
-    return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
-  }
+  // A programmatic dependent unless the split tail's memset comes right before it: the relaxed
+  // ordering is a kernel's, and its flags must be zero before any run can arrive.
+  const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid)), dim3(kCM), kThreads,
+                             Cfg::kSmem, stream, plan.tail_units == 0);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
 }
 
-// The instance of the plan's tile and cluster (and k split: 128 x 128 tiles only), for 16-bit types in
-// all four layouts and TF32 with B k-major (the planner's transposed problem makes every other TF32
+// The instance of the plan's tile and cluster, for 16-bit types in all four layouts and TF32 with B k-major (the planner's transposed problem makes every other TF32
 // layout that); 192 x 128 single CTAs for 16-bit types only.
 template <typename T, bool AK, bool BNM>
 cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  if (plan.split_k != 1) return cudaErrorInvalidValue;  // no k split over a cluster (gemm_plan.cpp)
   if (plan.bm == 192) {
     if constexpr (sizeof(T) == 2) {
-      if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k == 1)
+      if (plan.bn == 128 && plan.cluster_m == 1)
         return launch_wg<T, 192, 128, AK, BNM, 1>(plan, p, stream);
     }
     return cudaErrorInvalidValue;
@@ -731,9 +623,6 @@ cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStrea
     return launch_wg<T, 128, 256, AK, BNM, 2>(plan, p, stream);
   if (plan.bn == 256 && plan.cluster_m == 1)
     return launch_wg<T, 128, 256, AK, BNM, 1>(plan, p, stream);
-  if (plan.bn == 128 && plan.cluster_m == 1 && plan.split_k > 1) {
-    return launch_wg<T, 128, 128, AK, BNM, 1, true>(plan, p, stream);
-  }
   if (plan.bn == 128 && plan.cluster_m == 1)
     return launch_wg<T, 128, 128, AK, BNM, 1>(plan, p, stream);
   if (plan.bn == 64 && plan.cluster_m == 1)

@@ -16,7 +16,7 @@ cudaError_t launch_wgmma_bf16(const GemmPlan& plan, const GemmProblem& p, cudaSt
 bool wgmma_runs_on(int dev, int& pair_clusters) {
   pair_clusters = 0;
   int major = 0, minor = 0, sms = 0;
-  constexpr auto pair = gemm_wgmma<__nv_bfloat16, 128, 256, true, true, 2, false>;
+  constexpr auto pair = gemm_wgmma<__nv_bfloat16, 128, 256, true, true, 2>;
   cudaFuncAttributes attr{};
   const bool ok =
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -31,8 +31,8 @@ bool wgmma_runs_on(int dev, int& pair_clusters) {
   using Cfg = WgCfg<__nv_bfloat16, 128, 256>;
   if (cudaFuncSetAttribute(pair, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem) ==
       cudaSuccess) {
-    const ClusterLaunch launch(static_cast<unsigned>(2 * (sms / 2)), 2, WgShape<128>::kThreads,
-                               Cfg::kSmem, nullptr);
+    const ClusterLaunch launch(dim3(static_cast<unsigned>(2 * (sms / 2))), dim3(2),
+                               WgShape<128>::kThreads, Cfg::kSmem, nullptr);
     if (cudaOccupancyMaxActiveClusters(&pair_clusters, pair, &launch.cfg) != cudaSuccess)
       pair_clusters = 0;
   }

@@ -1,5 +1,5 @@
 // The bulk tensor copy (TMA) as two kernels use it: the Hopper GEMM (gemm_wgmma.cuh) and the small-M
-// GEMM's streaming form (gemm_skinny.cu). Host side: the driver's tensor-map encoder and the one map
+// GEMM's streaming form (gemm_skinny_tma.cu). Host side: the driver's tensor-map encoder and the one map
 // layout both read (row-major 2-D, 128-byte swizzle); device side: the 2-D load into shared memory.
 // The load is sm_90 PTX: call it only from code compiled for sm_90 and up (like common.cuh's
 // mbarrier expect_tx and try_wait forms).

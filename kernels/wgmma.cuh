@@ -18,7 +18,6 @@ using detail::mbar_wait;
 // So is the 2-D TMA load (tma.cuh, shared with the small-M GEMM).
 using detail::tma_load;
 // So are the cluster primitives (shared with the small-M GEMM's split-k reduction).
-using detail::cluster_ctas;
 using detail::cluster_rank;
 using detail::cluster_sync;
 using detail::map_cluster;

@@ -54,6 +54,9 @@ def bodies(path):
     for line in text.splitlines():
         m = re.match(r"\s*arch = (sm_\w+)", line)
         if m:
+            # The section's last kernel ends here: recorded under its own arch, not the next one's.
+            close()
+            name = None
             arch = m.group(1)
             continue
         m = re.match(r"\s*Function : (\S+)", line)

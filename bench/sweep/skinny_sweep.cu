@@ -35,7 +35,7 @@ double copy_gbps() {
   return 2.0 * bytes / ms / 1e6;
 }
 
-// The streaming form's shared memory per CTA (kernels/gemm_skinny.cu's tma_smem), to skip rings that do
+// The streaming form's shared memory per CTA (kernels/gemm_skinny_tma.cu's tma_smem), to skip rings that do
 // not fit.
 int tma_smem_bytes(int64_t m, int stages, int chunk, int elem) {
   const int mt = m <= 8 ? 8 : 16;

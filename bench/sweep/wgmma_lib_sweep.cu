@@ -167,8 +167,8 @@ template <typename T> void speed(cublasHandle_t h, int S, bool ak, bool bn, bool
   report("wgmma 128x256, pairs", with_tile(plan, 128, 256, 0, 2, dev));
 }
 
-// Training and mid shapes (issue 24): cuBLAS, the library's pick and the 128 x 128 tile with k
-// split 1, 2, 4 and 8, each timed after an L2 flush as bench/run.py's do_bench does. Shapes from
+// Training and mid shapes: cuBLAS, the library's pick, each tile width and the split tail at each,
+// each timed after an L2 flush as bench/run.py's do_bench does. Shapes from
 // SWEEP_SHAPES="m,n,k,ak,bn;..." (ak: a k-major, bn: b n-major; F.linear's forward is ak=1 bn=0, its
 // input gradient 1 1, its weight gradient 0 1), else the rows that ran under 0.90x.
 template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn, void* flush) {
@@ -210,8 +210,7 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
   report("128x128", base);
   if (!std::is_same_v<T, float>) report("192x128", with_tile(plan, 192, 128, 0, 1, dev));
-  // The split tail at each width, as many runs as fit (the cluster split, which lost everywhere, is
-  // no longer swept).
+  // The split tail at each width, as many runs as fit.
   for (int w : {64, 128, 256}) {
     const GemmPlan q = with_tail_split(base, w, 0, dev);
     if (q.tail_units == 0) continue;

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/gemm_plan.h"
+#include "kernels/gemm_plan_hooks.h"
 #include "kernels/tile_order.h"
 
 namespace {
@@ -383,8 +383,8 @@ TEST(GemmPlan, APartialLastWaveOverALongKIsSplitAlongK) {
     EXPECT_EQ(q.tail_units, 0) << r.m << " x " << r.n << " x " << r.k;
     EXPECT_EQ(q.workspace_bytes, 0);
   }
-  // The cluster split stays off (kWgMaxSplit): it lost to the best unsplit tile everywhere. Also on the
-  // bf16 products the GPU suite ran to see its instance unused (tests/python/test_gemm_split_k.py).
+  // wgmma never splits k over a cluster (that instance lost to the best unsplit tile everywhere and
+  // is gone): not on a long k, nor on the GPU suite's bf16 products (tests/python/test_gemm_split_k.py).
   EXPECT_EQ(plan_gemm(tf32(row_major(DType::Float32, 512, 512, 8192)), kH100).split_k, 1);
   for (const GemmRequest& r :
        {row_major(DType::BFloat16, 3072, 1024, 8192), row_major(DType::BFloat16, 128, 4096, 4096),

@@ -52,8 +52,8 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
 
 # Few tiles, or a partial last wave, over a long k on the wgmma kernel (Hopper): bf16, fp16 and TF32.
 # The planner cuts the last wave's tiles along k over the SMs it leaves idle (the split tail,
-# kernels/gemm_plan.cpp); it does not split over a cluster (kWgMaxSplit: that instance measured slower
-# than the best unsplit tile on every shape). The products are checked whichever plan runs; on a
+# kernels/gemm_plan.cpp); it does not split over a cluster (that instance measured slower than the best
+# unsplit tile on every shape, and is gone). The products are checked whichever plan runs; on a
 # 132-SM H100 the plans are (16-bit types; TF32, which has no 192-row tile, splits the first three's
 # last wave along k):
 WG_SHAPES = [(3072, 1024, 8192),  # a GPT-style c_attn weight gradient: one wave of 128 tiles of 192 x 128

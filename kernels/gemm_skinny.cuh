@@ -1,0 +1,174 @@
+// The small-M GEMM: out[t][o] = alpha * sum_k x[t][k] w(o, k) + beta * out[t][o] for at most
+// kSkinnyMaxTokens tokens t (a decode step's x @ W.t() and g @ W, gemm_plan.h). Such a product is
+// bound by reading the weight once, so everything here serves the stream. Two families:
+//   - the streaming form (every dtype on sm_90, gemm_skinny_tma.cu): a producer warp keeps a ring
+//     of TMA stages (64 outputs x 128 k of the weight, and x's tokens at the same k) full, four warps
+//     multiply them, on the tensor cores (bf16/fp16/TF32; float64 by DMMA with float64 sums, its only
+//     form) or by FP32 FMAs (float32 "highest");
+//     ~72 KB in flight per CTA, within 2-5 % of a TMA read that does nothing else
+//     (bench/sweep/probe/stream_probe.cu);
+//   - the per-lane forms (GPUs before sm_90, operands TMA cannot describe; gemm_skinny_lanes.cu):
+//     each lane loads its own 16-byte vectors (16-bit: into registers, two chunks ahead; float32: a
+//     per-warp cp.async ring).
+// Both:
+//   - k is split where the outputs alone cannot fill the SMs: over the warps of a block (per-lane
+//     forms), then over the CTAs of a cluster (sm_90), and the partial sums meet in shared memory
+//     (the cluster's distributed shared memory) in a fixed order, so the bits are the same on every
+//     run and nothing is written to global memory but the result (no workspace, no counters:
+//     CUDA-graph replays just work);
+//   - bf16/fp16 multiply on the tensor cores (mma.sync m16n8k16, float32 accumulation, the swapped
+//     product out^T = W x^T so the weight is the 16-row operand and the tokens the 8-wide one). In the
+//     per-lane forms a product's sum over k may take its terms in any order as long as both operands
+//     agree, so each lane's 16-byte vectors go into the fragments as they are (the k-contiguous
+//     weight), or after a byte permute (the o-contiguous one): no shared memory, no ldmatrix;
+//   - float32 in the per-lane forms (both "highest" and TF32, which may compute in true FP32 and there
+//     does) runs FP32 FMAs.
+//
+// This header: the kernels' view of the product (Skinny), what both families share (the tensor-core
+// product, the warp reduction, the output's stores over a cluster), and their launchers, which
+// gemm_skinny.cu's launch_gemm_skinny calls.
+#pragma once
+
+#include "gemm.cuh"
+
+namespace cuops::kernels::detail {
+
+// The kernel's view of the product: tokens x rows k-contiguous (x[t][k] at t * ldx + k); the weight
+// k-contiguous (w(o, k) at o * ldw + k) or o-contiguous (at k * ldw + o); out[t][o] at
+// t * ldo_t + o * ldo_n. k of slice s: [s * slice, (s + 1) * slice) within [0, k).
+struct Skinny {
+  int64_t tokens, outputs, k;
+  const void* x;
+  int64_t ldx;
+  const void* w;
+  int64_t ldw;
+  void* out;
+  int64_t ldo_t, ldo_n;
+  float alpha, beta;
+  double alpha64, beta64;  // the same scalars unrounded, for float64
+  int64_t slice;
+  int rw, kw;
+};
+
+// The plan's form for its dtype: the per-lane forms (gemm_skinny_lanes.cu) and the streaming form
+// (gemm_skinny_tma.cu). cudaErrorInvalidValue for a plan neither instance takes.
+cudaError_t launch_skinny_lanes(const GemmPlan& plan, const Skinny& s, cudaStream_t stream);
+cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream);
+
+namespace {
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Sums v[] (kN values per lane) over the warp's 32 lanes, halving the values each lane keeps at
+// every exchange: afterwards a lane holds max(1, kN / 32) sums, of the values at index
+// lane * kN / 32 + i (kN >= 32) or lane / (32 / kN) (kN < 32). Each sum is taken in one fixed order.
+// With kHi / kLo, over the lanes that differ only in the bits from kHi down to kLo (powers of two):
+// the same with `lane` read as those bits' number and 32 as the lanes in such a group.
+template <int kN, int kHi = 16, int kLo = 1>
+__device__ __forceinline__ void warp_reduce_scatter(float (&v)[kN], int lane) {
+  int len = kN;
+#pragma unroll
+  for (int off = kHi; off >= kLo; off >>= 1) {
+    if (len > 1) {
+      const int half = len / 2;
+      const bool upper = lane & off;
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        if (i < half) {
+          const float keep = upper ? v[i + half] : v[i], send = upper ? v[i] : v[i + half];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+      }
+      len = half;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    }
+  }
+}
+
+#if __CUDA_ARCH__ >= 900
+// The sum at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ float ld_cluster(const float* local, int rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n"
+               : "=f"(v)
+               : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+__device__ __forceinline__ double ld_cluster(const double* local, int rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];\n"
+               : "=d"(v)
+               : "r"(map_cluster(smem_addr(local), rank)));
+  return v;
+}
+#endif
+
+// Writes the block's outputs [blockIdx.x * outs, + outs) for every token: alpha times the sum that
+// sum_at(t, o) points to in this CTA's shared memory (all of them written before the call), plus beta
+// times out. With a cluster along k (gridDim.y CTAs), each CTA stores a share and every output's sum
+// is taken over the cluster in rank order, whichever CTA finishes it. All threads of the block call.
+template <typename T, int MT, typename SumAt>
+__device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at) {
+  const int split = static_cast<int>(gridDim.y);
+  int rank = 0;
+#if __CUDA_ARCH__ >= 900
+  if (split > 1) {
+    cluster_sync();
+    rank = static_cast<int>(cluster_rank());
+  }
+#else
+  if (split > 1)
+    __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
+#endif
+  __syncthreads();
+  // Output element e: token e / outs, output e % outs (consecutive threads along o).
+  const int threads = static_cast<int>(blockDim.x);
+  for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * outs;
+       e += threads * split) {
+    const int t = e / outs, o = e % outs;
+    const int64_t og = int64_t{blockIdx.x} * outs + o;
+    if (t >= s.tokens || og >= s.outputs) continue;
+    const acc_t<T>* sum = sum_at(t, o);
+    acc_t<T> v = *sum;
+#if __CUDA_ARCH__ >= 900
+    if (split > 1) {
+      v = ld_cluster(sum, 0);
+      for (int c = 1; c < split; ++c) v += ld_cluster(sum, c);
+    }
+#endif
+    T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
+    if constexpr (std::is_same_v<T, double>) {
+      double r = s.alpha64 * v;
+      if (s.beta64 != 0.0) r = fma(s.beta64, *dst, r);  // beta == 0 never reads out
+      *dst = r;
+    } else {
+      float r = s.alpha * v;
+      if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);
+      *dst = from_acc<T>(r);
+    }
+  }
+#if __CUDA_ARCH__ >= 900
+  if (split > 1) cluster_sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
+}  // namespace
+}  // namespace cuops::kernels::detail
