@@ -9,8 +9,8 @@
 # Extra arguments go to pytest.
 # GPU tests run when a CUDA GPU is visible and are skipped with the reason shown otherwise. On a GPU
 # machine the stages that prove nothing there are left out, each saying so: the ASan/UBSan build
-# (host code on the CPU: CI runs it) and the JIT build (tests/python/test_packaging.py: CI builds it and
-# runs its ops); the build is for that GPU's arch unless CUOPS_CUDA_ARCHITECTURES says otherwise, and
+# (host code on the CPU: CI runs it), the JIT build (tests/python/test_packaging.py: CI builds it and
+# runs its ops) and the DTensor tests' CPU places (tests/python/test_dtensor.py); the build is for that GPU's arch unless CUOPS_CUDA_ARCHITECTURES says otherwise, and
 # pytest spreads over CUOPS_TEST_WORKERS processes (default 8) when pytest-xdist is there.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"

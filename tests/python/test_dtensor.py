@@ -9,7 +9,9 @@ the block on a split batch as one process does on the whole batch.
 1-D meshes of 2 processes and 2-D meshes (2 x 2 of 4 processes where there are 4 ranks to give).
 
 Each check runs in three places (the test ids):
-  cpu           CPU processes joined by gloo: CI (no GPU).
+  cpu           CPU processes joined by gloo: CI (no GPU). A GPU machine leaves them to CI, saying
+                so: they prove nothing about the CUDA kernels and took 50-230 s each there (the
+                compiled block's the GPU suite's longest test).
   one-gpu       one process on cuda:0 (NCCL, a world of 1): the CUDA kernels under the same rules,
                 in the GPU suite, with meshes of size 1 (ONE_GPU below says why not two processes).
   gpus-nccl     one GPU a rank, NCCL: skipped below 2 GPUs; issue 26 runs them (nvidia-h200-x2)."""
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import REPORT, ops, rel_error, requires_cuda
+from conftest import HAS_CUDA, REPORT, ops, rel_error, requires_cuda
 
 dist_ok = dist.is_available() and dist.is_gloo_available()
 pytestmark = pytest.mark.skipif(not dist_ok, reason="torch.distributed with gloo is not available here")
@@ -41,9 +43,13 @@ def needs_gpus(n):
                + ("" if nccl else " and no NCCL"))
 
 
+CPU_PLACE = pytest.mark.skipif(HAS_CUDA, reason="the gloo (CPU) place: CI runs it; a GPU machine runs the CUDA "
+                                                "places (the CPU ones took 50-230 s each there)")
+
+
 def places(gpus_for_nccl):
     """(device, backend) of each place a check runs (the module docstring says which is which)."""
-    return [pytest.param("cpu", "gloo", id="cpu"),
+    return [pytest.param("cpu", "gloo", id="cpu", marks=CPU_PLACE),
             pytest.param("cuda", ONE_GPU, id="one-gpu", marks=requires_cuda),
             pytest.param("cuda", "nccl", id="gpus-nccl", marks=needs_gpus(gpus_for_nccl))]
 
