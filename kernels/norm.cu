@@ -131,101 +131,96 @@ template <typename A> __device__ __forceinline__ void fx_add(unsigned long long*
   fx[k + 2] += r ? (mant >> (64 - r)) : 0ull;
 }
 
-template <typename T, typename A> __global__ void __launch_bounds__(kBulkThreads)
-    sum_sq_diff_bulk(const T* a, const T* b, int64_t head, int64_t nchunks, int64_t n,
-                     unsigned int* counters, unsigned long long* slots, T* out) {
 #if __CUDA_ARCH__ >= 900
+// The bulk pass's producer (one thread): draws chunks by ticket and brings each chunk of a and of b
+// into a ring stage by bulk copy; `which` names the stage's chunk, -1 once none are left.
+__device__ __forceinline__ void bulk_produce(const unsigned char* body_a,
+                                             const unsigned char* body_b, int64_t nchunks,
+                                             unsigned int* counters, unsigned char* ring,
+                                             uint64_t* full, uint64_t* empty, int64_t* which) {
+  for (int64_t j = 0;; ++j) {
+    const int64_t c = atomicAdd(&counters[0], 1u);  // drawn before the wait: its latency overlaps
+    const int st = static_cast<int>(j % kBulkStages);
+    if (j >= kBulkStages) mbar_wait(&empty[st], static_cast<uint32_t>((j / kBulkStages - 1) & 1));
+    if (c >= nchunks) {
+      which[st] = -1;
+      mbar_arrive(&full[st]);  // no bytes: the consumers read -1 and stop
+      break;
+    }
+    which[st] = c;
+    const int64_t off = c * int64_t{kBulkChunk};
+    unsigned char* dst = ring + st * 2 * kBulkChunk;
+    mbar_expect_tx(&full[st], 2 * kBulkChunk);
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n"
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%4], [%5], %2, "
+        "[%3];\n" ::"r"(smem_addr(dst)),
+        "l"(body_a + off), "r"(kBulkChunk), "r"(smem_addr(&full[st])),
+        "r"(smem_addr(dst + kBulkChunk)), "l"(body_b + off)
+        : "memory");
+  }
+}
+
+// The bulk pass's consumers (kBulkWarps warps, thread t): block 0's head and tail, then each chunk
+// the ring hands over, each summed by a fixed tree into the block's fixed-point accumulator fx.
+template <typename T, typename A>
+__device__ __forceinline__ void bulk_consume(const T* a, const T* b, int64_t head, int64_t nchunks,
+                                             int64_t n, const unsigned char* ring, uint64_t* full,
+                                             uint64_t* empty, const int64_t* which,
+                                             A (*red)[kBulkWarps], unsigned long long* fx) {
   const auto sq = [](auto p, auto q) { return (p - q) * (p - q); };
   using VecT = Vec<T, 16 / sizeof(T)>;
-  extern __shared__ __align__(128) unsigned char ring[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + 2 * kBulkStages * kBulkChunk);
-  uint64_t* empty = full + kBulkStages;
-  int64_t* which =
-      reinterpret_cast<int64_t*>(empty + kBulkStages);  // each stage's chunk; -1: no more
-  __shared__ A red[2][kBulkWarps];
-  __shared__ unsigned long long fx[kFxWords];
-  __shared__ unsigned long long totals[kBulkWarps + 1][kFxWords];
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kBulkStages; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], kBulkWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  constexpr int kPer = kBulkChunk / 16 / (32 * kBulkWarps);  // vectors of each input per thread
+  const int t = threadIdx.x - 32, w = t / 32;
+  int par = 0;
+  // One chunk's (or block 0's head and tail's) sum: a fixed tree over the consumer threads, then
+  // into the accumulator. Two buffers of warp sums, so one barrier per chunk is enough.
+  const auto settle = [&](A v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    if (t % 32 == 0) red[par][w] = v;
+    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kBulkWarps) : "memory");
+    if (t == 0) {
+      A total = 0;
+      for (int i = 0; i < kBulkWarps; ++i) total += red[par][i];
+      fx_add(fx, total);
+    }
+    par ^= 1;
+  };
+  if (blockIdx.x == 0) {
+    A s = 0;
+    for (int64_t i = t; i < head; i += 32 * kBulkWarps) s += sq_diff<T, A>(a[i], b[i]);
+    const int64_t rest = head + nchunks * (kBulkChunk / static_cast<int64_t>(sizeof(T)));
+    for (int64_t i = rest + t; i < n; i += 32 * kBulkWarps) s += sq_diff<T, A>(a[i], b[i]);
+    settle(s);
   }
-  if (threadIdx.x < kFxWords) fx[threadIdx.x] = 0;
-  __syncthreads();
-  const auto* body_a = reinterpret_cast<const unsigned char*>(a + head);
-  const auto* body_b = reinterpret_cast<const unsigned char*>(b + head);
-  if (threadIdx.x < 32) {
-    if (threadIdx.x == 0) {
-      for (int64_t j = 0;; ++j) {
-        const int64_t c =
-            atomicAdd(&counters[0], 1u);  // drawn before the wait: its latency overlaps
-        const int st = static_cast<int>(j % kBulkStages);
-        if (j >= kBulkStages)
-          mbar_wait(&empty[st], static_cast<uint32_t>((j / kBulkStages - 1) & 1));
-        if (c >= nchunks) {
-          which[st] = -1;
-          mbar_arrive(&full[st]);  // no bytes: the consumers read -1 and stop
-          break;
-        }
-        which[st] = c;
-        const int64_t off = c * int64_t{kBulkChunk};
-        unsigned char* dst = ring + st * 2 * kBulkChunk;
-        mbar_expect_tx(&full[st], 2 * kBulkChunk);
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-            "[%3];\n"
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%4], [%5], %2, "
-            "[%3];\n" ::"r"(smem_addr(dst)),
-            "l"(body_a + off), "r"(kBulkChunk), "r"(smem_addr(&full[st])),
-            "r"(smem_addr(dst + kBulkChunk)), "l"(body_b + off)
-            : "memory");
-      }
-    }
-  } else {
-    constexpr int kPer = kBulkChunk / 16 / (32 * kBulkWarps);  // vectors of each input per thread
-    const int t = threadIdx.x - 32, w = t / 32;
-    int par = 0;
-    // One chunk's (or block 0's head and tail's) sum: a fixed tree over the consumer threads, then
-    // into the accumulator. Two buffers of warp sums, so one barrier per chunk is enough.
-    const auto settle = [&](A v) {
+  for (int64_t j = 0;; ++j) {
+    const int st = static_cast<int>(j % kBulkStages);
+    mbar_wait(&full[st], static_cast<uint32_t>((j / kBulkStages) & 1));
+    if (which[st] < 0) break;
+    const VecT* x = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk);
+    const VecT* y = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk + kBulkChunk);
+    VecT xv[kPer], yv[kPer];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (t % 32 == 0) red[par][w] = v;
-      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kBulkWarps) : "memory");
-      if (t == 0) {
-        A total = 0;
-        for (int i = 0; i < kBulkWarps; ++i) total += red[par][i];
-        fx_add(fx, total);
-      }
-      par ^= 1;
-    };
-    if (blockIdx.x == 0) {
-      A s = 0;
-      for (int64_t i = t; i < head; i += 32 * kBulkWarps) s += sq_diff<T, A>(a[i], b[i]);
-      const int64_t rest = head + nchunks * (kBulkChunk / static_cast<int64_t>(sizeof(T)));
-      for (int64_t i = rest + t; i < n; i += 32 * kBulkWarps) s += sq_diff<T, A>(a[i], b[i]);
-      settle(s);
-    }
-    for (int64_t j = 0;; ++j) {
-      const int st = static_cast<int>(j % kBulkStages);
-      mbar_wait(&full[st], static_cast<uint32_t>((j / kBulkStages) & 1));
-      if (which[st] < 0) break;
-      const VecT* x = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk);
-      const VecT* y = reinterpret_cast<const VecT*>(ring + st * 2 * kBulkChunk + kBulkChunk);
-      VecT xv[kPer], yv[kPer];
+    for (int u = 0; u < kPer; ++u)
+      xv[u] = x[t + u * 32 * kBulkWarps], yv[u] = y[t + u * 32 * kBulkWarps];
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(&empty[st]);
+    A s = 0;
 #pragma unroll
-      for (int u = 0; u < kPer; ++u)
-        xv[u] = x[t + u * 32 * kBulkWarps], yv[u] = y[t + u * 32 * kBulkWarps];
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) mbar_arrive(&empty[st]);
-      A s = 0;
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) s += sum_vec<A>(xv[u], yv[u], sq);
-      settle(s);
-    }
+    for (int u = 0; u < kPer; ++u) s += sum_vec<A>(xv[u], yv[u], sq);
+    settle(s);
   }
-  // This block's accumulator to its column of slots ([word][block]), then the finish by the last
-  // block: integer sums, so the order in which blocks arrive does not matter.
+}
+
+// The block's accumulator to its column of slots ([word][block]), then the finish by the last block
+// (counters[1]): integer sums, so the order in which blocks arrive does not matter.
+template <typename T>
+__device__ __forceinline__ void bulk_finish(const unsigned long long* fx, unsigned int* counters,
+                                            unsigned long long* slots,
+                                            unsigned long long (*totals)[kFxWords], bool& last,
+                                            T* out) {
   __syncthreads();
   const int grid = static_cast<int>(gridDim.x);
   if (threadIdx.x < kFxWords) {
@@ -271,6 +266,38 @@ template <typename T, typename A> __global__ void __launch_bounds__(kBulkThreads
     }
     out[0] = from_acc<T>(static_cast<acc_t<T>>(v));
   }
+}
+#endif
+
+template <typename T, typename A> __global__ void __launch_bounds__(kBulkThreads)
+    sum_sq_diff_bulk(const T* a, const T* b, int64_t head, int64_t nchunks, int64_t n,
+                     unsigned int* counters, unsigned long long* slots, T* out) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char ring[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + 2 * kBulkStages * kBulkChunk);
+  uint64_t* empty = full + kBulkStages;
+  int64_t* which =
+      reinterpret_cast<int64_t*>(empty + kBulkStages);  // each stage's chunk; -1: no more
+  __shared__ A red[2][kBulkWarps];
+  __shared__ unsigned long long fx[kFxWords];
+  __shared__ unsigned long long totals[kBulkWarps + 1][kFxWords];
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kBulkStages; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], kBulkWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if (threadIdx.x < kFxWords) fx[threadIdx.x] = 0;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) {
+      bulk_produce(reinterpret_cast<const unsigned char*>(a + head),
+                   reinterpret_cast<const unsigned char*>(b + head), nchunks, counters, ring, full,
+                   empty, which);
+    }
+  } else {
+    bulk_consume<T, A>(a, b, head, nchunks, n, ring, full, empty, which, red, fx);
+  }
+  bulk_finish<T>(fx, counters, slots, totals, last, out);
 #else
   __trap();  // never launched: the host runs this pass only where the sm_90 image is the one loaded
 #endif
