@@ -142,9 +142,10 @@ namespace {
 // transposed product (a column-major c; TF32 wgmma's C^T = B^T A^T), m, n and strides as planned.
 GemmProblem fast_problem(const GemmPlan& plan, void* workspace) {
   const GemmRequest& r = plan.req;
-  const void* a = plan.swap_ab ? r.b.ptr : r.a.ptr;
-  const void* b = plan.swap_ab ? r.a.ptr : r.b.ptr;
-  if (plan.c_trans) std::swap(a, b);
+  const void* a = plan.swap_ab ? plan.b.ptr : plan.a.ptr;
+  const void* b = plan.swap_ab ? plan.a.ptr : plan.b.ptr;
+  const auto* w = std::get_if<WgmmaParams>(&plan.params);
+  if (w != nullptr && w->c_trans) std::swap(a, b);
   return GemmProblem{plan.m,
                      plan.n,
                      r.k,
@@ -173,11 +174,26 @@ cudaError_t launch_general(const GemmPlan& plan, cudaStream_t stream) {
   });
 }
 
+// Whether the plan's parameters are its kernel's family's (the launchers read them unchecked).
+bool params_fit(const GemmPlan& plan) {
+  switch (plan.kernel) {
+    case GemmKernel::None:
+      return true;
+    case GemmKernel::Wgmma:
+      return std::holds_alternative<WgmmaParams>(plan.params);
+    case GemmKernel::Skinny:
+      return std::holds_alternative<SkinnyParams>(plan.params);
+    default:
+      return std::holds_alternative<TiledParams>(plan.params);
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream, void* workspace) {
-  if (plan.copy_a != OperandCopy::None || plan.copy_b != OperandCopy::None)
-    return cudaErrorInvalidValue;
+  const bool unmade = (plan.copy_a.layout != CopyLayout::None && plan.a.ptr == nullptr) ||
+                      (plan.copy_b.layout != CopyLayout::None && plan.b.ptr == nullptr);
+  if (unmade || !params_fit(plan)) return cudaErrorInvalidValue;
   if (plan.workspace_bytes > 0 &&
       (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
     return cudaErrorInvalidValue;

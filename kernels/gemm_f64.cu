@@ -359,15 +359,15 @@ template <int BM, int BN, bool AK, bool BNM>
 cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   constexpr int smem = F64Smem<BM, BN, AK, BNM>::kBytes, threads = F64Tiling<BM, BN>::kThreads;
   // Every block an SM is meant to hold needs the whole carveout for shared memory (the rings bypass L1).
-  auto kernel =
-      plan.split_k <= 1 ? dgemm_mma<BM, BN, AK, BNM, false> : dgemm_mma<BM, BN, AK, BNM, true>;
+  auto kernel = plan.tiled().split_k <= 1 ? dgemm_mma<BM, BN, AK, BNM, false>
+                                          : dgemm_mma<BM, BN, AK, BNM, true>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
-  if (plan.split_k <= 1)
+  if (plan.tiled().split_k <= 1)
     return launch_blocks(dgemm_mma<BM, BN, AK, BNM, false>, plan.grid, threads, smem, stream, p);
-  return launch_split_planes<double>(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid, plan.split_k,
-                                     threads, smem, stream, p);
+  return launch_split_planes<double>(dgemm_mma<BM, BN, AK, BNM, true>, plan.grid,
+                                     plan.tiled().split_k, threads, smem, stream, p);
 }
 
 }  // namespace
@@ -375,12 +375,18 @@ cudaError_t launch_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t 
 cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
-    if (plan.bm == 128 && plan.bn == 128) return launch_f64<128, 128, AK, BNM>(plan, p, stream);
-    if (plan.bm == 128 && plan.bn == 64) return launch_f64<128, 64, AK, BNM>(plan, p, stream);
-    if (plan.bm == 64 && plan.bn == 64) return launch_f64<64, 64, AK, BNM>(plan, p, stream);
-    if (plan.bm == 32 && plan.bn == 64) return launch_f64<32, 64, AK, BNM>(plan, p, stream);
-    if (plan.bm == 32 && plan.bn == 32) return launch_f64<32, 32, AK, BNM>(plan, p, stream);
-    if (plan.bm == 16 && plan.bn == 128) return launch_f64<16, 128, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 128 && plan.tiled().bn == 128)
+      return launch_f64<128, 128, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 128 && plan.tiled().bn == 64)
+      return launch_f64<128, 64, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 64 && plan.tiled().bn == 64)
+      return launch_f64<64, 64, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 32 && plan.tiled().bn == 64)
+      return launch_f64<32, 64, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 32 && plan.tiled().bn == 32)
+      return launch_f64<32, 32, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 16 && plan.tiled().bn == 128)
+      return launch_f64<16, 128, AK, BNM>(plan, p, stream);
     return cudaErrorInvalidValue;
   });
 }

@@ -146,9 +146,9 @@ cudaError_t launch_gemm_mma_half(const GemmPlan& plan, const GemmProblem& p, cud
     using T = decltype(tag);
     return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
       constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
-      if (plan.bm == 128 && plan.bn == 128)
+      if (plan.tiled().bm == 128 && plan.tiled().bn == 128)
         return launch_half<T, 128, 128, 4, AK, BNM>(plan, p, stream);
-      if (plan.bm == 64 && plan.bn == 128)
+      if (plan.tiled().bm == 64 && plan.tiled().bn == 128)
         return launch_half<T, 64, 128, 4, AK, BNM>(plan, p, stream);
       return cudaErrorInvalidValue;
     });

@@ -2,11 +2,12 @@
 // pay. A plain function of the problem and the device (host code, no CUDA calls), so the rules are
 // written once, unit-tested on the CPU (tests/cpp/test_gemm_plan.cpp), and obeyed by everyone:
 // ops/gemm.cpp makes the copies a plan asks for, launch_gemm runs the kernel it names, and the
-// sweeps in bench/sweep override a plan's tile or grid to time other choices (gemm_plan_hooks.h). Why each rule is what
-// it is: the table at the top of kernels/gemm_plan.cpp.
+// sweeps in bench/sweep override a plan's tile or grid to time other choices (gemm_plan_hooks.h).
+// Why each rule is what it is: the table at the top of kernels/gemm_plan.cpp.
 #pragma once
 
 #include <cstdint>
+#include <variant>
 
 #include "kernels.h"
 
@@ -18,9 +19,9 @@ struct GemmOperand {
   int64_t stride0, stride1;
 };
 
-// c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n] (c must not overlap a, b or itself;
-// the ops check that). beta == 0 never reads c. allow_tf32 (float32 only): torch's "high"/"medium"
-// float32 matmul precision.
+// c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n] (c must not overlap a, b or
+// itself; the ops check that). beta == 0 never reads c. allow_tf32 (float32 only): torch's
+// "high"/"medium" float32 matmul precision.
 struct GemmRequest {
   DType dtype;
   int64_t m, n, k;
@@ -60,14 +61,15 @@ enum class GemmKernel : int {
   MmaTf32,  // kernels/gemm_tf32.cu: float32 as TF32, mma.sync
   MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
   Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
-  Skinny,  // kernels/gemm_skinny*.cu: at most kSkinnyMaxTokens rows (tokens) against a streamed weight
-  MmaF64,  // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
+  Skinny,   // kernels/gemm_skinny*.cu: <= kSkinnyMaxTokens rows (tokens) against a streamed weight
+  MmaF64,   // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
 };
 
 // The small-M kernel (kernels/gemm_skinny.cuh) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
-// kSkinnyMaxTokens tokens t. Its blocks are kSkinnyWarps warps; each warp owns `outputs` consecutive
-// outputs o over a slice of k, walked `chunk` at a time: the geometry of each of its four forms
-// (bf16/fp16 on tensor cores, float32 on FP32 cores; the weight k-contiguous or o-contiguous).
+// kSkinnyMaxTokens tokens t. Its blocks are kSkinnyWarps warps; each warp owns `outputs`
+// consecutive outputs o over a slice of k, walked `chunk` at a time: the geometry of each of its
+// four forms (bf16/fp16 on tensor cores, float32 on FP32 cores; the weight k-contiguous or
+// o-contiguous).
 constexpr int kSkinnyMaxTokens = 16;
 constexpr int kSkinnyWarps = 4;
 struct SkinnyGeometry {
@@ -76,72 +78,106 @@ struct SkinnyGeometry {
 constexpr SkinnyGeometry kSkinnyHalfK{16, 32}, kSkinnyHalfN{64, 16}, kSkinnyFloatK{4, 128},
     kSkinnyFloatN{128, 4};
 // Its streaming form (every float type on sm_90; float64's only form): a producer warp beside the
-// kSkinnyWarps brings the weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a ring of kSkinnyTmaStages
-// stages per CTA; each of the other warps multiplies 16 of the CTA's outputs. A stage holds
-// kSkinnyTma.chunk k where the outputs' groups of 64 fill more than half the SMs (two CTAs fit per
-// SM), kSkinnyTmaDeepChunk where fewer (one CTA per SM, twice the bytes in flight each); counts of
-// 16-bit elements, float32 and float64 stages hold the same bytes.
+// kSkinnyWarps brings the weight's [outputs x chunk] tile and x's [tokens x chunk] by TMA into a
+// ring of kSkinnyTmaStages stages per CTA; each of the other warps multiplies 16 of the CTA's
+// outputs. A stage holds kSkinnyTma.chunk k where the outputs' groups of 64 fill more than half the
+// SMs (two CTAs fit per SM), kSkinnyTmaDeepChunk where fewer (one CTA per SM, twice the bytes in
+// flight each); counts of 16-bit elements, float32 and float64 stages hold the same bytes.
 constexpr SkinnyGeometry kSkinnyTma{64, 128};
 constexpr int kSkinnyTmaStages = 4, kSkinnyTmaDeepChunk = 256;
 const char* kernel_name(GemmKernel k);
 
-// A copy the caller makes before launching: the operand's values into a fresh tensor whose rows are
-// a whole number of 16 bytes apart, row-major or column-major (then read k-major as b).
-enum class OperandCopy : int { None, RowMajor, ColumnMajor };
+// A copy the caller makes before launching: the operand's values in a fresh buffer of `rows` rows
+// of `cols` elements, `ld` apart (a whole number of 16 bytes), read row-major, or column-major (the
+// buffer holds the operand's transpose). `via`: the caller's strided copy, or, where the source's
+// contiguous axis is the copy's strided one in float32, cuops' transpose kernel (torch's
+// transposing copy ran at ~0.9 TB/s on the H100, a third of the bus).
+enum class CopyLayout : int { None, RowMajor, ColumnMajor };
+enum class CopyVia : int { Strided, Transpose };
+struct OperandCopy {
+  CopyLayout layout = CopyLayout::None;
+  CopyVia via = CopyVia::Strided;
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+
+// The parameters of each kernel family, the plan's `params`.
+// The tiled kernels (general, SIMT, mma.sync, float64): block tile bm x bn (bk: the SIMT kernel's
+// k-slice), a grid of one CTA per tile; k split into split_k CTAs (SIMT, float64: grid y), each
+// writing its partial tile to a plane of the workspace (split_planes_bytes), a second kernel adding
+// the planes in order.
+struct TiledParams {
+  int bm = 0, bn = 0, bk = 0;
+  int split_k = 1;
+};
+// The sm_90a wgmma kernel: block tile bm x bn, clusters of cluster_m CTAs along m (B multicast);
+// c_trans: TF32 with a row-major B computes C^T = B^T A^T and stores it transposed; tma_store: the
+// 16-bit outputs leave by TMA store; pdl: launched as a programmatic dependent. The split tail
+// (cluster_m 1): the last tail_units tiles of the persistent walk (a partial last wave) are each
+// cut into tail_split runs of k-tiles, one CTA each, every CTA resident at once (grid <= SMs). A
+// tile's later runs leave their partial sums in the workspace (tail_workspace_bytes: zeroed flags,
+// then one bm x bn float tile per CTA); its first run waits for them and adds them in run order
+// (the same bits on every run) before its epilogue.
+struct WgmmaParams {
+  int bm = 0, bn = 0, cluster_m = 1;
+  bool c_trans = false, tma_store = false, pdl = true;
+  int64_t tail_units = 0;
+  int tail_split = 1;
+};
+// The small-M kernel: whether the tokens are C's rows (x = A, the weight B) or its columns (x =
+// B^T, the weight A^T); whether the weight is k-contiguous; the token tile (4, 8 or 16); a block's
+// warps along the outputs (rw) and along k (kw); CTAs per cluster along k (split, the grid's y);
+// the k each warp reduces (slice, a multiple of the geometry's chunk). The streaming form (tma; rw
+// = kSkinnyWarps, kw = 1: its warps split the outputs, not k): ring stages and the k of one stage
+// (chunk, a multiple of 64: 128-byte swizzled boxes); pdl: launched as a programmatic dependent
+// (its prologue overlaps the previous kernel's tail). bm x bn: the outputs a block covers, for
+// logs.
+struct SkinnyParams {
+  bool tokens_m = true, w_kmajor = true;
+  int mt = 0, rw = 0, kw = 0, split = 1;
+  int64_t slice = 0;
+  bool tma = false, pdl = false;
+  int stages = 0, chunk = 0;
+  int bm = 0, bn = 0;
+};
 
 struct GemmPlan {
   GemmRequest req;
   GemmKernel kernel = GemmKernel::General;
-  OperandCopy copy_a = OperandCopy::None, copy_b = OperandCopy::None;
+  // The copies the caller makes first (planned in the same pass: the rest of the plan is made for
+  // the copied layouts), and the operands the kernel reads: the request's, or the copies (whose
+  // pointers the caller sets once it has made them: launch_gemm refuses a copy without one).
+  OperandCopy copy_a, copy_b;
+  GemmOperand a, b;
   // The problem the fast kernels compute (gemm.cuh's GemmProblem): C row-major, so a column-major c
   // is the transposed product c^T = b^T a^T (swap_ab); A k-major or m-major, B n-major or k-major.
   bool swap_ab = false;
   bool a_kmajor = false, b_nmajor = false;
   int64_t m = 0, n = 0, lda = 0, ldb = 0, ldc = 0;
-  // TF32 wgmma with a row-major B: the kernel computes C^T = B^T A^T and stores it transposed.
-  bool c_trans = false;
-  // Block tile (rows x columns of C per CTA), k-slice (the SIMT kernel's), CTAs per cluster along m,
-  // and the grid in blocks (a persistent kernel's is below its tile count).
-  int bm = 0, bn = 0, bk = 0, cluster_m = 1;
+  // The grid in blocks (a persistent kernel's is below its tile count), and the device memory the
+  // launch needs beside its output (a k split's planes, the split tail's partial tiles).
   int64_t grid = 0;
-  // k split into split_k CTAs (the SIMT and float64 kernels; 1 elsewhere): independent CTAs (grid:
-  // the tiles, split_k along y), each writes its partial tile to a plane of the workspace
-  // (split_planes_bytes) and a second kernel adds the planes in order.
-  int split_k = 1;
-  // 16-bit wgmma outputs leave by TMA store from shared memory (beta == 0 and a c TMA can describe).
-  bool tma_store = false;
-  // The split tail (wgmma, cluster_m 1, split_k 1): the last tail_units tiles of the persistent walk
-  // (a partial last wave) are each cut into tail_split runs of k-tiles, one CTA each, every CTA
-  // resident at once (grid <= SMs). A tile's later runs leave their partial sums in the workspace
-  // (tail_workspace_bytes: zeroed flags, then one bm x bn float tile per CTA); its first run waits
-  // for them and adds them in run order (the same bits on every run) before its epilogue. launch_gemm
-  // then needs workspace_bytes of device memory.
-  int64_t tail_units = 0;
-  int tail_split = 1;
   int64_t workspace_bytes = 0;
-  // The small-M kernel: whether the tokens are C's rows (x = A, the weight B) or its columns (x = B^T,
-  // the weight A^T); whether the weight is k-contiguous; the token tile (4, 8 or 16); a block's warps
-  // along the outputs (sk_rw) and along k (sk_kw); CTAs per cluster along k (sk_split, the grid's y);
-  // the k each warp reduces (sk_slice, a multiple of the geometry's chunk). grid: blocks along x.
-  bool sk_tokens_m = true, sk_w_kmajor = true;
-  int sk_mt = 0, sk_rw = 0, sk_kw = 0, sk_split = 1;
-  int64_t sk_slice = 0;
-  // The streaming form (sk_rw = kSkinnyWarps, sk_kw = 1: its warps split the outputs, not k): ring
-  // stages and the k of one stage (sk_chunk, a multiple of 64: 128-byte swizzled boxes).
-  // sk_pdl: launched as a programmatic dependent (its prologue overlaps the previous kernel's tail).
-  bool sk_tma = false, sk_pdl = false;
-  int sk_stages = 0, sk_chunk = 0;
-  // The table row that decided the kernel, for tests and the sweeps' logs.
-  const char* why = "";
+  std::variant<std::monostate, TiledParams, WgmmaParams, SkinnyParams> params;
+  // The row of the table at the top of gemm_plan.cpp that chose the kernel (its name there: the
+  // planner's tests and the sweeps' logs cite it).
+  const char* rule = "";
+
+  // The kernel family's parameters (std::bad_variant_access where the plan is another family's).
+  const TiledParams& tiled() const { return std::get<TiledParams>(params); }
+  const WgmmaParams& wgmma() const { return std::get<WgmmaParams>(params); }
+  const SkinnyParams& skinny() const { return std::get<SkinnyParams>(params); }
+  TiledParams& tiled() { return std::get<TiledParams>(params); }
+  WgmmaParams& wgmma() { return std::get<WgmmaParams>(params); }
+  SkinnyParams& skinny() { return std::get<SkinnyParams>(params); }
 };
 
-// The plan for `req` on `dev`. Where it asks for copies, the caller makes them and plans again with
-// the copies as operands; that second plan asks for none.
+// The plan for `req` on `dev`, in one pass: where it copies an operand, the rest is planned for
+// the copy.
 GemmPlan plan_gemm(const GemmRequest& req, const GemmDevice& dev);
 
-// The split tail's workspace on a grid of `grid` CTAs with tiles of bm x bn: a flag per CTA (rounded up
-// to 256 bytes), then a bm x bn float32 partial tile per CTA. One home for the planner's size and the
-// launcher's layout.
+// The split tail's workspace on a grid of `grid` CTAs with tiles of bm x bn: a flag per CTA
+// (rounded up to 256 bytes), then a bm x bn float32 partial tile per CTA. One home for the
+// planner's size and the launcher's layout.
 inline int64_t tail_flag_bytes(int64_t grid) { return (grid * 4 + 255) / 256 * 256; }
 inline int64_t tail_workspace_bytes(int64_t grid, int64_t bm, int64_t bn) {
   return tail_flag_bytes(grid) + grid * bm * bn * 4;
@@ -156,12 +192,12 @@ inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t e
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();
 
-// Runs a plan with no copies left (the caller's stream; nothing allocated, no synchronisation). A plan
-// with workspace_bytes > 0 needs `workspace`: that many bytes of device memory, 16-byte aligned, on
-// the plan's device, not in use by other work on other streams (ops/gemm.cpp takes it from torch's
-// allocator on the op's stream); its flags are zeroed here, on `stream`, before the kernel.
-// cudaErrorInvalidValue for a plan no kernel instance takes (a tile a sweep asked for that is not
-// compiled, a plan that still asks for copies, a missing workspace).
+// Runs a plan whose copies are made (the caller's stream; nothing allocated, no synchronisation). A
+// plan with workspace_bytes > 0 needs `workspace`: that many bytes of device memory, 16-byte
+// aligned, on the plan's device, not in use by other work on other streams (ops/gemm.cpp takes it
+// from torch's allocator on the op's stream); its flags are zeroed here, on `stream`, before the
+// kernel. cudaErrorInvalidValue for a plan no kernel instance takes (a tile a sweep asked for that
+// is not compiled, a copy without its pointer, a missing workspace).
 cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream, void* workspace = nullptr);
 
 }  // namespace cuops::kernels

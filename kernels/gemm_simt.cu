@@ -55,7 +55,7 @@ template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&
 
 // MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):
 // the 128 x 128 and 64 x 64 tiles the library compiles (256 x 128 needed ~250 registers, one block).
-// k split (plan.split_k CTAs along y, any GPU): each CTA multiplies its slice of k (whole BK slices)
+// k split (plan.tiled().split_k CTAs along y, any GPU): each CTA multiplies its slice of k (whole BK slices)
 // into its plane of the workspace; gemm.cuh's sum_planes adds the planes into c.
 
 // kSplit: the split instance (its own, so the unsplit loop keeps the problem in parameter space:
@@ -264,17 +264,17 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
 cudaError_t launch_gemm_simt(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
-    if (plan.bm == 128 && plan.bn == 128 && plan.bk == 8) {
-      if (plan.split_k > 1)
+    if (plan.tiled().bm == 128 && plan.tiled().bn == 128 && plan.tiled().bk == 8) {
+      if (plan.tiled().split_k > 1)
         return launch_split_planes<float>(sgemm_simt<128, 128, 8, 2, AK, BNM, true>, plan.grid,
-                                          plan.split_k, kSimtThreads, 0, stream, p);
+                                          plan.tiled().split_k, kSimtThreads, 0, stream, p);
       return launch_blocks(sgemm_simt<128, 128, 8, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0,
                            stream, p);
     }
-    if (plan.bm == 64 && plan.bn == 64 && plan.bk == 16) {
-      if (plan.split_k > 1)
+    if (plan.tiled().bm == 64 && plan.tiled().bn == 64 && plan.tiled().bk == 16) {
+      if (plan.tiled().split_k > 1)
         return launch_split_planes<float>(sgemm_simt<64, 64, 16, 2, AK, BNM, true>, plan.grid,
-                                          plan.split_k, kSimtThreads, 0, stream, p);
+                                          plan.tiled().split_k, kSimtThreads, 0, stream, p);
       return launch_blocks(sgemm_simt<64, 64, 16, 2, AK, BNM, false>, plan.grid, kSimtThreads, 0,
                            stream, p);
     }

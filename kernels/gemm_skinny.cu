@@ -5,15 +5,16 @@
 namespace cuops::kernels::detail {
 
 cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
-  if (plan.sk_rw * plan.sk_kw != kSkinnyWarps || plan.sk_slice < 1) return cudaErrorInvalidValue;
+  if (plan.skinny().rw * plan.skinny().kw != kSkinnyWarps || plan.skinny().slice < 1)
+    return cudaErrorInvalidValue;
   Skinny s{};
   s.k = p.k;
   s.out = p.c;
   s.alpha = p.alpha, s.beta = p.beta;
   s.alpha64 = p.alpha64, s.beta64 = p.beta64;
-  s.slice = plan.sk_slice;
-  s.rw = plan.sk_rw, s.kw = plan.sk_kw;
-  if (plan.sk_tokens_m) {  // x = A (k-major), the weight B: out[t][o] = C[t][o]
+  s.slice = plan.skinny().slice;
+  s.rw = plan.skinny().rw, s.kw = plan.skinny().kw;
+  if (plan.skinny().tokens_m) {  // x = A (k-major), the weight B: out[t][o] = C[t][o]
     s.tokens = p.m, s.outputs = p.n;
     s.x = p.a, s.ldx = p.lda, s.w = p.b, s.ldw = p.ldb;
     s.ldo_t = p.ldc, s.ldo_n = 1;
@@ -22,7 +23,8 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
     s.x = p.b, s.ldx = p.ldb, s.w = p.a, s.ldw = p.lda;
     s.ldo_t = 1, s.ldo_n = p.ldc;
   }
-  return plan.sk_tma ? launch_skinny_tma(plan, s, stream) : launch_skinny_lanes(plan, s, stream);
+  return plan.skinny().tma ? launch_skinny_tma(plan, s, stream)
+                           : launch_skinny_lanes(plan, s, stream);
 }
 
 }  // namespace cuops::kernels::detail

@@ -457,11 +457,11 @@ template <typename T, typename F, int MT> __global__ void __launch_bounds__(kThr
 
 template <typename T, typename F, int MT>
 cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  if (!grid_fits(plan.grid) || plan.sk_split < 1 || plan.sk_split > 8)
+  if (!grid_fits(plan.grid) || plan.skinny().split < 1 || plan.skinny().split > 8)
     return cudaErrorInvalidConfiguration;
   constexpr int kSmem = kSkinnyWarps * F::kSmemPerWarp;
   static_assert(kSmem <= 48 * 1024, "no opt-in to more shared memory needed");
-  const unsigned split = static_cast<unsigned>(plan.sk_split);
+  const unsigned split = static_cast<unsigned>(plan.skinny().split);
   const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid), split), dim3(1, split),
                              kThreads, kSmem, stream);
   return cudaLaunchKernelEx(&launch.cfg, gemm_skinny<T, F, MT>, s);
@@ -469,18 +469,18 @@ cudaError_t launch(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
 
 template <typename T, template <typename, int> class FK, template <typename, int> class FN>
 cudaError_t launch_half(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  if (plan.sk_mt == 8)
-    return plan.sk_w_kmajor ? launch<T, FK<T, 8>, 8>(plan, s, stream)
-                            : launch<T, FN<T, 8>, 8>(plan, s, stream);
-  if (plan.sk_mt == 16)
-    return plan.sk_w_kmajor ? launch<T, FK<T, 16>, 16>(plan, s, stream)
-                            : launch<T, FN<T, 16>, 16>(plan, s, stream);
+  if (plan.skinny().mt == 8)
+    return plan.skinny().w_kmajor ? launch<T, FK<T, 8>, 8>(plan, s, stream)
+                                  : launch<T, FN<T, 8>, 8>(plan, s, stream);
+  if (plan.skinny().mt == 16)
+    return plan.skinny().w_kmajor ? launch<T, FK<T, 16>, 16>(plan, s, stream)
+                                  : launch<T, FN<T, 16>, 16>(plan, s, stream);
   return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_float(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  const bool k = plan.sk_w_kmajor;
-  switch (plan.sk_mt) {
+  const bool k = plan.skinny().w_kmajor;
+  switch (plan.skinny().mt) {
     case 4:
       return k ? launch<float, FloatK<4>, 4>(plan, s, stream)
                : launch<float, FloatN<4>, 4>(plan, s, stream);

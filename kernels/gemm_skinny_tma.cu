@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  end_dependent_prologue();  // launched as a programmatic dependent (plan.sk_pdl)
+  end_dependent_prologue();  // launched as a programmatic dependent (plan.skinny().pdl)
   __syncthreads();
   const int row0 = static_cast<int>(blockIdx.x) * kOut;
   const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
 
 template <typename T, int MT, bool WK, bool FMA>
 cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  const int stages = plan.sk_stages, chunk = plan.sk_chunk, split = plan.sk_split;
+  const int stages = plan.skinny().stages, chunk = plan.skinny().chunk, split = plan.skinny().split;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
   const int smem = tma_smem(kElem, MT, stages, chunk);
   // A stage is whole register batches of 8 steps (two boxes), at most 256 rows (a box's limit).
@@ -437,18 +437,18 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   if (err != cudaSuccess) return err;
   const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split)),
                              dim3(1, static_cast<unsigned>(split)), kTmaThreads, smem, stream,
-                             plan.sk_pdl);
+                             plan.skinny().pdl);
   return cudaLaunchKernelEx(&launch.cfg, kernel, mw, mx, s, stages, chunk);
 }
 
 // FMA: float32 "highest" (true FP32 FMAs, fma_consume) rather than the tensor cores.
 template <typename T, bool FMA = false>
 cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
-  const bool k = plan.sk_w_kmajor;
-  if (plan.sk_mt == 8)
+  const bool k = plan.skinny().w_kmajor;
+  if (plan.skinny().mt == 8)
     return k ? launch_tma<T, 8, true, FMA>(plan, s, stream)
              : launch_tma<T, 8, false, FMA>(plan, s, stream);
-  if (plan.sk_mt == 16)
+  if (plan.skinny().mt == 16)
     return k ? launch_tma<T, 16, true, FMA>(plan, s, stream)
              : launch_tma<T, 16, false, FMA>(plan, s, stream);
   return cudaErrorInvalidValue;

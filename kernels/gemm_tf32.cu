@@ -116,8 +116,10 @@ cudaError_t launch_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t
 cudaError_t launch_gemm_mma_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   return with_layouts(plan.a_kmajor, plan.b_nmajor, [&](auto ak, auto bn) {
     constexpr bool AK = decltype(ak)::value, BNM = decltype(bn)::value;
-    if (plan.bm == 128 && plan.bn == 128) return launch_tf32<128, 128, 3, AK, BNM>(plan, p, stream);
-    if (plan.bm == 64 && plan.bn == 128) return launch_tf32<64, 128, 3, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 128 && plan.tiled().bn == 128)
+      return launch_tf32<128, 128, 3, AK, BNM>(plan, p, stream);
+    if (plan.tiled().bm == 64 && plan.tiled().bn == 128)
+      return launch_tf32<64, 128, 3, AK, BNM>(plan, p, stream);
     return cudaErrorInvalidValue;
   });
 }

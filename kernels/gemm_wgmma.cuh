@@ -563,6 +563,9 @@ template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
 cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kThreads = WgShape<BM>::kThreads;
+  const WgmmaParams& w = plan.wgmma();
+  // The TMA store is the 16-bit instances' (the planner asks it only of them).
+  if (w.tma_store && !Cfg::kTmaStore) return cudaErrorInvalidValue;
   CUtensorMap ma, mb, mc{};
   // m-major A: boxes of 128 bytes of m (64 16-bit elements, or the 32 floats of the TF32 register path).
   // The planner checked that TMA describes every operand; the driver refusing one is an error.
@@ -570,9 +573,8 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
                         : make_map<T>(ma, p.a, p.m, p.k, p.lda, 128 / sizeof(T), Cfg::kBK)) &&
                     (BNM ? make_map<T>(mb, p.b, p.n, p.k, p.ldb, 64, Cfg::kBK)
                          : make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, BN / kCM)) &&
-                    (!plan.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
+                    (!w.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
   if (!maps) return cudaErrorInvalidValue;
-  const bool tma_store = Cfg::kTmaStore && plan.tma_store;
   constexpr auto kernel = gemm_wgmma<T, BM, BN, AK, BNM, kCM>;
   // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
   // device is whichever the op's guard selected.
@@ -581,52 +583,48 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
   if (err != cudaSuccess) return err;
   if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
   WgTail tail{nullptr, nullptr, 0, 1};
-  if (plan.tail_units > 0) {
+  if (w.tail_units > 0) {
     // The split tail: every run resident at once (grid <= SMs, one CTA each: the planner's grid; a Head
     // waits on its Tails), the workspace laid out as gemm_plan.h's tail_workspace_bytes counts it, the
     // flags zeroed on the stream.
     const int64_t units = (p.m + BM - 1) / BM * ((p.n + BN - 1) / BN);
-    if (kCM != 1 || plan.tail_units > units || plan.tail_split < 1 ||
-        plan.tail_units * plan.tail_split > plan.grid || p.workspace == nullptr ||
+    if (kCM != 1 || w.tail_units > units || w.tail_split < 1 ||
+        w.tail_units * w.tail_split > plan.grid || p.workspace == nullptr ||
         plan.workspace_bytes < tail_workspace_bytes(plan.grid, BM, BN)) {
       return cudaErrorInvalidValue;
     }
     tail.flags = static_cast<int*>(p.workspace);
     tail.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) +
                                           tail_flag_bytes(plan.grid));
-    tail.units = plan.tail_units;
-    tail.split = plan.tail_split;
+    tail.units = w.tail_units;
+    tail.split = w.tail_split;
     err = cudaMemsetAsync(tail.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
-  // A programmatic dependent unless the split tail's memset comes right before it: the relaxed
-  // ordering is a kernel's, and its flags must be zero before any run can arrive.
+  // A programmatic dependent as the plan says (never right after the split tail's memset).
+  if (w.pdl && w.tail_units > 0) return cudaErrorInvalidValue;
   const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid)), dim3(kCM), kThreads,
-                             Cfg::kSmem, stream, plan.tail_units == 0);
-  return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, tma_store, plan.c_trans, tail);
+                             Cfg::kSmem, stream, w.pdl);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, w.tma_store, w.c_trans, tail);
 }
 
 // The instance of the plan's tile and cluster, for 16-bit types in all four layouts and TF32 with B k-major (the planner's transposed problem makes every other TF32
 // layout that); 192 x 128 single CTAs for 16-bit types only.
 template <typename T, bool AK, bool BNM>
 cudaError_t launch_wg_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
-  if (plan.split_k != 1) return cudaErrorInvalidValue;  // no k split over a cluster (gemm_plan.cpp)
-  if (plan.bm == 192) {
+  const WgmmaParams& w = plan.wgmma();
+  if (w.bm == 192) {
     if constexpr (sizeof(T) == 2) {
-      if (plan.bn == 128 && plan.cluster_m == 1)
+      if (w.bn == 128 && w.cluster_m == 1)
         return launch_wg<T, 192, 128, AK, BNM, 1>(plan, p, stream);
     }
     return cudaErrorInvalidValue;
   }
-  if (plan.bm != 128) return cudaErrorInvalidValue;
-  if (plan.bn == 256 && plan.cluster_m == 2)
-    return launch_wg<T, 128, 256, AK, BNM, 2>(plan, p, stream);
-  if (plan.bn == 256 && plan.cluster_m == 1)
-    return launch_wg<T, 128, 256, AK, BNM, 1>(plan, p, stream);
-  if (plan.bn == 128 && plan.cluster_m == 1)
-    return launch_wg<T, 128, 128, AK, BNM, 1>(plan, p, stream);
-  if (plan.bn == 64 && plan.cluster_m == 1)
-    return launch_wg<T, 128, 64, AK, BNM, 1>(plan, p, stream);
+  if (w.bm != 128) return cudaErrorInvalidValue;
+  if (w.bn == 256 && w.cluster_m == 2) return launch_wg<T, 128, 256, AK, BNM, 2>(plan, p, stream);
+  if (w.bn == 256 && w.cluster_m == 1) return launch_wg<T, 128, 256, AK, BNM, 1>(plan, p, stream);
+  if (w.bn == 128 && w.cluster_m == 1) return launch_wg<T, 128, 128, AK, BNM, 1>(plan, p, stream);
+  if (w.bn == 64 && w.cluster_m == 1) return launch_wg<T, 128, 64, AK, BNM, 1>(plan, p, stream);
   return cudaErrorInvalidValue;
 }
 

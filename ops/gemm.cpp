@@ -88,50 +88,44 @@ kernels::GemmRequest request(const at::Tensor& c, const at::Tensor& a, const at:
           allow_tf32()};
 }
 
-// An empty [rows, cols] view with rows a whole number of 16 bytes apart (what the fast kernels read).
-at::Tensor padded_rows(int64_t rows, int64_t cols, const at::Tensor& like) {
-  const int64_t unit = 16 / like.element_size();
-  return at::empty({rows, (cols + unit - 1) / unit * unit}, like.options()).narrow(1, 0, cols);
-}
-
-// x [r, c] float32 with unit column stride -> its [c, r] transpose in padded rows, by cuops' transpose
-// kernel (torch's transposing copy ran at ~0.9 TB/s on the H100, a third of the bus).
-at::Tensor transposed_copy(const at::Tensor& x) {
-  at::Tensor out = padded_rows(x.size(1), x.size(0), x);
-  C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1),
-                                               x.stride(0), out.data_ptr<float>(), out.stride(0),
-                                               current_stream(x)));
-  return out;
-}
-
-// The copy a plan asks for (kernels/gemm_plan.cpp decides when one pays): t's values with rows a whole
-// number of 16 bytes apart, row-major, or column-major (the row-major copy of t^T, viewed transposed).
-// From torch's allocator on the op's stream, under the op's device guard.
-at::Tensor copied(const at::Tensor& t, kernels::OperandCopy how) {
-  if (how == kernels::OperandCopy::None) return t;
-  const at::Tensor src = how == kernels::OperandCopy::ColumnMajor ? t.t() : t;
-  const bool transposing =
-      src.scalar_type() == at::kFloat && src.stride(0) == 1 && src.stride(1) >= src.size(0);
-  const at::Tensor out = transposing ? transposed_copy(src.t())
-                                     : padded_rows(src.size(0), src.size(1), src).copy_(src);
-  return how == kernels::OperandCopy::ColumnMajor ? out.t() : out;
-}
-
-// c <- alpha * a @ b + beta * c on the kernel the planner picks, after the copies it asks for.
-void run_gemm(const at::Tensor& c, at::Tensor a, at::Tensor b, double alpha, double beta) {
-  const kernels::GemmDevice device = kernels::current_gemm_device();
-  kernels::GemmPlan plan = kernels::plan_gemm(request(c, a, b, alpha, beta), device);
-  if (plan.copy_a != kernels::OperandCopy::None || plan.copy_b != kernels::OperandCopy::None) {
-    a = copied(a, plan.copy_a);
-    b = copied(b, plan.copy_b);
-    plan = kernels::plan_gemm(request(c, a, b, alpha, beta), device);
-    TORCH_INTERNAL_ASSERT(
-        plan.copy_a == kernels::OperandCopy::None && plan.copy_b == kernels::OperandCopy::None,
-        "cuops::gemm: the planner asked to copy an operand twice");
+// The copy a plan describes (kernels/gemm_plan.cpp decides when one pays, its layout and how it is
+// made): a [rows, ld] buffer narrowed to `cols`, holding t (row-major) or t^T (column-major, returned
+// viewed as t). From torch's allocator on the op's stream, under the op's device guard.
+at::Tensor copied(const at::Tensor& t, const kernels::OperandCopy& copy) {
+  const bool col = copy.layout == kernels::CopyLayout::ColumnMajor;
+  const at::Tensor src = col ? t.t() : t;
+  at::Tensor out = at::empty({copy.rows, copy.ld}, t.options()).narrow(1, 0, copy.cols);
+  if (copy.via == kernels::CopyVia::Transpose) {
+    // src's rows are its strided axis: the transpose kernel reads src^T, row-major, as its rows.
+    const at::Tensor x = src.t();
+    C10_CUDA_CHECK(kernels::launch_transpose_f32(x.data_ptr<float>(), x.size(0), x.size(1),
+                                                 x.stride(0), out.data_ptr<float>(), out.stride(0),
+                                                 current_stream(t)));
+  } else {
+    out.copy_(src);
   }
-  // A split's workspace (the wgmma tail's partial tiles and flags, or the SIMT / float64 split's partial
-  // planes): from torch's allocator on the op's stream (a CUDA graph keeps it in its pool; launch_gemm
-  // zeroes the tail's flags on the stream before each run).
+  return col ? out.t() : out;
+}
+
+// c <- alpha * a @ b + beta * c on the kernel the planner picks, after the copies it plans.
+void run_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
+              double beta) {
+  kernels::GemmPlan plan =
+      kernels::plan_gemm(request(c, a, b, alpha, beta), kernels::current_gemm_device());
+  // The copies live until the kernel is enqueued: the allocator reuses their memory only after
+  // work queued later on this stream.
+  at::Tensor a_copy, b_copy;
+  if (plan.copy_a.layout != kernels::CopyLayout::None) {
+    a_copy = copied(a, plan.copy_a);
+    plan.a.ptr = a_copy.data_ptr();
+  }
+  if (plan.copy_b.layout != kernels::CopyLayout::None) {
+    b_copy = copied(b, plan.copy_b);
+    plan.b.ptr = b_copy.data_ptr();
+  }
+  // A split's workspace (the wgmma tail's partial tiles and flags, or the SIMT / float64 split's
+  // partial planes): from torch's allocator on the op's stream (a CUDA graph keeps it in its pool;
+  // launch_gemm zeroes the tail's flags on the stream before each run).
   at::Tensor workspace;
   if (plan.workspace_bytes > 0)
     workspace = at::empty({plan.workspace_bytes}, c.options().dtype(at::kByte));

@@ -105,9 +105,8 @@ int sweep(cublasHandle_t h, const GemmDevice& dev, const std::vector<Shape>& sha
       printf("%-30s %8.3f ms %6.1f TFLOP/s %6.3fx cuBLAS  max rel err %.1e\n", name.c_str(), t, flops / t / 1e9, tb / t, err);
     };
     const bool ours = plan.kernel == (S::kType == DType::Float64 ? GemmKernel::MmaF64 : GemmKernel::Simt);
+    report("pick: " + describe(plan), plan);
     char label[96];
-    snprintf(label, sizeof label, "pick: %s %dx%d split %d", kernel_name(plan.kernel), plan.bm, plan.bn, plan.split_k);
-    report(label, plan);
     for (const auto [bm, bn] : S::kTiles) {
       for (int split : S::kSplits) {
         if (!ours || !all) break;

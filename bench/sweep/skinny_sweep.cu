@@ -125,7 +125,8 @@ void run_case(cublasHandle_t h, cudaStream_t stream, const GemmDevice& dev, cons
           if (tma_smem_bytes(c.m, stages, chunk / int(es / 2), int(es)) <= 227 * 1024)
             splits.push_back({-stages, chunk / int(es / 2), split});
     const GemmPlan pick = plan_for(0);
-    if (pick.sk_tma) splits.push_back({-pick.sk_stages, pick.sk_chunk, pick.sk_split, false});
+    if (pick.kernel == GemmKernel::Skinny && pick.skinny().tma)
+      splits.push_back({-pick.skinny().stages, pick.skinny().chunk, pick.skinny().split, false});
   }
   if (!f64)
     for (Split sp : std::vector<Split>{{1, 4, 1}, {1, 4, 2}, {1, 4, 4}}) splits.push_back(sp);
@@ -138,7 +139,7 @@ void run_case(cublasHandle_t h, cudaStream_t stream, const GemmDevice& dev, cons
     };
     const GemmPlan p0 = plan_i(0);
     if (p0.kernel != GemmKernel::Skinny && !(f64 && p0.kernel == GemmKernel::MmaF64)) {
-      printf("  planner chose %s (%s)\n", kernel_name(p0.kernel), p0.why);
+      printf("  planner chose %s (%s)\n", kernel_name(p0.kernel), p0.rule);
       break;
     }
     // The tiled float64 plan's k split writes planes into a workspace.
@@ -158,17 +159,8 @@ void run_case(cublasHandle_t h, cudaStream_t stream, const GemmDevice& dev, cons
     for (int i = 0; i < copies; ++i) plans.push_back(plan_i(i));
     const double tc = cycle_ms([&](int i) { CK(launch_gemm(plans[i], stream, workspace)); });
     CK(cudaGetLastError());
-    char name[96];
-    if (p0.kernel == GemmKernel::MmaF64) {
-      snprintf(name, sizeof name, "tiled %lld x %lld split %d grid %lld", (long long)p0.bm, (long long)p0.bn, p0.split_k,
-               (long long)p0.grid);
-    } else if (p0.sk_tma) {
-      snprintf(name, sizeof name, "%s tma stages %d chunk %d split %d grid %lld%s", sp.rw == 0 ? "pick" : "    ",
-               p0.sk_stages, p0.sk_chunk, p0.sk_split, (long long)p0.grid, p0.sk_pdl ? "" : " no-pdl");
-    } else {
-      snprintf(name, sizeof name, "%s rw %d kw %d split %d grid %lld", sp.rw == 0 ? "pick" : "    ", p0.sk_rw,
-               p0.sk_kw, p0.sk_split, (long long)p0.grid);
-    }
+    char name[200];
+    snprintf(name, sizeof name, "%s %s", sp.rw == 0 ? "pick" : "    ", describe(p0).c_str());
     printf("  %-40s %7.1f us %5.2f of copy %6.3fx cuBLAS  err %.1e%s\n", name, tc * 1e3, gb / tc / copy, tb / tc, err,
            ok ? "" : "  FAIL");
     if (workspace) CK(cudaFree(workspace));

@@ -84,7 +84,7 @@ GemmPlan wgmma_plan(const GemmRequest& r, bool pairs, const char* what) {
   const GemmDevice dev = current_gemm_device();
   GemmPlan plan = plan_gemm(r, dev);
   if (plan.kernel != GemmKernel::Wgmma) {
-    printf("%s: not taken (planner: %s, %s)\n", what, kernel_name(plan.kernel), plan.why);
+    printf("%s: not taken (planner: %s, %s)\n", what, kernel_name(plan.kernel), plan.rule);
     plan.kernel = GemmKernel::None;
     return plan;
   }
@@ -124,16 +124,16 @@ void check_beta(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool
     printf("check %-4s %5ld x %5ld x %5ld %s%s beta %4.1f max rel err %.2e%s\n", name_of<T>(), (long)M, (long)N,
            (long)K, layout_name(ak, bn), form, beta, err, bad ? "  WRONG" : "");
   };
-  one(plan, pairs ? " pairs" : plan.tail_units > 0 ? " (split tail)" : "");
+  one(plan, pairs ? " pairs" : plan.wgmma().tail_units > 0 ? " (split tail)" : "");
   if (pairs) return;
   const GemmDevice dev = current_gemm_device();
-  if (sizeof(T) == 2 && plan.bm != 192) one(with_tile(plan, 192, 128, 0, 1, dev), " 192x128");
+  if (sizeof(T) == 2 && plan.wgmma().bm != 192) one(with_tile(plan, 192, 128, 0, 1, dev), " 192x128");
   for (int w : {64, 128, 256}) {
     for (int s : {0, 2}) {
       const GemmPlan q = with_tail_split(plan, w, s, dev);
-      if (q.tail_units == 0) continue;
+      if (q.wgmma().tail_units == 0) continue;
       char form[64];
-      snprintf(form, sizeof form, " tail 128x%d, %ld tiles / %d", w, (long)q.tail_units, q.tail_split);
+      snprintf(form, sizeof form, " tail 128x%d, %ld tiles / %d", w, (long)q.wgmma().tail_units, q.wgmma().tail_split);
       one(q, form);
     }
   }
@@ -200,11 +200,9 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
     failures += !(err < 2e-2);
   };
   const GemmPlan plan = plan_gemm(c.request(1.f, 0.f), dev);
-  char label[128];
-  snprintf(label, sizeof label, "pick: %s %dx%d cm %d split %d grid %ld", kernel_name(plan.kernel), plan.bm, plan.bn,
-           plan.cluster_m, plan.split_k, (long)plan.grid);
-  report(label, plan);
+  report("pick: " + describe(plan), plan);
   if (plan.kernel != GemmKernel::Wgmma) return;
+  char label[128];
   const GemmPlan base = with_tile(plan, 128, 128, 0, 1, dev);
   report("128x64", with_tile(plan, 128, 64, 0, 1, dev));
   report("128x256 pairs", with_tile(plan, 128, 256, 0, 2, dev));
@@ -213,8 +211,8 @@ template <typename T> void shape_speed(cublasHandle_t h, int64_t M, int64_t N, i
   // The split tail at each width, as many runs as fit.
   for (int w : {64, 128, 256}) {
     const GemmPlan q = with_tail_split(base, w, 0, dev);
-    if (q.tail_units == 0) continue;
-    snprintf(label, sizeof label, "128x%d tail %ld / %d", w, (long)q.tail_units, q.tail_split);
+    if (q.wgmma().tail_units == 0) continue;
+    snprintf(label, sizeof label, "128x%d tail %ld / %d", w, (long)q.wgmma().tail_units, q.wgmma().tail_split);
     report(label, q);
   }
 }
@@ -330,16 +328,15 @@ void trace_shape(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, boo
   const GemmPlan plan = plan_gemm(c.request(1.f, 0.f), dev);
   if (plan.kernel != GemmKernel::Wgmma) return;
   char label[128];
-  snprintf(label, sizeof label, "pick %dx%d cm %d grid %ld tail %ld / %d", plan.bm, plan.bn, plan.cluster_m,
-           (long)plan.grid, (long)plan.tail_units, plan.tail_split);
+  snprintf(label, sizeof label, "pick %s", describe(plan).c_str());
   one(label, plan);
   const GemmPlan base = with_tile(plan, 128, 128, 0, 1, dev);
   one("128x64", with_tile(plan, 128, 64, 0, 1, dev));
   one("128x128", base);
   for (int w : {64, 128, 256}) {
     const GemmPlan q = with_tail_split(base, w, 0, dev);
-    if (q.tail_units == 0) continue;
-    snprintf(label, sizeof label, "128x%d tail %ld / %d", w, (long)q.tail_units, q.tail_split);
+    if (q.wgmma().tail_units == 0) continue;
+    snprintf(label, sizeof label, "128x%d tail %ld / %d", w, (long)q.wgmma().tail_units, q.wgmma().tail_split);
     one(label, q);
   }
 }
