@@ -328,6 +328,17 @@ struct ClusterLaunch {
 // sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.
 // Clusters placed their CTAs unevenly on the H100 (two to an SM for clusters of 4, 30 clusters of 8 at
 // once), which cost the cluster split 25-45 % on few-tile products.
+// CTA y's share of the k split: whole BK slices, the last CTA's possibly shorter (or empty); k cut
+// to it, a and b moved to its start.
+template <typename T, int BK, bool AK, bool BNM>
+__device__ __forceinline__ void take_k_slice(GemmProblem& p) {
+  const int split = static_cast<int>(gridDim.y);
+  const int64_t slice = (p.k + split * int64_t{BK} - 1) / (split * int64_t{BK}) * BK;
+  const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
+  p.k = min(p.k, kb + slice) - kb;
+  p.a = static_cast<const T*>(p.a) + kb * (AK ? 1 : p.lda);
+  p.b = static_cast<const T*>(p.b) + kb * (BNM ? p.ldb : 1);
+}
 template <typename T>
 __device__ __forceinline__ GemmProblem planes_problem(const GemmProblem& whole) {
   GemmProblem out = whole;

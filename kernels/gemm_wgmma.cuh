@@ -385,6 +385,35 @@ __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const fl
   }
 }
 
+// Thread 0's setup: the tensor maps prefetched, the ring's barriers initialised (full: the
+// producer's expect_tx arrival plus the bytes; empty: kReleases, each consumer warpgroup of each CTA)
+// and the initialisation made visible to the cluster.
+template <int kStages, int kReleases>
+__device__ __forceinline__ void init_cta(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                         const CUtensorMap& map_c, bool tma_store, uint64_t* full,
+                                         uint64_t* empty) {
+  prefetch_map(&map_a);
+  prefetch_map(&map_b);
+  if (tma_store) prefetch_map(&map_c);
+  for (int s = 0; s < kStages; ++s) {
+    wg::mbar_init(&full[s], 1);
+    wg::mbar_init(&empty[s], kReleases);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The register-A path's byte offsets of a lane's fragment words in its warp's box at k-step 0:
+// [column half e][fragment row].
+__device__ __forceinline__ void rs_offsets(int warp, int lane, uint32_t (&off)[2][2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int x = rs_row(warp, lane, r) % 32, k = lane % 4 + 4 * e;
+      off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
+    }
+}
+
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
 // (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
 // result (i, j) goes to c[j * ldc + i].
@@ -414,16 +443,8 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
   const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();  // the tile of a pair
   const int kt0 = 0, ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
-  if (threadIdx.x == 0) {
-    prefetch_map(&map_a);
-    prefetch_map(&map_b);
-    if (tma_store) prefetch_map(&map_c);
-    for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], 1);  // the producer's expect_tx arrival, plus the bytes
-      wg::mbar_init(&empty[s], Sh::kConsumers * kCM);  // each consumer warpgroup of each CTA
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    init_cta<kStages, Sh::kConsumers * kCM>(map_a, map_b, map_c, tma_store, full, empty);
   // The peer's barriers must be initialised before anything is multicast or arrives there.
   if constexpr (kCM > 1) {
     wg::cluster_sync();
@@ -473,18 +494,8 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                              : wg::make_desc(base_s + Cfg::kABytes, 16, 1024);
     const uint32_t da_lo = static_cast<uint32_t>(da0), db_lo = static_cast<uint32_t>(db0);
     const uint64_t da_hi = da0 & ~uint64_t{0xFFFFFFFF}, db_hi = db0 & ~uint64_t{0xFFFFFFFF};
-    // The register-A path's byte offsets of a lane's fragment words in its warp's box at k-step 0:
-    // [column half e][fragment row].
     uint32_t off[2][2] = {};
-    if constexpr (kRS) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int x = rs_row(warp, lane, r) % 32, k = lane % 4 + 4 * e;
-          off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
-        }
-    }
+    if constexpr (kRS) rs_offsets(warp, lane, off);
     walk_units(units, first_unit, unit_step, kt0, ktiles, tail,
                [&](int64_t unit, int, int n, WgPart part) {
                  int64_t um, tn;
