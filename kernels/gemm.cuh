@@ -401,6 +401,28 @@ cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads
                        p, split);
 }
 
+// d += a b for one 16 x 8 x 16 block of bfloat16 / float16 (T), float32 accumulation: the mma.sync
+// kernel's tiles (kernels/gemm_half.cu, fragments from ldmatrix) and the small-M kernel's swapped
+// products (kernels/gemm_skinny_*.cu, fragments from its lanes' own vectors).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
 // The FP64 tensor-core products both float64 kernels multiply with (kernels/gemm_f64.cu, and the
 // small-M streaming form in kernels/gemm_skinny_tma.cu).
 // d += a b for one 16 x 8 x 4 block. Fragments (lane = 4 g + t): a0 = A[g][t], a1 = A[g + 8][t],
