@@ -328,6 +328,17 @@ struct ClusterLaunch {
 // sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.
 // Clusters placed their CTAs unevenly on the H100 (two to an SM for clusters of 4, 30 clusters of 8 at
 // once), which cost the cluster split 25-45 % on few-tile products.
+// CTA y's share of the k split: whole BK slices, the last CTA's possibly shorter (or empty); k cut
+// to it, a and b moved to its start.
+template <typename T, int BK, bool AK, bool BNM>
+__device__ __forceinline__ void take_k_slice(GemmProblem& p) {
+  const int split = static_cast<int>(gridDim.y);
+  const int64_t slice = (p.k + split * int64_t{BK} - 1) / (split * int64_t{BK}) * BK;
+  const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
+  p.k = min(p.k, kb + slice) - kb;
+  p.a = static_cast<const T*>(p.a) + kb * (AK ? 1 : p.lda);
+  p.b = static_cast<const T*>(p.b) + kb * (BNM ? p.ldb : 1);
+}
 template <typename T>
 __device__ __forceinline__ GemmProblem planes_problem(const GemmProblem& whole) {
   GemmProblem out = whole;
@@ -388,6 +399,28 @@ cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads
   const int64_t pairs = p.m * ((p.n + 1) / 2);
   return launch_blocks(sum_planes<T>, std::min<int64_t>((pairs + 255) / 256, 4096), 256, 0, stream,
                        p, split);
+}
+
+// d += a b for one 16 x 8 x 16 block of bfloat16 / float16 (T), float32 accumulation: the mma.sync
+// kernel's tiles (kernels/gemm_half.cu, fragments from ldmatrix) and the small-M kernel's swapped
+// products (kernels/gemm_skinny_*.cu, fragments from its lanes' own vectors).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
 }
 
 // The FP64 tensor-core products both float64 kernels multiply with (kernels/gemm_f64.cu, and the

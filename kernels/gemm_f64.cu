@@ -161,27 +161,112 @@ template <int OUTER, int INNER, int kLd, int THREADS, bool SWIZZLE> struct F64St
   }
 };
 
+// A thread's part of the tile's product, multiplied a stage at a time in DMMA.16x8x8 steps: views of
+// the kernel's accumulators, its two fragment buffers and its warp's fragment readers.
+// A stage's product is software-pipelined: step s + 1's fragments (24 loads for the 64 x 32 warp
+// tile) come in while step s's DMMAs run, so no warp waits on shared memory between its DMMAs
+// (loading a 16-deep slice's 48 fragments, then multiplying, ran 0.80x cuBLAS at 4096^3 with one
+// block of 8 warps). Across stages too ("crossing"): the ring's wait and barrier sit before a stage's
+// last step, and the next stage's first fragments load under that step's DMMAs, as CUTLASS's
+// multistage mainloop does. Without it, a warp issued a stage's last DMMA, then waited at the barrier
+// and on the next stage's first loads with at most a DMMA or two left in its pipe: a bubble every
+// stage that an SM's other blocks filled only in part (Nsight Compute: 26 % of 128 x 64's samples
+// before a stage's first DMMA). Crossing ran 5-10 % faster on the 128-row tiles, and 128 x 64 alone
+// on its SM (1024^3, cuBLAS's grid there) 0.81 -> 1.00x cuBLAS.
+// It holds references: the arrays are the kernel's locals.
+template <int BM, int BN, bool AK, bool BNM> struct F64Product {
+  using S = F64Smem<BM, BN, AK, BNM>;
+  static constexpr int WM = F64Tiling<BM, BN>::kWM, WN = F64Tiling<BM, BN>::kWN;
+  static constexpr int kMmaK = 8;  // DMMA.16x8x8 steps (F64Tiling says why)
+  static constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
+  static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0,
+                "whole MMA blocks per warp");
+  static_assert((BM / WM) % 16 == 0 && (BN / WN) % 16 == 0,
+                "warp corners leave the swizzled bits alone");
+  static constexpr int kSteps = S::kBK / kMmaK;
+  static_assert(kSteps % 2 == 0,
+                "a stage's steps alternate the two buffers, the next stage starts in buffer 0");
+  using Acc = double[MI][NI][4];
+  using FragsA = double[2][MI][kMmaK / 2];
+  using FragsB = double[2][NI][kMmaK / 4];
+
+  Acc& acc;
+  FragsA& fa;
+  FragsB& fb;
+  const typename S::AFrag& frag_a;
+  const typename S::BFrag& frag_b;
+
+  // Step ks's fragments of the stage at `as` into buffer buf.
+  __device__ __forceinline__ void load_step(int buf, const double* as, int ks) {
+    const double* bs = as + S::kA;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int i = 0; i < kMmaK / 2; ++i)
+        fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, frag_b, ks + 4 * j, ni * 8);
+  }
+
+  // A stage's product, between(rows, q) after the DMMAs of its q-th row of blocks (q < rows, a
+  // constant once unrolled); crossing, it ends with the next stage's first fragments in buffer 0.
+  template <typename Crossing, typename Between>
+  __device__ __forceinline__ void multiply(Crossing, const double* as, const double* next_as,
+                                           Between&& between) {
+    constexpr bool kX = Crossing::value;
+    constexpr int kRows = (kX ? kSteps - 1 : kSteps) * MI;
+    if constexpr (!kX) load_step(0, as, 0);
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      if (st + 1 < kSteps) {
+        load_step((st + 1) % 2, as, kMmaK * (st + 1));
+      } else if constexpr (kX) {
+        cp_async_commit();
+        cp_async_wait<S::kStages - 2>();
+        __syncthreads();  // the next stage has landed; every warp holds its last fragments of this one
+        // Unguarded (crossing stops short of the last stage): with a guard the loads were predicated
+        // and ptxas hoisted all but two of the step's DMMAs above the barrier, leaving nothing to
+        // cover them (128 x 64 at 1024^3: 1.00 -> 0.91x cuBLAS).
+        load_step(0, next_as, 0);
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma_f64_k8(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
+        if (st * MI + mi < kRows) between(std::integral_constant<int, kRows>{}, st * MI + mi);
+      }
+    }
+  }
+};
+
+// f(row, col, v0, v1) for each pair of a thread's results: acc[mi][ni][2 h + j] is element
+// (wm0 + 16 mi + g + 8 h, wn0 + 8 ni + 2 t + j) of the tile. f by value: taken by reference, the
+// 64 x 64 instances compiled to other code.
+template <int MI, int NI, typename F>
+__device__ __forceinline__ void each_pair(const double (&acc)[MI][NI][4], int wm0, int wn0, int g,
+                                          int t, F f) {
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h],
+          acc[mi][ni][2 * h + 1]);
+}
+
 template <int BM, int BN, bool AK, bool BNM, bool kSplit>
 __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>::kMinBlocks)
     dgemm_mma(const GemmProblem whole) {
   using S = F64Smem<BM, BN, AK, BNM>;
   using T = F64Tiling<BM, BN>;
+  using Product = F64Product<BM, BN, AK, BNM>;
   constexpr int kThreads = T::kThreads, WM = T::kWM, WN = T::kWN;  // warps along m and n
-  constexpr int kMmaK = 8;                            // DMMA.16x8x8 steps (F64Tiling says why)
-  constexpr int MI = BM / WM / 16, NI = BN / WN / 8;  // m16 and n8 blocks per warp
-  static_assert(MI >= 1 && NI >= 1 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0,
-                "whole MMA blocks per warp");
   extern __shared__ __align__(16) double smem_f64[];
   GemmProblem p = whole;
-  if constexpr (kSplit) {
-    // This CTA's slice of k: whole 16-deep slices, the last CTA's possibly shorter (or empty).
-    const int split = static_cast<int>(gridDim.y);
-    const int64_t slice = (p.k + split * int64_t{S::kBK} - 1) / (split * int64_t{S::kBK}) * S::kBK;
-    const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
-    p.k = min(p.k, kb + slice) - kb;
-    p.a = static_cast<const double*>(p.a) + kb * (AK ? 1 : p.lda);
-    p.b = static_cast<const double*>(p.b) + kb * (BNM ? p.ldb : 1);
-  }
+  if constexpr (kSplit) take_k_slice<double, S::kBK, AK, BNM>(p);
   const double* A = static_cast<const double*>(p.a);
   const double* B = static_cast<const double*>(p.b);
   int64_t tm, tn;
@@ -190,8 +275,6 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm0 = (warp / WN) * (BM / WM), wn0 = (warp % WN) * (BN / WN);  // the warp tile's corner
-  static_assert((BM / WM) % 16 == 0 && (BN / WN) % 16 == 0,
-                "warp corners leave the swizzled bits alone");
   const typename S::AFrag frag_a = S::a_frag(wm0, g, t);
   const typename S::BFrag frag_b = S::b_frag(wn0, g, t);
   const int64_t ktiles = (p.k + S::kBK - 1) / S::kBK;
@@ -218,33 +301,10 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
                          S::kBLd, row0, col0, k0, tid, S::kASwz, S::kBSwz);
   };
 
-  double acc[MI][NI][4] = {};
-  // A stage's product in DMMA.16x8x8 steps, software-pipelined: step s + 1's fragments (24 loads for
-  // the 64 x 32 warp tile) come in while step s's DMMAs run, so no warp waits on shared memory between
-  // its DMMAs (loading a 16-deep slice's 48 fragments, then multiplying, ran 0.80x cuBLAS
-  // at 4096^3 with one block of 8 warps). Across stages too ("crossing"): the ring's wait and barrier
-  // sit before a stage's last step, and the next stage's first fragments load under that step's DMMAs,
-  // as CUTLASS's multistage mainloop does. Without it, a warp issued a stage's last DMMA, then
-  // waited at the barrier and on the next stage's first loads with at most a DMMA or two left in its
-  // pipe: a bubble every stage that an SM's other blocks filled only in part (Nsight Compute: 26 % of
-  // 128 x 64's samples before a stage's first DMMA). Crossing ran 5-10 % faster on the 128-row
-  // tiles, and 128 x 64 alone on its SM (1024^3, cuBLAS's grid there) 0.81 -> 1.00x cuBLAS.
-  constexpr int kSteps = S::kBK / kMmaK;
-  static_assert(kSteps % 2 == 0,
-                "a stage's steps alternate the two buffers, the next stage starts in buffer 0");
-  double fa[2][MI][kMmaK / 2], fb[2][NI][kMmaK / 4];
-  auto load_step = [&](int buf, const double* as, int ks) {
-    const double* bs = as + S::kA;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int i = 0; i < kMmaK / 2; ++i)
-        fa[buf][mi][i] = S::a(as, frag_a, mi * 16 + 8 * (i % 2), ks + 4 * (i / 2));
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-      for (int j = 0; j < kMmaK / 4; ++j) fb[buf][ni][j] = S::b(bs, frag_b, ks + 4 * j, ni * 8);
-  };
+  double acc[Product::MI][Product::NI][4] = {};
+  typename Product::FragsA fa;
+  typename Product::FragsB fb;
+  Product prod{acc, fa, fb, frag_a, frag_b};
 
   // The cp.async ring (as cp_async_ring), with an interior stage's copies spread over the product of
   // the stage before it: a warp that issued them all at once (~25 % of its time in Nsight Compute,
@@ -253,33 +313,6 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   // as cuBLAS's loop does. Crossing, they go in the steps before the last, so the stage's group is
   // committed before its barrier. Stage indices counted, not divided (64-bit % 3 was ~15 instructions).
   constexpr int kCopies = CopyA::kPasses + CopyB::kPasses;
-  // A stage's product, between(rows, q) after the DMMAs of its q-th row of blocks (q < rows, a
-  // constant once unrolled); crossing, it ends with the next stage's first fragments in buffer 0.
-  auto multiply = [&](auto crossing, const double* as, const double* next_as, auto&& between) {
-    constexpr bool kX = decltype(crossing)::value;
-    constexpr int kRows = (kX ? kSteps - 1 : kSteps) * MI;
-    if constexpr (!kX) load_step(0, as, 0);
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      if (st + 1 < kSteps) {
-        load_step((st + 1) % 2, as, kMmaK * (st + 1));
-      } else if constexpr (kX) {
-        cp_async_commit();
-        cp_async_wait<S::kStages - 2>();
-        __syncthreads();  // the next stage has landed; every warp holds its last fragments of this one
-        // Unguarded (crossing stops short of the last stage): with a guard the loads were predicated
-        // and ptxas hoisted all but two of the step's DMMAs above the barrier, leaving nothing to
-        // cover them (128 x 64 at 1024^3: 1.00 -> 0.91x cuBLAS).
-        load_step(0, next_as, 0);
-      }
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) mma_f64_k8(acc[mi][ni], fa[st % 2][mi], fb[st % 2][ni]);
-        if (st * MI + mi < kRows) between(std::integral_constant<int, kRows>{}, st * MI + mi);
-      }
-    }
-  };
   // The copies of the stage at k0 into ws: the c-th of a thread's kCopies after row q of `rows`.
   auto copies = [&](double* ws, int64_t k0) {
     return [&, ws, k0](auto rows, int q) {
@@ -316,12 +349,13 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   if (crossing > 0) {
     cp_async_wait<S::kStages - 2>();
     __syncthreads();
-    load_step(0, smem_f64, 0);
+    prod.load_step(0, smem_f64, 0);
     for (; kt < crossing; ++kt) {
       const int64_t next = kt + S::kStages - 1;
       const double* as = smem_f64 + read * S::kStage;
       const double* next_as = smem_f64 + (read + 1 == S::kStages ? 0 : read + 1) * S::kStage;
-      multiply(std::true_type{}, as, next_as, copies(smem_f64 + write * S::kStage, next * S::kBK));
+      prod.multiply(std::true_type{}, as, next_as,
+                    copies(smem_f64 + write * S::kStage, next * S::kBK));
       advance();
     }
   }
@@ -331,28 +365,16 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
     const int64_t next = kt + S::kStages - 1;
     if (next < ktiles) load_stage(write, next);  // checked: the interior stages crossed above
     const double* as = smem_f64 + read * S::kStage;
-    multiply(std::false_type{}, as, as, no_copies);
+    prod.multiply(std::false_type{}, as, as, no_copies);
     cp_async_commit();
     advance();
   }
   cp_async_wait<0>();
-
-  // f(row, col, v0, v1) for each pair of the thread's results: acc[mi][ni][2 h + j] is element
-  // (wm0 + 16 mi + g + 8 h, wn0 + 8 ni + 2 t + j) of the tile.
-  auto each_pair = [&](auto f) {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          f(wm0 + mi * 16 + g + 8 * h, wn0 + ni * 8 + 2 * t, acc[mi][ni][2 * h],
-            acc[mi][ni][2 * h + 1]);
-  };
   // The output: c, or (split) this CTA's plane of the workspace.
   const GemmProblem out = kSplit ? planes_problem<double>(whole) : p;
-  each_pair(
-      [&](int r, int c, double v0, double v1) { store_pair_f64(out, row0 + r, col0 + c, v0, v1); });
+  each_pair(acc, wm0, wn0, g, t, [&](int r, int c, double v0, double v1) {
+    store_pair_f64(out, row0 + r, col0 + c, v0, v1);
+  });
 }
 
 template <int BM, int BN, bool AK, bool BNM>

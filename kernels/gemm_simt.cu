@@ -53,72 +53,51 @@ template <int TM, int TN> __device__ __forceinline__ void outer_product(float (&
     }
 }
 
-// MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):
-// the 128 x 128 and 64 x 64 tiles the library compiles (256 x 128 needed ~250 registers, one block).
-// k split (plan.tiled().split_k CTAs along y, any GPU): each CTA multiplies its slice of k (whole BK slices)
-// into its plane of the workspace; gemm.cuh's sum_planes adds the planes into c.
+// `p` moved on by `bytes`: the buffer offset is kept in bytes, so no shift per use.
+template <typename T> __device__ __forceinline__ T* byte_offset(T* p, int bytes) {
+  using C = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<C*>(p) + bytes);
+}
 
-// kSplit: the split instance (its own, so the unsplit loop keeps the problem in parameter space:
-// moving a, b and k into registers spilled at the 128-register cap).
-template <int BM, int BN, int BK, int MINB, bool AK, bool BNM, bool kSplit>
-__global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProblem whole) {
-  // This CTA's problem: the whole one, or (split k) its slice of k, a and b moved to its start.
-  GemmProblem p = whole;
-  if constexpr (kSplit) {
-    const int split = static_cast<int>(gridDim.y);
-    const int64_t slice = (p.k + split * int64_t{BK} - 1) / (split * int64_t{BK}) * BK;
-    const int64_t kb = min(p.k, int64_t{blockIdx.y} * slice);
-    p.k = min(p.k, kb + slice) - kb;
-    p.a = static_cast<const float*>(p.a) + kb * (AK ? 1 : p.lda);
-    p.b = static_cast<const float*>(p.b) + kb * (BNM ? p.ldb : 1);
-  }
-  constexpr int TM = BM / 16, TN = BN / 16;
-  static_assert(TM >= 4 && TN >= 4, "register block of at least 4 x 4");
-  constexpr int A_CHUNKS = BM * BK / 4, B_CHUNKS = BN * BK / 4;
+// A thread's share of moving a BK slice of both operands in: 16-byte chunks into registers (ra, rb),
+// then, one slice later, into a shared buffer. Both operands sit in shared memory k-outer.
+template <int BM, int BN, int BK, bool AK, bool BNM> struct SimtStaging {
+  static constexpr int A_CHUNKS = BM * BK / 4, B_CHUNKS = BN * BK / 4;
   static_assert(A_CHUNKS % kSimtThreads == 0 && B_CHUNKS % kSimtThreads == 0,
                 "whole chunks per thread");
-  constexpr int A_LOADS = A_CHUNKS / kSimtThreads, B_LOADS = B_CHUNKS / kSimtThreads;
+  static constexpr int A_LOADS = A_CHUNKS / kSimtThreads, B_LOADS = B_CHUNKS / kSimtThreads;
   // An operand transposed on its way in is stored with 4 floats of padding per k row: a warp's
   // scalar stores then land on 32 distinct banks instead of two-way conflicting (BK = 8).
-  constexpr int APAD = AK ? 4 : 0, BPAD = BNM ? 0 : 4;
+  static constexpr int APAD = AK ? 4 : 0, BPAD = BNM ? 0 : 4;
   // Both operands of one buffer in one struct, so a single offset (0 or kStage bytes) names the
-  // buffer for every shared address of a thread, toggled once per slice; recomputing each address from
-  // the buffer index cost ~17 instructions per slice at the 128-register cap.
+  // buffer for every shared address of a thread, toggled once per slice; recomputing each address
+  // from the buffer index cost ~17 instructions per slice at the 128-register cap.
   struct Stage {
     float a[BK][BM + APAD];
     float b[BK][BN + BPAD];
   };
-  __shared__ __align__(16) Stage sm[2];
-  constexpr int kStage = sizeof(Stage);  // bytes between the buffers
-  // `p` moved on by `bytes`: the buffer offset is kept in bytes, so no shift per use.
-  auto at = [](auto* p, int bytes) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    using C = std::conditional_t<std::is_const_v<T>, const char, char>;
-    return reinterpret_cast<T*>(reinterpret_cast<C*>(p) + bytes);
-  };
-
-  const float* A = static_cast<const float*>(p.a);
-  const float* B = static_cast<const float*>(p.b);
-  int64_t tm, tn;
-  tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
-  const int64_t row0 = tm * BM, col0 = tn * BN;
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-
-  float4 ra[A_LOADS], rb[B_LOADS];
+  static constexpr int kStage = sizeof(Stage);  // bytes between the buffers
   // Chunk i of a thread (4 floats): `outer` along the operand's strided axis and `inner` along its
   // contiguous one, relative to the slice's corner; `inner` is the same for all of a thread's chunks.
-  constexpr int A_ROW = AK ? BK / 4 : BM / 4,
-                B_ROW = BNM ? BN / 4 : BK / 4;  // chunks per stored row
+  static constexpr int A_ROW = AK ? BK / 4 : BM / 4,
+                       B_ROW = BNM ? BN / 4 : BK / 4;  // chunks per stored row
   static_assert(kSimtThreads % A_ROW == 0 && kSimtThreads % B_ROW == 0,
                 "a thread's chunks share `inner`");
-  auto a_outer = [&](int i) { return (tid + i * kSimtThreads) / A_ROW; };
-  const int a_inner = (tid % A_ROW) * 4, b_inner = (tid % B_ROW) * 4;
-  auto b_outer = [&](int i) { return (tid + i * kSimtThreads) / B_ROW; };
-  const int64_t a_kstep = AK ? 1 : p.lda, b_kstep = BNM ? p.ldb : 1;
-  const float* a_base = A + (AK ? row0 * p.lda : row0) + int64_t{a_outer(0)} * p.lda + a_inner;
-  const float* b_base = B + (BNM ? col0 : col0 * p.ldb) + int64_t{b_outer(0)} * p.ldb + b_inner;
+
+  const GemmProblem& p;
+  const float* A;
+  const float* B;
+  int64_t row0, col0;
+  int tid, a_inner, b_inner;
+  float* a_st;  // the thread's shared addresses in buffer 0; buffer 1 is kStage bytes on
+  float* b_st;
+  float4 ra[A_LOADS], rb[B_LOADS];
+
+  __device__ __forceinline__ int a_outer(int i) const { return (tid + i * kSimtThreads) / A_ROW; }
+  __device__ __forceinline__ int b_outer(int i) const { return (tid + i * kSimtThreads) / B_ROW; }
+
   // A slice at an edge of A, B or k: bounds-checked loads, zeros outside.
-  auto fetch_edge = [&](int64_t k0) {
+  __device__ __forceinline__ void fetch_edge(int64_t k0) {
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i) {
       if constexpr (AK) {  // rows of A, k contiguous
@@ -139,25 +118,21 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
         rb[i] = load_chunk(B + gc * p.ldb + gk, gc < p.n ? chunk_valid<4>(p.k - gk) : 0);
       }
     }
-  };
+  }
   // A slice wholly in bounds (most slices of most blocks): no bounds arithmetic, which costs issue
   // slots here; pa / pb point at the thread's first chunk of the slice.
-  auto fetch_full = [&](const float* pa, const float* pb) {
+  __device__ __forceinline__ void fetch_full(const float* pa, const float* pb) {
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i)
       ra[i] = *reinterpret_cast<const float4*>(pa + int64_t{a_outer(i) - a_outer(0)} * p.lda);
 #pragma unroll
     for (int i = 0; i < B_LOADS; ++i)
       rb[i] = *reinterpret_cast<const float4*>(pb + int64_t{b_outer(i) - b_outer(0)} * p.ldb);
-  };
-  // The thread's shared addresses in buffer 0; buffer 1 is kStage bytes on.
-  float* const a_st = AK ? &sm[0].a[a_inner][a_outer(0)] : &sm[0].a[a_outer(0)][a_inner];
-  float* const b_st = BNM ? &sm[0].b[b_outer(0)][b_inner] : &sm[0].b[b_inner][b_outer(0)];
-  const float* const a_rd = &sm[0].a[0][ty * TM / 2];
-  const float* const b_rd = &sm[0].b[0][tx * TN / 2];
-  auto stash = [&](int off) {
-    float* sa = at(a_st, off);
-    float* sb = at(b_st, off);
+  }
+  // The registers into the buffer at byte offset `off`.
+  __device__ __forceinline__ void stash(int off) {
+    float* sa = byte_offset(a_st, off);
+    float* sb = byte_offset(b_st, off);
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i) {
       if constexpr (AK) {
@@ -182,15 +157,66 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
         s[3 * (BN + BPAD)] = rb[i].w;
       }
     }
-  };
+  }
+};
+
+// The register block out: acc[i][j] is element (tile row row_of(i), tile column col_of(j)), the
+// block's two halves BM/2 rows and BN/2 columns apart.
+template <int BM, int BN, int TM, int TN>
+__device__ __forceinline__ void store_simt_tile(const GemmProblem& out, const float (&acc)[TM][TN],
+                                                int64_t row0, int64_t col0, int tx, int ty) {
+  auto row_of = [&](int i) { return (i / (TM / 2)) * (BM / 2) + ty * (TM / 2) + i % (TM / 2); };
+  auto col_of = [&](int j) { return (j / (TN / 2)) * (BN / 2) + tx * (TN / 2) + j % (TN / 2); };
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; j += 2)
+      store_pair(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
+}
+
+// MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):
+// the 128 x 128 and 64 x 64 tiles the library compiles (256 x 128 needed ~250 registers, one block).
+// k split (TiledParams::split_k CTAs along y, any GPU): each CTA multiplies its slice of k (whole BK slices)
+// into its plane of the workspace; gemm.cuh's sum_planes adds the planes into c.
+
+// kSplit: the split instance (its own, so the unsplit loop keeps the problem in parameter space:
+// moving a, b and k into registers spilled at the 128-register cap).
+template <int BM, int BN, int BK, int MINB, bool AK, bool BNM, bool kSplit>
+__global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProblem whole) {
+  // This CTA's problem: the whole one, or (split k) its slice of k, a and b moved to its start.
+  GemmProblem p = whole;
+  if constexpr (kSplit) take_k_slice<float, BK, AK, BNM>(p);
+  using St = SimtStaging<BM, BN, BK, AK, BNM>;
+  constexpr int TM = BM / 16, TN = BN / 16;
+  static_assert(TM >= 4 && TN >= 4, "register block of at least 4 x 4");
+  constexpr int APAD = St::APAD, BPAD = St::BPAD, kStage = St::kStage;
+  __shared__ __align__(16) typename St::Stage sm[2];
+
+  const float* A = static_cast<const float*>(p.a);
+  const float* B = static_cast<const float*>(p.b);
+  int64_t tm, tn;
+  tile_coords<8>((p.m + BM - 1) / BM, (p.n + BN - 1) / BN, tm, tn);
+  const int64_t row0 = tm * BM, col0 = tn * BN;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+
+  St st{p, A, B, row0, col0, tid, (tid % St::A_ROW) * 4, (tid % St::B_ROW) * 4};
+  const int64_t a_kstep = AK ? 1 : p.lda, b_kstep = BNM ? p.ldb : 1;
+  const float* a_base =
+      A + (AK ? row0 * p.lda : row0) + int64_t{st.a_outer(0)} * p.lda + st.a_inner;
+  const float* b_base =
+      B + (BNM ? col0 : col0 * p.ldb) + int64_t{st.b_outer(0)} * p.ldb + st.b_inner;
+  st.a_st = AK ? &sm[0].a[st.a_inner][st.a_outer(0)] : &sm[0].a[st.a_outer(0)][st.a_inner];
+  st.b_st = BNM ? &sm[0].b[st.b_outer(0)][st.b_inner] : &sm[0].b[st.b_inner][st.b_outer(0)];
+  const float* const a_rd = &sm[0].a[0][ty * TM / 2];
+  const float* const b_rd = &sm[0].b[0][tx * TN / 2];
 
   const bool inside = row0 + BM <= p.m && col0 + BN <= p.n;
   float acc[TM][TN] = {};
   if (inside && BK <= p.k)
-    fetch_full(a_base, b_base);
+    st.fetch_full(a_base, b_base);
   else
-    fetch_edge(0);
-  stash(0);
+    st.fetch_edge(0);
+  st.stash(0);
   __syncthreads();
   int off = 0;  // the buffer being multiplied: byte offset 0 or kStage
   // Fragments double-buffered in registers across the slice boundary. Loading each k's fragments
@@ -199,8 +225,8 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
   auto load_frag = [&](int s, int o, int kk) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      copy_frag<TM / 2>(fa[s] + h * TM / 2, at(a_rd, o) + kk * (BM + APAD) + h * BM / 2);
-      copy_frag<TN / 2>(fb[s] + h * TN / 2, at(b_rd, o) + kk * (BN + BPAD) + h * BN / 2);
+      copy_frag<TM / 2>(fa[s] + h * TM / 2, byte_offset(a_rd, o) + kk * (BM + APAD) + h * BM / 2);
+      copy_frag<TN / 2>(fb[s] + h * TN / 2, byte_offset(b_rd, o) + kk * (BN + BPAD) + h * BN / 2);
     }
   };
   load_frag(0, 0, 0);
@@ -214,7 +240,7 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       if (kk == BK - 1 && (kMore || more)) {
-        stash(nxt);
+        st.stash(nxt);
         __syncthreads();
       }
       if (kk < BK - 1 || kMore || more)
@@ -236,27 +262,19 @@ __global__ void __launch_bounds__(kSimtThreads, MINB) sgemm_simt(const GemmProbl
     while (pa != pa_end) {
       pa += a_step;
       pb += b_step;
-      slice([&] { fetch_full(pa, pb); }, std::true_type{}, true, off);
+      slice([&] { st.fetch_full(pa, pb); }, std::true_type{}, true, off);
       off ^= kStage;
     }
     if (trips > 0) k0 = trips * BK;
   }
   for (; k0 < p.k; k0 += BK) {
     const bool more = k0 + BK < p.k;
-    slice([&] { fetch_edge(k0 + BK); }, std::false_type{}, more, off);
+    slice([&] { st.fetch_edge(k0 + BK); }, std::false_type{}, more, off);
     if (more) off ^= kStage;
   }
-
-  // acc[i][j] is element (tile row row_of(i), tile column col_of(j)).
-  auto row_of = [&](int i) { return (i / (TM / 2)) * (BM / 2) + ty * (TM / 2) + i % (TM / 2); };
-  auto col_of = [&](int j) { return (j / (TN / 2)) * (BN / 2) + tx * (TN / 2) + j % (TN / 2); };
   // The output: c, or (split) this CTA's plane of the workspace.
   const GemmProblem out = kSplit ? planes_problem<float>(whole) : p;
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; j += 2)
-      store_pair(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
+  store_simt_tile<BM, BN>(out, acc, row0, col0, tx, ty);
 }
 
 }  // namespace

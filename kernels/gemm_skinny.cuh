@@ -24,9 +24,9 @@
 //   - float32 in the per-lane forms (both "highest" and TF32, which may compute in true FP32 and there
 //     does) runs FP32 FMAs.
 //
-// This header: the kernels' view of the product (Skinny), what both families share (the tensor-core
-// product, the warp reduction, the output's stores over a cluster), and their launchers, which
-// gemm_skinny.cu's launch_gemm_skinny calls.
+// This header: the kernels' view of the product (Skinny), what both families share (the warp
+// reduction, the output's stores over a cluster; the tensor-core product is gemm.cuh's mma16816), and
+// their launchers, which gemm_skinny.cu's launch_gemm_skinny calls.
 #pragma once
 
 #include "gemm.cuh"
@@ -56,25 +56,6 @@ cudaError_t launch_skinny_lanes(const GemmPlan& plan, const Skinny& s, cudaStrea
 cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream);
 
 namespace {
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
 
 // Sums v[] (kN values per lane) over the warp's 32 lanes, halving the values each lane keeps at
 // every exchange: afterwards a lane holds max(1, kN / 32) sums, of the values at index

@@ -19,7 +19,6 @@
 #pragma once
 
 #include "gemm.cuh"
-#include "trace.cuh"
 #include "wgmma.cuh"
 
 namespace cuops::kernels::detail {
@@ -164,7 +163,6 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
     while (ld_acquire(tail.flags + blockIdx.x + (tid + 1) * tail.units) == 0) __nanosleep(32);
   }
   wg::named_sync(Sh::kAll, 128 * Sh::kConsumers);
-  if (cw == 0 && tid == 0) WG_MARK(kMarkPut);
   for (int r = 1; r < tail.split; ++r) {
     const float4* slot =
         tail.part + ((blockIdx.x + r * tail.units) * Sh::kConsumers + cw) * (BN / 8) * 128 + tid;
@@ -201,7 +199,6 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
                    bar = full_s + 8 * ring.stage;
     wg::mbar_expect_tx(bar, Cfg::kStageBytes);
     const int k0 = (kt0 + kt) * Cfg::kBK;
-    if (kt == 0) WG_MARK(kMarkFirstLoad);
     if constexpr (AK) {
       wg::tma_load(sa, &map_a, k0, row0, bar);
     } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
@@ -251,7 +248,6 @@ __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, 
   uint32_t prev = 0;  // the stage of the group before
   for (int kt = 0; kt < ktiles; ++kt) {
     wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
-    if (kt == 0 && threadIdx.x == 128) WG_MARK(kMarkFirstFull);
     const uint32_t so = ring.stage * (Cfg::kStageBytes / 16);
     wg::fence();
 #pragma unroll
@@ -389,6 +385,35 @@ __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const fl
   }
 }
 
+// Thread 0's setup: the tensor maps prefetched, the ring's barriers initialised (full: the
+// producer's expect_tx arrival plus the bytes; empty: kReleases, each consumer warpgroup of each CTA)
+// and the initialisation made visible to the cluster.
+template <int kStages, int kReleases>
+__device__ __forceinline__ void init_cta(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                         const CUtensorMap& map_c, bool tma_store, uint64_t* full,
+                                         uint64_t* empty) {
+  prefetch_map(&map_a);
+  prefetch_map(&map_b);
+  if (tma_store) prefetch_map(&map_c);
+  for (int s = 0; s < kStages; ++s) {
+    wg::mbar_init(&full[s], 1);
+    wg::mbar_init(&empty[s], kReleases);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The register-A path's byte offsets of a lane's fragment words in its warp's box at k-step 0:
+// [column half e][fragment row].
+__device__ __forceinline__ void rs_offsets(int warp, int lane, uint32_t (&off)[2][2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int x = rs_row(warp, lane, r) % 32, k = lane % 4 + 4 * e;
+      off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
+    }
+}
+
 // TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
 // (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
 // result (i, j) goes to c[j * ldc + i].
@@ -418,23 +443,8 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
   const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();  // the tile of a pair
   const int kt0 = 0, ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
-  if (threadIdx.x == 0) {
-    WG_MARK_TIME(kMarkEntryTime);
-    WG_MARK(kMarkEntry);
-#ifdef CUOPS_WG_TRACE
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    WG_MARK_VALUE(kMarkSm, sm);
-#endif
-    prefetch_map(&map_a);
-    prefetch_map(&map_b);
-    if (tma_store) prefetch_map(&map_c);
-    for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], 1);  // the producer's expect_tx arrival, plus the bytes
-      wg::mbar_init(&empty[s], Sh::kConsumers * kCM);  // each consumer warpgroup of each CTA
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    init_cta<kStages, Sh::kConsumers * kCM>(map_a, map_b, map_c, tma_store, full, empty);
   // The peer's barriers must be initialised before anything is multicast or arrives there.
   if constexpr (kCM > 1) {
     wg::cluster_sync();
@@ -442,16 +452,13 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     __syncthreads();
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
-  if (threadIdx.x == 0) WG_MARK(kMarkPrologue);
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
     if (threadIdx.x == 0) {
-      WG_MARK(kMarkRegs);
       WgRing<kStages> ring;
       walk_units(units, first_unit, unit_step, kt0, ktiles, tail,
                  [&](int64_t unit, int k0, int n, WgPart) {
-                   WG_MARK(kMarkUnit);
                    int64_t um, tn;
                    tile_coords<8>(unit, units_m, tiles_n, um, tn);
                    load_unit<T, BM, BN, AK, BNM, kCM>(
@@ -487,68 +494,43 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                              : wg::make_desc(base_s + Cfg::kABytes, 16, 1024);
     const uint32_t da_lo = static_cast<uint32_t>(da0), db_lo = static_cast<uint32_t>(db0);
     const uint64_t da_hi = da0 & ~uint64_t{0xFFFFFFFF}, db_hi = db0 & ~uint64_t{0xFFFFFFFF};
-    // The register-A path's byte offsets of a lane's fragment words in its warp's box at k-step 0:
-    // [column half e][fragment row].
     uint32_t off[2][2] = {};
-    if constexpr (kRS) {
+    if constexpr (kRS) rs_offsets(warp, lane, off);
+    walk_units(units, first_unit, unit_step, kt0, ktiles, tail,
+               [&](int64_t unit, int, int n, WgPart part) {
+                 int64_t um, tn;
+                 tile_coords<8>(unit, units_m, tiles_n, um, tn);
+                 const int64_t tm = um * kCM + rank;
+                 float d[BN / 2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int x = rs_row(warp, lane, r) % 32, k = lane % 4 + 4 * e;
-          off[e][r] = k * 128 + (((x / 4) ^ k) * 16) + (x % 4) * 4;
-        }
-    }
-    walk_units(
-        units, first_unit, unit_step, kt0, ktiles, tail,
-        [&](int64_t unit, int, int n, WgPart part) {
-          int64_t um, tn;
-          tile_coords<8>(unit, units_m, tiles_n, um, tn);
-          const int64_t tm = um * kCM + rank;
-          float d[BN / 2];
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-          if constexpr (kRS) {
-            mma_unit_registers<BM, BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096, off,
-                                       db_hi, db_lo, ring, release);
-          } else {
-            mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring,
-                                                release);
-          }
-          if (threadIdx.x == 128) {
-            WG_MARK(kMarkMainEnd);
-            WG_MARK_VALUE(kMarkRole, part == WgPart::Whole ? 0 : part == WgPart::Head ? 1 : 2);
-          }
-          if constexpr (kCM == 1) {
-            if (part == WgPart::Tail) {
-              tail_put<BM, BN>(tail, d, cw, tid);
-              if (threadIdx.x == 128) WG_MARK(kMarkPut);
-              return;
-            }
-            if (part == WgPart::Head) {
-              tail_add<BM, BN>(tail, d, cw, tid);
-              if (threadIdx.x == 128) WG_MARK(kMarkAdded);
-            }
-          }
-          if constexpr (Cfg::kTmaStore) {
-            if (tma_store) {
-              store_unit_tma<T, BM, BN>(map_c, d,
-                                        smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
-                                        p.alpha, tm, tn, cw, tid, warp, lane);
-              if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
-              return;
-            }
-          }
-          store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
-          if (threadIdx.x == 128) WG_MARK(kMarkEpilogue);
-        });
+                 for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+                 if constexpr (kRS) {
+                   mma_unit_registers<BM, BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096,
+                                              off, db_hi, db_lo, ring, release);
+                 } else {
+                   mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo,
+                                                       ring, release);
+                 }
+                 if constexpr (kCM == 1) {
+                   if (part == WgPart::Tail) {
+                     tail_put<BM, BN>(tail, d, cw, tid);
+                     return;
+                   }
+                   if (part == WgPart::Head) tail_add<BM, BN>(tail, d, cw, tid);
+                 }
+                 if constexpr (Cfg::kTmaStore) {
+                   if (tma_store) {
+                     store_unit_tma<T, BM, BN>(
+                         map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
+                         p.alpha, tm, tn, cw, tid, warp, lane);
+                     return;
+                   }
+                 }
+                 store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
+               });
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0)
         wg::bulk_wait();  // the buffer stays until the last stores have read it
-    }
-    if (threadIdx.x == 128) {
-      WG_MARK(kMarkExit);
-      WG_MARK_TIME(kMarkExitTime);
     }
   }
   // No CTA of a pair leaves while the peer may still arrive on its barriers.

@@ -43,15 +43,3 @@ bool wgmma_runs_on(int dev, int& pair_clusters) {
 
 }  // namespace cuops::kernels::detail
 #endif  // CUOPS_WGMMA_BUILD
-#if CUOPS_WGMMA_BUILD && defined(CUOPS_WG_TRACE)
-// Sweep-only (kernels/trace.cuh): the bf16 instances' timeline marks, zeroed (read = false) or copied
-// to `host` (kMarkSlots x 1024 values).
-extern "C" void cuops_wg_trace(unsigned long long* host, bool read) {
-  static unsigned long long zeros[sizeof(g_wg_trace) / sizeof(g_wg_trace[0])] = {};
-  if (read) {
-    cudaMemcpyFromSymbol(host, g_wg_trace, sizeof(g_wg_trace));
-  } else {
-    cudaMemcpyToSymbol(g_wg_trace, zeros, sizeof(g_wg_trace));
-  }
-}
-#endif

@@ -3,7 +3,7 @@
 // Plans come from the library's planner; variants override the tile with with_tile (and the grid, in
 // power mode, with WG_CLUSTERS=n). Built by CMake as <build>/bench/sweep/wgmma_lib_sweep (needs a
 // build with arch 90); not part of the tests.
-//   wgmma_lib_sweep [quick | tf32 | big | shapes | power [M N K rounds secs] | trace (a -DCUOPS_WG_TRACE build)]
+//   wgmma_lib_sweep [quick | tf32 | big | shapes | power [M N K rounds secs]]
 #include <cublas_v2.h>
 
 #include <dlfcn.h>
@@ -14,9 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
-#include <vector>
 
-#include "kernels/trace.cuh"
 #include "sweep_gemm_util.cuh"
 
 using namespace cuops::kernels;
@@ -246,102 +244,6 @@ void shapes(cublasHandle_t h) {
                  });
 }
 
-#ifdef CUOPS_WG_TRACE
-extern "C" void cuops_wg_trace(unsigned long long* host, bool read);
-__global__ void empty_kernel() {}
-
-// Timelines (built with -DCUOPS_WG_TRACE; kernels/trace.cuh's marks): for the pick, 128 x 64, 128 x 128
-// and the split tail at each width, one launch after an L2 flush as the shapes mode times them; per
-// role (whole tile, Head, Tail) the median / max over CTAs of each mark after the CTA's entry, in us
-// (cycles at the clock each CTA's globaltimer span gives), and the spread of the CTAs' entries. An
-// empty kernel's time after the same flush is the launch's floor.
-void trace_shape(cublasHandle_t h, int64_t M, int64_t N, int64_t K, bool ak, bool bn, void* flush) {
-  using T = __nv_bfloat16;
-  using namespace cuops::kernels::detail;
-  Case<T> c(M, N, K, ak, bn);
-  const std::function<void()> before = [&] { CK(cudaMemsetAsync(flush, 0, 256u << 20)); };
-  const float tb = median_ms([&] { c.cublas(h, 1.f, 0.f); }, 30, before);
-  const float te = median_ms([&] { empty_kernel<<<12, 384>>>(); }, 30, before);
-  printf("\n== trace bf16 %ld x %ld x %ld %s: cuBLAS %.2f us, an empty kernel %.2f us\n", (long)M, (long)N, (long)K,
-         layout_name(ak, bn), 1e3 * tb, 1e3 * te);
-  const GemmDevice dev = current_gemm_device();
-  static unsigned long long tr[kMarkSlots * 1024];
-  auto one = [&](const std::string& name, const GemmPlan& plan) {
-    CK(cudaMemset(c.C, 0xff, M * N * sizeof(T)));
-    if (launch_gemm(plan, nullptr, g_ws) != cudaSuccess) {
-      printf("%s: not run\n", name.c_str());
-      (void)cudaGetLastError();
-      return;
-    }
-    CK(cudaDeviceSynchronize());
-    const double err = rel_err(c.C, c.R, M * N);
-    if (!(err < 2e-2)) printf("%s: WRONG, max rel err %.2e\n", name.c_str(), err), ++failures;
-    const float tm = median_ms([&] { launch_gemm(plan, nullptr, g_ws); }, 30, before);
-    cuops_wg_trace(tr, false);
-    before();
-    CK(launch_gemm(plan, nullptr, g_ws));
-    CK(cudaDeviceSynchronize());
-    cuops_wg_trace(tr, true);
-    const int64_t ctas = std::min<int64_t>(1024, plan.grid);
-    unsigned long long g0 = ~0ull, g9 = 0;
-    double ns_per_cycle = 0;
-    int n = 0;
-    for (int64_t b = 0; b < ctas; ++b) {
-      const unsigned long long* t = tr + b * kMarkSlots;
-      if (t[kMarkEntryTime] == 0) continue;
-      g0 = std::min(g0, t[kMarkEntryTime]);
-      g9 = std::max(g9, t[kMarkExitTime]);
-      if (t[kMarkExit] > t[kMarkEntry] && t[kMarkExitTime] > t[kMarkEntryTime])
-        ns_per_cycle += double(t[kMarkExitTime] - t[kMarkEntryTime]) / double(t[kMarkExit] - t[kMarkEntry]), ++n;
-    }
-    ns_per_cycle = n ? ns_per_cycle / n : 0.5;
-    printf("-- %s: %.2f us (median of 30); %ld CTAs, first entry to last exit %.2f us, clock %.0f MHz\n", name.c_str(),
-           1e3 * tm, (long)ctas, (g9 - g0) / 1e3, 1e3 / ns_per_cycle);
-    const struct { int slot; const char* name; } marks[] = {
-        {kMarkPrologue, "prologue"}, {kMarkRegs, "setmaxnreg"}, {kMarkUnit, "unit"},      {kMarkFirstLoad, "1st TMA"},
-        {kMarkFirstFull, "1st k-tile"}, {kMarkMainEnd, "main end"}, {kMarkPut, "put / waited"}, {kMarkAdded, "added"},
-        {kMarkEpilogue, "stores"},     {kMarkExit, "exit"}};
-    const char* roles[] = {"whole", "head", "tail"};
-    for (int role = 0; role < 3; ++role) {
-      std::vector<double> entry;
-      std::vector<std::vector<double>> v(kMarkSlots);
-      for (int64_t b = 0; b < ctas; ++b) {
-        const unsigned long long* t = tr + b * kMarkSlots;
-        if (t[kMarkEntryTime] == 0 || int(t[kMarkRole]) != role) continue;
-        entry.push_back((t[kMarkEntryTime] - g0) / 1e3);
-        for (const auto& m : marks)
-          if (t[m.slot] >= t[kMarkEntry]) v[m.slot].push_back((t[m.slot] - t[kMarkEntry]) * ns_per_cycle / 1e3);
-      }
-      if (entry.empty()) continue;
-      auto med = [](std::vector<double> x) {
-        std::sort(x.begin(), x.end());
-        return x[x.size() / 2];
-      };
-      printf("   %-5s x%-4zu entry +%.2f/%.2f", roles[role], entry.size(), med(entry),
-             *std::max_element(entry.begin(), entry.end()));
-      for (const auto& m : marks)
-        if (!v[m.slot].empty())
-          printf(" | %s %.2f/%.2f", m.name, med(v[m.slot]), *std::max_element(v[m.slot].begin(), v[m.slot].end()));
-      printf("\n");
-    }
-  };
-  const GemmPlan plan = plan_gemm(c.request(1.f, 0.f), dev);
-  if (plan.kernel != GemmKernel::Wgmma) return;
-  char label[128];
-  snprintf(label, sizeof label, "pick %s", describe(plan).c_str());
-  one(label, plan);
-  const GemmPlan base = with_tile(plan, 128, 128, 0, 1, dev);
-  one("128x64", with_tile(plan, 128, 64, 0, 1, dev));
-  one("128x128", base);
-  for (int w : {64, 128, 256}) {
-    const GemmPlan q = with_tail_split(base, w, 0, dev);
-    if (q.wgmma().tail_units == 0) continue;
-    snprintf(label, sizeof label, "128x%d tail %ld / %d", w, (long)q.wgmma().tail_units, q.wgmma().tail_split);
-    one(label, q);
-  }
-}
-#endif
-
 // The board's energy counter (mJ) and SM clock through NVML, opened at run time (the toolkit here
 // has no nvml.h): enough to compare kernels by energy per call under the power cap.
 struct Nvml {
@@ -495,15 +397,6 @@ int main(int argc, char** argv) {
     printf("\n%d failures\n", failures);
     return failures != 0;
   }
-#ifdef CUOPS_WG_TRACE
-  if (argc > 1 && !strcmp(argv[1], "trace")) {  // SWEEP_SHAPES as in shapes (bf16): one launch's timeline each
-    for_each_shape("128,768,3072,1,0", [&](long m, long n, long k, bool ak, bool bn, void* flush) {
-      trace_shape(h, m, n, k, ak, bn, flush);
-    });
-    printf("\n%d failures\n", failures);
-    return failures != 0;
-  }
-#endif
   if (argc > 1 && !strcmp(argv[1], "big")) {  // the two sizes with targets, bf16 row-major
     speed<__nv_bfloat16>(h, 4096, true, true, true);
     speed<__nv_bfloat16>(h, 8192, true, true, true);
