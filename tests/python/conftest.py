@@ -1,6 +1,7 @@
 """Shared fixtures: loads libcuops into torch.ops.cuops, devices, dtypes, tolerances, input makers, and the
 GEMM checks the test files share (products against float64, repeatability and CUDA-graph replay)."""
 import contextlib
+import os
 import pathlib
 import sys
 
@@ -29,6 +30,16 @@ def pytest_configure(config):
 def pytest_terminal_summary(terminalreporter):
     for line in REPORT:
         terminalreporter.write_line(line)
+
+
+def pytest_runtest_logreport(report):
+    """$CUOPS_TEST_TIMES: each test phase's seconds appended as it ends (every xdist worker), so a run
+    cut by a time limit still says where its time went."""
+    path = os.environ.get("CUOPS_TEST_TIMES")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.when:8} {report.nodeid}\n")
+
 NO_GPU_REASON = "no CUDA GPU on this machine (CUDA tests run on the GPU machine via tools/gpu_check.sh)"
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
 
