@@ -24,11 +24,16 @@ listing=$("$cuobjdump" --list-elf "$lib") || { echo "check_binary.sh: cuobjdump 
 echo "$cuobjdump --list-elf $lib:"
 sed 's/^/  /' <<<"$listing"
 status=0
+# Every arch's machine code first (cheap, from the listing): a missing one fails before the slow
+# disassembly below.
+for arch in $archs; do
+  if ! grep -q "\.sm_${arch}\.cubin" <<<"$listing"; then
+    echo "FAIL sm_${arch}: no machine code for this arch"; status=1
+  fi
+done
+[ $status -eq 0 ] || exit 1
 for arch in $archs; do
   sm=sm_${arch}
-  if ! grep -q "\.${sm}\.cubin" <<<"$listing"; then
-    echo "FAIL $sm: no machine code for this arch"; status=1; continue
-  fi
   functions=$("$cuobjdump" -res-usage -arch "$sm" "$lib" 2>/dev/null | grep -o "Function [^:]*")
   for family in elementwise_kernel sum_sq_diff_partials finish_norm gemm_tiled sgemm_simt sgemm_tf32 hgemm_mma dgemm_mma; do
     count=$(grep -c "$family" <<<"$functions")
@@ -36,7 +41,9 @@ for arch in $archs; do
   done
   # From sm_80 the float64 GEMM must run on the FP64 tensor cores (DMMA); below, it holds a trap.
   if [ "$arch" -ge 80 ] 2>/dev/null; then
-    dmma=$("$cuobjdump" -sass -arch "$sm" "$lib" 2>/dev/null | grep -c "DMMA")
+    # One float64 tile kernel's machine code (-fun: disassembling every kernel took ~16 s an arch).
+    f64=$(grep -o "Function [^ ]*dgemm_mma[^ ]*" <<<"$functions" | head -1 | cut -d' ' -f2)
+    dmma=$("$cuobjdump" -sass -arch "$sm" -fun "$f64" "$lib" 2>/dev/null | grep -c "DMMA")
     if [ "$dmma" -eq 0 ]; then echo "FAIL $sm: no DMMA instructions (the float64 GEMM lost its tensor cores)"; status=1; fi
   fi
   echo "ok   $sm: $(grep -c cuops <<<"$functions") cuops kernels"
@@ -48,8 +55,11 @@ if grep -qwE "90a?" <<<"$archs"; then
   if ! grep -q "\.sm_90a\.cubin" <<<"$listing"; then
     echo "FAIL sm_90a: no machine code (the wgmma GEMM was not built)"; status=1
   else
-    sass=$("$cuobjdump" -sass -arch sm_90a "$lib" 2>/dev/null)
-    kernels=$(grep -c "Function : .*gemm_wgmma" <<<"$sass")
+    wg=$("$cuobjdump" -res-usage -arch sm_90a "$lib" 2>/dev/null | grep -o "Function [^:]*gemm_wgmma[^:]*")
+    kernels=$(grep -c . <<<"$wg")
+    # The machine code of one instance a dtype (bf16, fp16, TF32), not of all.
+    names=$(for t in I13__nv_bfloat16 I6__half If; do grep -m1 "gemm_wgmma$t" <<<"$wg" | cut -d' ' -f2; done | paste -sd,)
+    sass=$("$cuobjdump" -sass -arch sm_90a -fun "$names" "$lib" 2>/dev/null)
     hgmma=$(grep -c "HGMMA" <<<"$sass")
     utmaldg=$(grep -c "UTMALDG" <<<"$sass")
     if [ "$kernels" -eq 0 ] || [ "$hgmma" -eq 0 ] || [ "$utmaldg" -eq 0 ]; then

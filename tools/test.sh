@@ -9,9 +9,10 @@
 # Extra arguments go to pytest.
 # GPU tests run when a CUDA GPU is visible and are skipped with the reason shown otherwise. On a GPU
 # machine the stages that prove nothing there are left out, each saying so: the ASan/UBSan build
-# (host code on the CPU: CI runs it), the JIT build (tests/python/test_packaging.py: CI builds it and
-# runs its ops) and the DTensor tests' CPU places (tests/python/test_dtensor.py); the build is for that GPU's arch unless CUOPS_CUDA_ARCHITECTURES says otherwise, and
-# pytest spreads over CUOPS_TEST_WORKERS processes (default 8) when pytest-xdist is there.
+# (host code on the CPU: CI runs it), the wheel and JIT builds (tests/python/test_packaging.py: CI
+# builds them and runs their ops), the compile tests' and the DTensor tests' CPU places; the build is
+# for that GPU's arch unless CUOPS_CUDA_ARCHITECTURES says otherwise, and pytest spreads over
+# CUOPS_TEST_WORKERS processes (default 12) when pytest-xdist is there.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 quick=0
@@ -29,7 +30,7 @@ if [ -n "$gpu_arch" ]; then
   if "$PY" -c "import xdist" 2>/dev/null; then
     # One test at a time to each worker; test_packaging.py's tests share build folders, so they go
     # to one worker together (its xdist_group).
-    pytest_args=(-n "${CUOPS_TEST_WORKERS:-8}" --dist loadgroup)
+    pytest_args=(-n "${CUOPS_TEST_WORKERS:-12}" --dist loadgroup)
   fi
 fi
 SECONDS=0

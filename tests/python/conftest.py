@@ -44,6 +44,11 @@ NO_GPU_REASON = "no CUDA GPU on this machine (CUDA tests run on the GPU machine 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+# The same, for tests whose CPU place proves nothing a GPU machine adds (torch.compile's C++ codegen
+# on the CPU: ~1 minute each there): CI runs it; a GPU machine runs the CUDA place.
+DEVICES_CPU_IN_CI = [pytest.param("cpu", marks=pytest.mark.skipif(
+    HAS_CUDA, reason="the CPU place of a compile test: CI runs it; a GPU machine runs the CUDA place")),
+    pytest.param("cuda", marks=requires_cuda)]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 # Per-dtype tolerances against a float64 reference: one rounding of the result for elementwise ops.
@@ -91,10 +96,10 @@ def matmul_precision(precision):
 
 
 def rel_error(got, ref, scale=None):
-    """||got - ref|| / ||scale|| (scale defaults to ref): Frobenius norms in float64."""
-    got, ref = got.double().cpu(), ref.double().cpu()
+    """||got - ref|| / ||scale|| (scale defaults to ref): Frobenius norms in float64, on ref's device."""
+    got, ref = got.to(ref.device, torch.float64), ref.double()
     assert not torch.isnan(got).any(), "output holds NaN (an element was not written, or NaN leaked)"
-    denom = (ref if scale is None else scale.double().cpu()).norm().item()
+    denom = (ref if scale is None else scale.to(ref.device, torch.float64)).norm().item()
     return (got - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
@@ -106,7 +111,11 @@ def make(shape, dtype, device, layout="contiguous", generator=None, scale=1.0):
     shape = tuple(shape)
 
     def randn(s):
-        return (torch.randn(s, dtype=torch.float64, generator=generator) * scale).to(dtype=dtype, device=device)
+        # Drawn where they are used (the CPU's float64 generator was most of a GPU product test's time),
+        # unless the caller brings its own generator.
+        where = "cpu" if generator is not None else device
+        x = torch.randn(s, dtype=torch.float64, generator=generator, device=where)
+        return (x * scale).to(dtype=dtype, device=device)
 
     if layout == "contiguous":
         return randn(shape)

@@ -17,6 +17,11 @@ from conftest import HAS_CUDA, LIBRARY
 
 # Under pytest-xdist the tests that build into WORK go to one worker together.
 SHARES_WORK = pytest.mark.xdist_group("packaging")
+# The wheel is a full build of the same sources by the same CMakeLists (~2.5 minutes of a GPU
+# machine's test run, beside the other tests); CI builds it and runs its ops on the CPU, and the GPU
+# machine runs the CMake build's kernels and the CMake package's demo on the GPU.
+WHEEL_IN_CI = pytest.mark.skipif(HAS_CUDA, reason="the wheel (pip install .): CI builds it and runs its ops; "
+                                                  "its CUDA kernels are the CMake build's, tested here")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = LIBRARY.parent
@@ -86,6 +91,7 @@ def python_in(site, code):
                           cwd=str(WORK), timeout=600)
 
 
+@WHEEL_IN_CI
 @SHARES_WORK
 def test_pip_install_then_import_runs_ops(wheel_site):
     proc = python_in(wheel_site, f"""
@@ -106,6 +112,7 @@ def test_pip_install_then_import_runs_ops(wheel_site):
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
 
 
+@WHEEL_IN_CI
 @SHARES_WORK
 def test_import_with_another_torch_names_both_versions(wheel_site):
     # The check runs before the library loads, so a running torch that reports another version is

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from conftest import DEVICES, DTYPES, make, ops, requires_cuda
+from conftest import DEVICES, DEVICES_CPU_IN_CI, DTYPES, make, ops, requires_cuda
 
 
 def samples(device, dtype):
@@ -81,7 +81,7 @@ def every_op_inputs(device, n=8):
     return torch.randn(n, 4, device=device), torch.randn(n, 4, device=device), torch.randn(4, 4, device=device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compile_fullgraph_no_graph_breaks(device):
     torch._dynamo.reset()
     args = every_op_inputs(device)
@@ -92,7 +92,7 @@ def test_compile_fullgraph_no_graph_breaks(device):
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compile_dynamic_at_most_one_recompile(device):
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
@@ -103,7 +103,7 @@ def test_compile_dynamic_at_most_one_recompile(device):
     assert counter.frame_count <= 2, f"{counter.frame_count} compilations for three sizes"
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compile_backward_through_cuops(device):
     torch._dynamo.reset()
 
@@ -117,7 +117,7 @@ def test_compile_backward_through_cuops(device):
     torch.testing.assert_close((ga, gw), (ea, ew))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compile_one_buffer_for_a_value_two_gemms_read(device):
     # A Linear's backward in one: the cast of g feeds mm(g, W) and, transposed, mm(g^T, x) and gemm.
     # gemm and mm read any strides (flexible_layout), so Inductor writes the cast once and hands the
