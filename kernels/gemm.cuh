@@ -1,32 +1,16 @@
-// Shared by the GEMM translation units: the canonical problem the fast kernels see, the block-tile
-// order, operand staging by cp.async, the epilogue's stores, and the per-family launchers that
-// kernels/gemm.cu's launch_gemm calls as the plan (gemm_plan.h) says.
+// Shared by the GEMM translation units: the block-tile order, operand staging by cp.async, the split
+// planes' sum, and the per-family launchers that kernels/gemm.cu's launch_gemm calls as the plan
+// (gemm_plan.h) says. The canonical problem the fast kernels see is gemm_problem.h's GemmProblem,
+// the epilogue that stores their results epilogue.cuh's Epilogue.
 #pragma once
 
 #include "common.cuh"
+#include "epilogue.cuh"
 #include "gemm_plan.h"
+#include "gemm_problem.h"
 #include "tile_order.h"
 
 namespace cuops::kernels::detail {
-
-// The fast kernels see C row-major (unit column stride; a column-major C is handled by computing
-// C^T = B^T A^T). Each operand is one of two layouts, a template parameter so every address is a
-// compile-time form: A [m, k] "k-major" (row-major, a[i][k] at i*lda + k) or "m-major" (a.t() of a
-// row-major tensor, a[i][k] at k*lda + i); B [k, n] "n-major" (row-major) or "k-major" (b.t()).
-// Every operand's base is 16-byte aligned and its leading stride a multiple of 16 bytes, so every
-// 16-byte chunk along the contiguous axis is an aligned load (the planner checks).
-struct GemmProblem {
-  int64_t m, n, k;
-  const void* a;
-  int64_t lda;
-  const void* b;
-  int64_t ldb;
-  void* c;
-  int64_t ldc;
-  float alpha, beta;
-  double alpha64, beta64;  // the same scalars unrounded, for the float64 kernel
-  void* workspace;         // GemmPlan::workspace_bytes of device memory (the split tail), or null
-};
 
 // tile_coords (tile_order.h) of this block's linear id.
 template <int kGroup> __device__ __forceinline__ void tile_coords(int64_t tiles_m, int64_t tiles_n,
@@ -139,133 +123,6 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
     }                                                                                              \
   } while (0)
 
-// dst[0], dst[1] <- alpha * (v0, v1) + beta * old: one 8-byte access where dst is 8-byte aligned,
-// else two 4-byte ones (an odd ldc leaves every other row's pairs unaligned). beta == 0 never reads c:
-// its old contents may be NaN or unwritten.
-__device__ __forceinline__ void put_pair(const GemmProblem& p, float* dst, float v0, float v1) {
-  v0 *= p.alpha;
-  v1 *= p.alpha;
-  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-    if (p.beta != 0.f) {
-      const float2 old = *reinterpret_cast<const float2*>(dst);
-      v0 = fmaf(p.beta, old.x, v0);
-      v1 = fmaf(p.beta, old.y, v1);
-    }
-    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-  } else {
-    if (p.beta != 0.f) {
-      v0 = fmaf(p.beta, dst[0], v0);
-      v1 = fmaf(p.beta, dst[1], v1);
-    }
-    dst[0] = v0;
-    dst[1] = v1;
-  }
-}
-__device__ __forceinline__ void put_one(const GemmProblem& p, float* dst, float v) {
-  v *= p.alpha;
-  if (p.beta != 0.f) v = fmaf(p.beta, dst[0], v);
-  dst[0] = v;
-}
-
-// The epilogue's unit: c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, for the pairs in
-// bounds (col even).
-__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t r, int64_t col, float v0,
-                                           float v1) {
-  if (r >= p.m || col >= p.n) return;
-  float* dst = static_cast<float*>(p.c) + r * p.ldc + col;
-  if (col + 1 < p.n) {
-    put_pair(p, dst, v0, v1);
-  } else {
-    put_one(p, dst, v0);
-  }
-}
-
-// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old (col even): one 16-byte access where the
-// pair is 16-byte aligned, else two 8-byte ones (an odd ldc). beta == 0 never reads c.
-__device__ __forceinline__ void store_pair_f64(const GemmProblem& p, int64_t r, int64_t col,
-                                               double v0, double v1) {
-  if (r >= p.m || col >= p.n) return;
-  double* dst = static_cast<double*>(p.c) + r * p.ldc + col;
-  v0 *= p.alpha64;
-  v1 *= p.alpha64;
-  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
-    if (p.beta64 != 0.0) {
-      const double2 old = *reinterpret_cast<const double2*>(dst);
-      v0 = fma(p.beta64, old.x, v0);
-      v1 = fma(p.beta64, old.y, v1);
-    }
-    *reinterpret_cast<double2*>(dst) = make_double2(v0, v1);
-    return;
-  }
-  if (p.beta64 != 0.0) v0 = fma(p.beta64, dst[0], v0);
-  dst[0] = v0;
-  if (col + 1 < p.n) {
-    if (p.beta64 != 0.0) v1 = fma(p.beta64, dst[1], v1);
-    dst[1] = v1;
-  }
-}
-
-// The same pair of a transposed problem (c^T = b^T a^T computed, c stored): elements (r, col) and
-// (r, col + 1) of c^T are c[col][r] and c[col + 1][r], ldc apart, so two 4-byte accesses.
-__device__ __forceinline__ void store_pair_transposed(const GemmProblem& p, int64_t r, int64_t col,
-                                                      float v0, float v1) {
-  if (r >= p.m || col >= p.n) return;
-  float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
-  put_one(p, dst, v0);
-  if (col + 1 < p.n) put_one(p, dst + p.ldc, v1);
-}
-
-// Rows r, r + 1 and columns col, col + 1 of c^T (vRC: row R, column C) into c, whose rows col and
-// col + 1 then each take a pair (r even: 8-byte accesses where ldc and c allow).
-__device__ __forceinline__ void store_quad_transposed(const GemmProblem& p, int64_t r, int64_t col,
-                                                      float v00, float v01, float v10, float v11) {
-  if (r + 1 >= p.m) {
-    store_pair_transposed(p, r, col, v00, v01);
-    return;
-  }
-  if (col >= p.n) return;
-  float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
-  put_pair(p, dst, v00, v10);
-  if (col + 1 < p.n) put_pair(p, dst + p.ldc, v01, v11);
-}
-
-// c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, rounded once to T (col even): one 4-byte
-// access where the pair is 4-byte aligned, else two 2-byte ones (an odd ldc).
-template <typename T> __device__ __forceinline__ void store_pair_half(const GemmProblem& p,
-                                                                      int64_t r, int64_t col,
-                                                                      float v0, float v1) {
-  if (r >= p.m || col >= p.n) return;
-  T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
-  v0 *= p.alpha;
-  v1 *= p.alpha;
-  if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-    if (p.beta != 0.f) {  // beta == 0 never reads c
-      const float2 old = unpack_pair(*reinterpret_cast<const uint32_t*>(dst), T{});
-      v0 = fmaf(p.beta, old.x, v0);
-      v1 = fmaf(p.beta, old.y, v1);
-    }
-    *reinterpret_cast<uint32_t*>(dst) = pack_pair(v0, v1, T{});
-    return;
-  }
-  if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
-  dst[0] = from_acc<T>(v0);
-  if (col + 1 < p.n) {
-    if (p.beta != 0.f) v1 = fmaf(p.beta, to_acc(dst[1]), v1);
-    dst[1] = from_acc<T>(v1);
-  }
-}
-
-// The epilogue unit for output type T (float: store_pair; bfloat16 / float16: store_pair_half).
-template <typename T> __device__ __forceinline__ void store_pair_t(const GemmProblem& p, int64_t r,
-                                                                   int64_t col, float v0,
-                                                                   float v1) {
-  if constexpr (std::is_same_v<T, float>) {
-    store_pair(p, r, col, v0, v1);
-  } else {
-    store_pair_half<T>(p, r, col, v0, v1);
-  }
-}
-
 // Calls f(std::bool_constant<a_kmajor>, std::bool_constant<b_nmajor>): the four operand layouts as
 // compile-time arguments, so every kernel instance has its addressing fixed.
 template <typename F> cudaError_t with_layouts(bool a_kmajor, bool b_nmajor, F&& f) {
@@ -375,10 +232,7 @@ template <typename T> __global__ void sum_planes(const GemmProblem p, int split)
         if (two) v1 += src[s * plane + 1];
       }
     }
-    if constexpr (std::is_same_v<T, double>)
-      store_pair_f64(p, r, col, v0, v1);
-    else
-      store_pair(p, r, col, v0, v1);
+    Epilogue::pair<T>(p, r, col, v0, v1);
   }
 }
 

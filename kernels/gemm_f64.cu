@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(F64Tiling<BM, BN>::kThreads, F64Tiling<BM, BN>
   // The output: c, or (split) this CTA's plane of the workspace.
   const GemmProblem out = kSplit ? planes_problem<double>(whole) : p;
   each_pair(acc, wm0, wn0, g, t, [&](int r, int c, double v0, double v1) {
-    store_pair_f64(out, row0 + r, col0 + c, v0, v1);
+    Epilogue::pair<double>(out, row0 + r, col0 + c, v0, v1);
   });
 }
 

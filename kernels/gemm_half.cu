@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2) hgemm_mma(GemmProblem p) {
     for (int ni = 0; ni < NI; ++ni) {
       const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g,
                     c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
-      store_pair_half<T>(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
-      store_pair_half<T>(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
+      Epilogue::pair<T>(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
+      Epilogue::pair<T>(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
     }
 }
 

@@ -148,8 +148,9 @@ struct GemmPlan {
   // pointers the caller sets once it has made them: launch_gemm refuses a copy without one).
   OperandCopy copy_a, copy_b;
   GemmOperand a, b;
-  // The problem the fast kernels compute (gemm.cuh's GemmProblem): C row-major, so a column-major c
-  // is the transposed product c^T = b^T a^T (swap_ab); A k-major or m-major, B n-major or k-major.
+  // The problem the fast kernels compute (gemm_problem.h's GemmProblem): C row-major, so a
+  // column-major c is the transposed product c^T = b^T a^T (swap_ab); A k-major or m-major, B
+  // n-major or k-major.
   bool swap_ab = false;
   bool a_kmajor = false, b_nmajor = false;
   int64_t m = 0, n = 0, lda = 0, ldb = 0, ldc = 0;

@@ -171,7 +171,7 @@ __device__ __forceinline__ void store_simt_tile(const GemmProblem& out, const fl
   for (int i = 0; i < TM; ++i)
 #pragma unroll
     for (int j = 0; j < TN; j += 2)
-      store_pair(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
+      Epilogue::pair<float>(out, row0 + row_of(i), col0 + col_of(j), acc[i][j], acc[i][j + 1]);
 }
 
 // MINB 2 holds a tile to 128 registers so two blocks share an SM (16 warps to hide latency with):

@@ -137,13 +137,9 @@ __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&&
 #endif
     T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
     if constexpr (std::is_same_v<T, double>) {
-      double r = s.alpha64 * v;
-      if (s.beta64 != 0.0) r = fma(s.beta64, *dst, r);  // beta == 0 never reads out
-      *dst = r;
+      Epilogue::one(s.alpha64, s.beta64, dst, v);
     } else {
-      float r = s.alpha * v;
-      if (s.beta != 0.f) r = fmaf(s.beta, to_acc(*dst), r);
-      *dst = from_acc<T>(r);
+      Epilogue::one(s.alpha, s.beta, dst, v);
     }
   }
 #if __CUDA_ARCH__ >= 900

@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kTf32Threads, BM* BN > 64 * 128 ? 1 : 2)
     for (int ni = 0; ni < NI; ++ni) {
       const int64_t r = row0 + wm * (BM / 2) + mi * 16 + g,
                     c = col0 + wn * (BN / 4) + ni * 8 + t * 2;
-      store_pair(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
-      store_pair(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
+      Epilogue::pair<float>(p, r, c, acc[mi][ni][0], acc[mi][ni][1]);
+      Epilogue::pair<float>(p, r + 8, c, acc[mi][ni][2], acc[mi][ni][3]);
     }
 }
 

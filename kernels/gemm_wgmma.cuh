@@ -339,8 +339,8 @@ __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const f
     for (int jj = 0; jj < 8 * kPartBoxes; ++jj) {
       const int j = part * 8 * kPartBoxes + jj;
       const uint32_t chunk = (jj / 8) * 8192 + ((j % 8) ^ (x % 8)) * 16;
-      wg::sts32(row_x + chunk, pack_pair(alpha * d[4 * j], alpha * d[4 * j + 1], T{}));
-      wg::sts32(row_x8 + chunk, pack_pair(alpha * d[4 * j + 2], alpha * d[4 * j + 3], T{}));
+      wg::sts32(row_x + chunk, Epilogue::staged<T>(alpha, d[4 * j], d[4 * j + 1]));
+      wg::sts32(row_x8 + chunk, Epilogue::staged<T>(alpha, d[4 * j + 2], d[4 * j + 3]));
     }
     wg::fence_proxy_async();
     wg::named_sync(1 + cw, 128);
@@ -356,7 +356,7 @@ __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const f
   }
 }
 
-// The same rows stored directly (alpha, beta, rounding: gemm.cuh's pair stores). Accumulator
+// The same rows stored directly (alpha, beta, rounding: epilogue.cuh's pairs). Accumulator
 // fragment of m64nN: warp w holds rows 16w .. 16w + 15; registers 4j, 4j + 1 are (row lane / 4,
 // columns 8j + 2 (lane % 4) + {0, 1}), 4j + 2, 4j + 3 the same 8 rows lower; under kRS the warp's
 // rows are the permuted ones the fragments were loaded from. c_trans (float only): the problem is
@@ -372,7 +372,7 @@ __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const fl
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
-        store_quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+        Epilogue::quad_transposed(p, r, c, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
       }
       return;
     }
@@ -380,8 +380,8 @@ __device__ __forceinline__ void store_unit_direct(const GemmProblem& p, const fl
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
-    store_pair_t<T>(p, r, c, d[4 * j], d[4 * j + 1]);
-    store_pair_t<T>(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
+    Epilogue::pair<T>(p, r, c, d[4 * j], d[4 * j + 1]);
+    Epilogue::pair<T>(p, r8, c, d[4 * j + 2], d[4 * j + 3]);
   }
 }
 

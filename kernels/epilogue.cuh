@@ -1,0 +1,167 @@
+// The GEMM epilogue: what becomes of the accumulators once a tile's products are summed. One home,
+// so that a fused op (a bias, an activation, a second accumulator, a loss) is one new type here
+// instead of edits to every kernel's stores.
+//
+// Kernels hand it their accumulators as pairs (two adjacent columns c, c + 1 of one row r of C, as
+// every mma fragment, SIMT tile and split-plane sum holds them; float, or double for float64) or
+// as single elements (the small-M kernel, a thread per output). An epilogue type has
+//   1. the per-element step: today alpha * acc + beta * old c; next, bias[c], an activation, or
+//      two accumulators combined (SwiGLU's dual GEMM: a pair from each of the two);
+//   2. loads: today the old c, only where beta != 0 (c may be NaN or unwritten); next, a
+//      pre-activation kept by the forward, for a backward;
+//   3. stores: today to c directly, to c transposed (TF32's C^T = B^T A^T) or packed into shared
+//      memory for a staged TMA store; next, to an auxiliary tensor too, or nothing;
+//   4. reductions across a tile: none today; next, a column sum (the bias gradient), each row's
+//      running max and sum of exponentials and its target's logit (the loss), combined in a fixed
+//      order with no float atomics, so the bits are the same on every run.
+// Members are static and __forceinline__, take the accumulators by value and keep the operation
+// order the kernels had inline: moving them here left every kernel's SASS as it was
+// (tools/sass_digest.py --diff). A pair member checks r < m and col < n itself (col even; col + 1
+// may lie past n); the staged pair has no bounds (the TMA store skips what lies past the edges).
+#pragma once
+
+#include "common.cuh"
+#include "gemm_problem.h"
+
+namespace cuops::kernels::detail {
+
+// The mm / gemm epilogue: c = alpha * acc + beta * c, rounded once to c's type; beta == 0 never
+// reads c.
+struct LinearCombination {
+  // c[r][col], c[r][col + 1] <- alpha * (v0, v1) + beta * old, for the pair's elements in bounds.
+  // One access where the pair is aligned for it (float: 8 bytes; bfloat16 / float16: 4 bytes, the
+  // packed pair; double, with alpha64 / beta64: 16 bytes), else one per element (an odd ldc leaves
+  // every other row's pairs unaligned).
+  template <typename T> static __device__ __forceinline__ void pair(const GemmProblem& p, int64_t r,
+                                                                    int64_t col, acc_t<T> v0,
+                                                                    acc_t<T> v1) {
+    if (r >= p.m || col >= p.n) return;
+    T* dst = static_cast<T*>(p.c) + r * p.ldc + col;
+    if constexpr (std::is_same_v<T, float>) {
+      if (col + 1 < p.n) {
+        put_pair(p, dst, v0, v1);
+      } else {
+        put_one(p, dst, v0);
+      }
+    } else if constexpr (std::is_same_v<T, double>) {
+      v0 *= p.alpha64;
+      v1 *= p.alpha64;
+      if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+        if (p.beta64 != 0.0) {
+          const double2 old = *reinterpret_cast<const double2*>(dst);
+          v0 = fma(p.beta64, old.x, v0);
+          v1 = fma(p.beta64, old.y, v1);
+        }
+        *reinterpret_cast<double2*>(dst) = make_double2(v0, v1);
+        return;
+      }
+      if (p.beta64 != 0.0) v0 = fma(p.beta64, dst[0], v0);
+      dst[0] = v0;
+      if (col + 1 < p.n) {
+        if (p.beta64 != 0.0) v1 = fma(p.beta64, dst[1], v1);
+        dst[1] = v1;
+      }
+    } else {
+      v0 *= p.alpha;
+      v1 *= p.alpha;
+      if (col + 1 < p.n && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+        if (p.beta != 0.f) {
+          const float2 old = unpack_pair(*reinterpret_cast<const uint32_t*>(dst), T{});
+          v0 = fmaf(p.beta, old.x, v0);
+          v1 = fmaf(p.beta, old.y, v1);
+        }
+        *reinterpret_cast<uint32_t*>(dst) = pack_pair(v0, v1, T{});
+        return;
+      }
+      if (p.beta != 0.f) v0 = fmaf(p.beta, to_acc(dst[0]), v0);
+      dst[0] = from_acc<T>(v0);
+      if (col + 1 < p.n) {
+        if (p.beta != 0.f) v1 = fmaf(p.beta, to_acc(dst[1]), v1);
+        dst[1] = from_acc<T>(v1);
+      }
+    }
+  }
+
+  // The same pair of a transposed float problem (c^T = b^T a^T computed, c stored): elements
+  // (r, col) and (r, col + 1) of c^T are c[col][r] and c[col + 1][r], ldc apart, so two 4-byte
+  // accesses.
+  static __device__ __forceinline__ void pair_transposed(const GemmProblem& p, int64_t r,
+                                                         int64_t col, float v0, float v1) {
+    if (r >= p.m || col >= p.n) return;
+    float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
+    put_one(p, dst, v0);
+    if (col + 1 < p.n) put_one(p, dst + p.ldc, v1);
+  }
+
+  // Rows r, r + 1 and columns col, col + 1 of c^T (vRC: row R, column C) into c, whose rows col and
+  // col + 1 then each take a pair (r even: 8-byte accesses where ldc and c allow).
+  static __device__ __forceinline__ void quad_transposed(const GemmProblem& p, int64_t r,
+                                                         int64_t col, float v00, float v01,
+                                                         float v10, float v11) {
+    if (r + 1 >= p.m) {
+      pair_transposed(p, r, col, v00, v01);
+      return;
+    }
+    if (col >= p.n) return;
+    float* dst = static_cast<float*>(p.c) + col * p.ldc + r;
+    put_pair(p, dst, v00, v10);
+    if (col + 1 < p.n) put_pair(p, dst + p.ldc, v01, v11);
+  }
+
+  // alpha * (v0, v1) rounded to T (bfloat16 / float16) and packed, for a staged TMA store (which
+  // has no beta: the plan stages only where beta == 0).
+  template <typename T>
+  static __device__ __forceinline__ uint32_t staged(float alpha, float v0, float v1) {
+    return pack_pair(alpha * v0, alpha * v1, T{});
+  }
+
+  // One element (the small-M kernel): *dst <- alpha * acc + beta * *dst, rounded once to T; float64
+  // takes the unrounded alpha64 / beta64.
+  template <typename T>
+  static __device__ __forceinline__ void one(acc_t<T> alpha, acc_t<T> beta, T* dst, acc_t<T> acc) {
+    if constexpr (std::is_same_v<T, double>) {
+      double r = alpha * acc;
+      if (beta != 0.0) r = fma(beta, *dst, r);  // beta == 0 never reads out
+      *dst = r;
+    } else {
+      float r = alpha * acc;
+      if (beta != 0.f) r = fmaf(beta, to_acc(*dst), r);
+      *dst = from_acc<T>(r);
+    }
+  }
+
+ private:
+  // dst[0], dst[1] <- alpha * (v0, v1) + beta * old: one 8-byte access where dst is 8-byte aligned,
+  // else two 4-byte ones.
+  static __device__ __forceinline__ void put_pair(const GemmProblem& p, float* dst, float v0,
+                                                  float v1) {
+    v0 *= p.alpha;
+    v1 *= p.alpha;
+    if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+      if (p.beta != 0.f) {
+        const float2 old = *reinterpret_cast<const float2*>(dst);
+        v0 = fmaf(p.beta, old.x, v0);
+        v1 = fmaf(p.beta, old.y, v1);
+      }
+      *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+    } else {
+      if (p.beta != 0.f) {
+        v0 = fmaf(p.beta, dst[0], v0);
+        v1 = fmaf(p.beta, dst[1], v1);
+      }
+      dst[0] = v0;
+      dst[1] = v1;
+    }
+  }
+  static __device__ __forceinline__ void put_one(const GemmProblem& p, float* dst, float v) {
+    v *= p.alpha;
+    if (p.beta != 0.f) v = fmaf(p.beta, dst[0], v);
+    dst[0] = v;
+  }
+};
+
+// The epilogue every kernel applies today, named once; the fused ops make it a template parameter
+// of the kernels.
+using Epilogue = LinearCombination;
+
+}  // namespace cuops::kernels::detail
