@@ -28,6 +28,15 @@ TORCH_LIBRARY(cuops, m) {
   m.def("gemm(Tensor(a!) c, Tensor a, Tensor b, float alpha=1.0, float beta=0.0) -> ()", gemm_tags);
   // a @ b as a new contiguous [M, N] tensor.
   m.def("mm(Tensor a, Tensor b) -> Tensor", gemm_tags);
+  // act(x @ weight^T + bias): x [..., K], weight [N, K], bias [N]; activation none, relu, gelu,
+  // gelu_tanh or silu; [..., N] in x's dtype (docs/ops.md#linear).
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\") -> Tensor",
+        gemm_tags);
+  // linear's output and its pre-activation (x @ weight^T + bias), for linear's backward (internal).
+  m.def("_linear_fwd(Tensor x, Tensor weight, Tensor? bias, str activation) -> (Tensor, Tensor)",
+        gemm_tags);
+  // (dy * act'(pre), the sum of that over rows) for dy, pre [rows, N]: linear's backward (internal).
+  m.def("_linear_act_bwd(Tensor dy, Tensor pre, str activation) -> (Tensor, Tensor)", tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

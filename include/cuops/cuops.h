@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #if defined(_WIN32)
 #define CUOPS_API __declspec(dllimport)
@@ -78,6 +79,35 @@ inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   static const auto handle =
       detail::op<at::Tensor(const at::Tensor&, const at::Tensor&)>("cuops::mm");
   return handle.call(a, b);
+}
+
+// act(x @ weight^T + bias) for x [..., K], weight [N, K] (nn.Linear's layout), bias [N]; activation
+// one of "none", "relu", "gelu", "gelu_tanh", "silu"; differentiable in x, weight and bias.
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                         const std::optional<at::Tensor>& bias = std::nullopt,
+                         std::string_view activation = "none") {
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            std::string_view)>("cuops::linear");
+  return handle.call(x, weight, bias, activation);
+}
+
+// linear's pieces for its backward (internal; their schemas may change): the output and the
+// pre-activation; the pre-activation's gradient and the bias gradient from dy [rows, N].
+inline std::tuple<at::Tensor, at::Tensor> _linear_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                      const std::optional<at::Tensor>& bias,
+                                                      std::string_view activation) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::string_view)>(
+      "cuops::_linear_fwd");
+  return handle.call(x, weight, bias, activation);
+}
+inline std::tuple<at::Tensor, at::Tensor> _linear_act_bwd(const at::Tensor& dy,
+                                                          const at::Tensor& pre,
+                                                          std::string_view activation) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, std::string_view)>("cuops::_linear_act_bwd");
+  return handle.call(dy, pre, activation);
 }
 
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.

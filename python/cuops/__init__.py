@@ -26,7 +26,7 @@ errors, DTensor sharding, what runs where on CUDA) is docs/ops.md in the cuops s
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -55,6 +55,7 @@ __all__ = [
     "two_norm",
     "gemm",
     "mm",
+    "linear",
     "build_info",
     "set_switch",
     "switch",
@@ -244,6 +245,36 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Calls torch.ops.cuops.mm.
     """
     return torch.ops.cuops.mm(a, b)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: str = "none") -> torch.Tensor:
+    """act(x @ weight.T + bias): nn.Linear followed by its activation, in one op (docs/ops.md#linear).
+
+    Args:
+        x: the [..., K] input (leading dimensions are flattened into rows).
+        weight: the [N, K] weight, as nn.Linear keeps it (read in place).
+        bias: an optional [N] bias.
+        activation: "none", "relu", "gelu" (erf), "gelu_tanh" or "silu".
+
+    Returns:
+        A new [..., N] tensor of x's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16, all tensors one dtype; half types accumulate, add
+    the bias and apply the activation in float32. Under CUDA autocast every tensor is cast to the
+    autocast dtype as F.linear does (a float32 master weight through autocast's cache); outside it a
+    float32 weight with a half x is an error naming both dtypes.
+
+    Autograd: differentiable in x, weight and bias; the pre-activation is kept for the backward only
+    when there is an activation and a gradient is required.
+
+    Raises:
+        RuntimeError: "cuops::linear: ..." for a bad shape, dtype or device, or an activation not in
+            the list (the message lists them).
+
+    Calls torch.ops.cuops.linear.
+    """
+    return torch.ops.cuops.linear(x, weight, bias, activation)
 
 
 def build_info() -> dict[str, Any]:

@@ -1,0 +1,300 @@
+// linear: act(x @ weight^T + bias) (docs/ops.md#linear): checks, CPU reference, CUDA, Meta, Autograd,
+// Autocast. Two internal ops carry the pieces the backward needs: _linear_fwd also returns the
+// pre-activation (kept only when grad is required and there is an activation), _linear_act_bwd turns
+// dy into the pre-activation's gradient and the bias gradient in one call.
+//
+// On CUDA the product runs on cuops::mm and the bias and activation in a second pass over the output
+// (torch's elementwise kernels); the fused epilogue (kernels/epilogue.cuh) replaces that pass.
+#include "ops/common.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <array>
+#include <string_view>
+
+namespace cuops::ops {
+namespace {
+
+enum class Act { None, Relu, Gelu, GeluTanh, Silu };
+constexpr std::array<std::pair<std::string_view, Act>, 5> kActs = {{{"none", Act::None},
+                                                                    {"relu", Act::Relu},
+                                                                    {"gelu", Act::Gelu},
+                                                                    {"gelu_tanh", Act::GeluTanh},
+                                                                    {"silu", Act::Silu}}};
+
+Act parse_act(const char* op, c10::string_view name) {
+  for (const auto& [text, act] : kActs)
+    if (std::string_view(name.data(), name.size()) == text) return act;
+  TORCH_CHECK(false, "cuops::", op,
+              ": expected activation to be one of none, relu, gelu, gelu_tanh, silu, got '",
+              std::string(name.data(), name.size()), "'");
+  return Act::None;
+}
+
+// x [..., K], weight [N, K], bias [N]; one dtype and device.
+Act check_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  if (bias.has_value())
+    check_dtypes_and_devices(op, {{"x", &x}, {"weight", &weight}, {"bias", &*bias}});
+  else
+    check_dtypes_and_devices(op, {{"x", &x}, {"weight", &weight}});
+  TORCH_CHECK(x.dim() >= 1, "cuops::", op, ": expected x to be at least 1-D ([..., K]), got 0-D");
+  check_dim(op, "weight", weight, 2);
+  TORCH_CHECK(weight.sym_size(1) == x.sym_size(-1), "cuops::", op,
+              ": expected weight [N, K] to share K with x's last dimension, got x ", shape_str(x),
+              " and weight ", shape_str(weight));
+  if (bias.has_value()) {
+    check_dim(op, "bias", *bias, 1);
+    TORCH_CHECK(bias->sym_size(0) == weight.sym_size(0), "cuops::", op,
+                ": expected bias of shape [", weight.sym_size(0), "] (weight's rows), got ",
+                shape_str(*bias));
+  }
+  return parse_act(op, activation);
+}
+
+std::vector<c10::SymInt> out_shape(const at::Tensor& x, const at::Tensor& weight) {
+  std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end());
+  shape.back() = weight.sym_size(0);
+  return shape;
+}
+
+// The activation, out of place, in the tensor's own dtype (torch's kernels compute half types in
+// float32 and round once).
+at::Tensor activate(const at::Tensor& z, Act act) {
+  switch (act) {
+    case Act::None:
+      return z;
+    case Act::Relu:
+      return at::relu(z);
+    case Act::Gelu:
+      return at::gelu(z, "none");
+    case Act::GeluTanh:
+      return at::gelu(z, "tanh");
+    case Act::Silu:
+      return at::silu(z);
+  }
+  return z;
+}
+
+// ---- CPU reference: the product, bias and activation in the accumulation type (float32 for half
+// types, float64 for float64), rounded once to x's dtype; the pre-activation rounded likewise.
+
+std::pair<at::Tensor, at::Tensor> linear_reference(const at::Tensor& x, const at::Tensor& weight,
+                                                   const std::optional<at::Tensor>& bias, Act act) {
+  const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+  const auto acc = half ? at::kFloat : x.scalar_type();
+  at::Tensor z = at::matmul(x.to(acc), weight.to(acc).t());
+  if (bias.has_value()) z = z + bias->to(acc);
+  return {activate(z, act).to(x.scalar_type()).contiguous(), z.to(x.scalar_type()).contiguous()};
+}
+
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  const Act act = check_linear("linear", x, weight, bias, activation);
+  return linear_reference(x, weight, bias, act).first;
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_fwd_cpu(const at::Tensor& x, const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  c10::string_view activation) {
+  const Act act = check_linear("_linear_fwd", x, weight, bias, activation);
+  auto [y, z] = linear_reference(x, weight, bias, act);
+  return {act == Act::None ? y.clone() : y, z};  // two outputs never alias
+}
+
+// ---- CUDA: the pre-activation on cuops::mm (x's leading dims flattened, weight^T read in place),
+// then the bias and the activation.
+
+// x [..., K] as [rows, K] (rows: the product of the leading dims; a reshape with -1 cannot size an
+// empty x).
+at::Tensor as_rows(const at::Tensor& x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return x.reshape({rows, x.size(-1)});
+}
+
+at::Tensor shaped(const at::Tensor& z2, const at::Tensor& x, const at::Tensor& weight) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0);
+  return z2.view(shape);
+}
+
+at::Tensor pre_activation(const at::Tensor& x, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias) {
+  at::Tensor z = cuops::mm(as_rows(x), weight.t());
+  if (bias.has_value()) z.add_(*bias);
+  return shaped(z, x, weight);
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  const Act act = check_linear("linear", x, weight, bias, activation);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor z = pre_activation(x, weight, bias);
+  switch (act) {
+    case Act::None:
+      return z;
+    case Act::Relu:
+      return z.relu_();
+    case Act::Gelu:
+      return at::gelu_(z, "none");
+    case Act::GeluTanh:
+      return at::gelu_(z, "tanh");
+    case Act::Silu:
+      return at::silu_(z);
+  }
+  return z;
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
+                                                   const std::optional<at::Tensor>& bias,
+                                                   c10::string_view activation) {
+  const Act act = check_linear("_linear_fwd", x, weight, bias, activation);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor z = pre_activation(x, weight, bias);
+  return {act == Act::None ? z.clone() : activate(z, act).contiguous(), z};
+}
+
+// ---- the activation's backward: dz = dy * act'(z) (in the tensors' dtype, computed in float32 for
+// half types by torch's kernels) and the bias gradient, dz summed over the rows (accumulated in
+// float32 for half types; a fixed-order reduction, so the same bits on every run). dy and z are
+// [rows, N].
+
+void check_act_bwd(const at::Tensor& dy, const at::Tensor& z) {
+  check_dtypes_and_devices("_linear_act_bwd", {{"dy", &dy}, {"pre", &z}});
+  check_dim("_linear_act_bwd", "dy", dy, 2);
+  check_same_shape("_linear_act_bwd", {{"dy", &dy}, {"pre", &z}});
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_act_bwd(const at::Tensor& dy, const at::Tensor& z,
+                                                  c10::string_view activation) {
+  check_act_bwd(dy, z);
+  const Act act = parse_act("_linear_act_bwd", activation);
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (dy.is_cuda()) guard.emplace(dy.device());
+  at::Tensor dz;
+  switch (act) {
+    case Act::None:
+      dz = dy.clone(at::MemoryFormat::Contiguous);
+      break;
+    case Act::Relu:
+      dz = at::threshold_backward(dy, z, 0);
+      break;
+    case Act::Gelu:
+      dz = at::gelu_backward(dy, z, "none");
+      break;
+    case Act::GeluTanh:
+      dz = at::gelu_backward(dy, z, "tanh");
+      break;
+    case Act::Silu:
+      dz = at::silu_backward(dy, z);
+      break;
+  }
+  const bool half = dz.scalar_type() == at::kHalf || dz.scalar_type() == at::kBFloat16;
+  at::Tensor dbias = half ? at::sum(dz, at::IntArrayRef{0}, false, at::kFloat).to(dz.scalar_type())
+                          : at::sum(dz, at::IntArrayRef{0});
+  return {dz.contiguous(), dbias};
+}
+
+// ---- Meta
+
+at::Tensor linear_meta(const at::Tensor& x, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  check_linear("linear", x, weight, bias, activation);
+  return at::empty_symint(out_shape(x, weight), x.options());
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_fwd_meta(const at::Tensor& x, const at::Tensor& weight,
+                                                   const std::optional<at::Tensor>& bias,
+                                                   c10::string_view activation) {
+  check_linear("_linear_fwd", x, weight, bias, activation);
+  return {at::empty_symint(out_shape(x, weight), x.options()),
+          at::empty_symint(out_shape(x, weight), x.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_act_bwd_meta(const at::Tensor& dy, const at::Tensor& z,
+                                                       c10::string_view activation) {
+  check_act_bwd(dy, z);
+  parse_act("_linear_act_bwd", activation);
+  return {at::empty_symint(dy.sym_sizes(), dy.options()),
+          at::empty_symint({dy.sym_size(1)}, dy.options())};
+}
+
+// ---- Autograd: x, weight and the pre-activation (only with an activation) are kept.
+
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, c10::string_view activation) {
+    const Act act = parse_act("linear", activation);
+    ctx->saved_data["activation"] = std::string(activation.data(), activation.size());
+    ctx->saved_data["has_bias"] = bias.has_value();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    if (act == Act::None) {
+      ctx->save_for_backward({x, weight});
+      return cuops::linear(x, weight, bias, "none");
+    }
+    auto [y, z] = cuops::_linear_fwd(x, weight, bias, activation);
+    ctx->save_for_backward({x, weight, z});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const std::string activation = ctx->saved_data["activation"].toStringRef();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const int64_t n = weight.size(0);
+    const at::Tensor x2 = as_rows(x);
+    const at::Tensor dy = grads[0].reshape({x2.size(0), n});
+    at::Tensor dz = dy, dbias;
+    if (activation != "none" || (has_bias && ctx->needs_input_grad(2))) {
+      const at::Tensor z = activation != "none" ? saved[2].reshape({x2.size(0), n}) : dy;
+      std::tie(dz, dbias) = cuops::_linear_act_bwd(dy, z, activation);
+    }
+    at::Tensor dx, dweight;
+    if (ctx->needs_input_grad(0)) dx = cuops::mm(dz, weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) dweight = cuops::mm(dz.t(), x2);
+    return {dx, dweight, has_bias && ctx->needs_input_grad(2) ? dbias : at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  return LinearFunction::apply(x, weight, bias, activation);
+}
+
+// Under CUDA autocast, as F.linear: every tensor cast to the autocast dtype (a float32 master
+// weight through autocast's weight cache).
+at::Tensor linear_autocast(const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  std::optional<at::Tensor> b;
+  if (bias.has_value()) b = at::autocast::cached_cast(dtype, *bias, c10::DeviceType::CUDA);
+  return cuops::linear(at::autocast::cached_cast(dtype, x, c10::DeviceType::CUDA),
+                       at::autocast::cached_cast(dtype, weight, c10::DeviceType::CUDA), b,
+                       activation);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cuops, CPU, m) {
+  m.impl("linear", &linear_cpu);
+  m.impl("_linear_fwd", &linear_fwd_cpu);
+  m.impl("_linear_act_bwd", &linear_act_bwd);
+}
+TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
+  m.impl("linear", &linear_cuda);
+  m.impl("_linear_fwd", &linear_fwd_cuda);
+  m.impl("_linear_act_bwd", &linear_act_bwd);
+}
+TORCH_LIBRARY_IMPL(cuops, Meta, m) {
+  m.impl("linear", &linear_meta);
+  m.impl("_linear_fwd", &linear_fwd_meta);
+  m.impl("_linear_act_bwd", &linear_act_bwd_meta);
+}
+TORCH_LIBRARY_IMPL(cuops, Autograd, m) { m.impl("linear", &linear_autograd); }
+TORCH_LIBRARY_IMPL(cuops, AutocastCUDA, m) { m.impl("linear", &linear_autocast); }
+
+}  // namespace cuops::ops

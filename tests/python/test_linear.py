@@ -1,0 +1,199 @@
+"""cuops.linear (docs/ops.md#linear): act(x @ weight.T + bias) against a float64 reference, its gradients,
+errors, autocast, opcheck and torch.compile; on the CPU (the reference) and on CUDA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuops
+from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
+
+ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+
+
+def reference(x, w, b, activation):
+    """The float64 result and the scale of its rounding error: |x| @ |w|^T + |b| (each activation
+    moves an error by at most ~1.13 times, gelu's steepest slope)."""
+    x64, w64 = x.double(), w.double()
+    z = x64 @ w64.t()
+    scale = x64.abs() @ w64.abs().t()
+    if b is not None:
+        z, scale = z + b.double(), scale + b.double().abs()
+    act = {"none": lambda t: t, "relu": torch.relu, "gelu": F.gelu, "silu": F.silu,
+           "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
+    return act(z), scale
+
+
+def tolerance(dtype, device):
+    """The product's bound (tests/tolerances.txt, the half types' rounding), twice over where CUDA
+    rounds the pre-activation to x's dtype before the activation rounds again."""
+    base = HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+    return 2.5 * base if device == "cuda" else 1.5 * base
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_linear_matches_float64(device, dtype, activation, with_bias):
+    # Leading dims, odd K and N, and x as every other row of a wider tensor (not contiguous).
+    x = make((2, 6, 37), dtype, device, "sliced")[:, ::2]
+    w = make((29, 37), dtype, device)
+    b = make((29,), dtype, device) if with_bias else None
+    y = cuops.linear(x, w, b, activation)
+    assert y.shape == (2, 3, 29) and y.dtype == dtype and y.device.type == device
+    want, scale = reference(x, w, b, activation)
+    assert rel_error(y, want.to(y.device), scale.to(y.device)) <= tolerance(dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0, 8, 5), (4, 0, 5), (4, 8, 0)], ids=["rows0", "k0", "n0"])
+def test_linear_empty_sizes(device, shape):
+    rows, k, n = shape
+    x, w, b = make((rows, k), torch.float32, device), make((n, k), torch.float32, device), \
+        make((n,), torch.float32, device)
+    y = cuops.linear(x, w, b, "silu")
+    assert y.shape == (rows, n)
+    assert torch.allclose(y, F.silu(x @ w.t() + b), atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_linear_gradcheck_float64(device, activation):
+    x = make((3, 2, 7), torch.float64, device).requires_grad_()
+    w = make((5, 7), torch.float64, device).requires_grad_()
+    b = make((5,), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *t: cuops.linear(*t, activation), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: cuops.linear(x, w, None, activation), (x, w))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", ["gelu_tanh", "silu", "none"])
+def test_linear_gradients_match_float64(device, dtype, activation):
+    x = make((64, 48), dtype, device).requires_grad_()
+    w = make((40, 48), dtype, device).requires_grad_()
+    b = make((40,), dtype, device).requires_grad_()
+    g = make((64, 40), dtype, device)
+    cuops.linear(x, w, b, activation).backward(g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    want, _ = reference(x64, w64, b64, activation)
+    want.backward(g.double())
+    tol = 4 * HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+    for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert got.dtype == dtype
+        assert rel_error(got, ref.to(got.device)) <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_bad_inputs_name_the_argument(device):
+    x, w, b = make((4, 3), torch.float32, device), make((5, 3), torch.float32, device), \
+        make((5,), torch.float32, device)
+    with pytest.raises(RuntimeError, match=r"cuops::linear: expected activation to be one of none, relu, gelu, "
+                                           r"gelu_tanh, silu, got 'tanh'"):
+        cuops.linear(x, w, b, "tanh")
+    with pytest.raises(RuntimeError, match=r"cuops::linear: expected weight \[N, K\] to share K with x's last "
+                                           r"dimension, got x \[4, 3\] and weight \[5, 2\]"):
+        cuops.linear(x, make((5, 2), torch.float32, device))
+    with pytest.raises(RuntimeError, match=r"cuops::linear: expected bias of shape \[5\] \(weight's rows\), got \[4\]"):
+        cuops.linear(x, w, make((4,), torch.float32, device))
+    with pytest.raises(RuntimeError, match=r"cuops::linear: expected weight to have the dtype of x \(bfloat16\), "
+                                           r"got float32"):
+        cuops.linear(x.bfloat16(), w)
+    with pytest.raises(RuntimeError, match=r"cuops::linear: expected x to be at least 1-D"):
+        cuops.linear(torch.tensor(1.0, device=device), w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_meta_shapes(device):
+    x, w, b = (torch.empty(s, device="meta") for s in ((2, 3, 8), (5, 8), (5,)))
+    assert cuops.linear(x, w, b, "gelu").shape == (2, 3, 5)
+    y, pre = ops._linear_fwd(x, w, b, "gelu")
+    assert y.shape == pre.shape == (2, 3, 5)
+    dz, db = ops._linear_act_bwd(torch.empty(6, 5, device="meta"), torch.empty(6, 5, device="meta"), "silu")
+    assert dz.shape == (6, 5) and db.shape == (5,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_linear_opcheck(device, activation):
+    x, w, b = make((6, 8), torch.float32, device), make((5, 8), torch.float32, device), \
+        make((5,), torch.float32, device)
+    torch.library.opcheck(ops.linear, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), activation))
+    torch.library.opcheck(ops.linear, (x.detach(), w.detach(), None, activation))
+    torch.library.opcheck(ops._linear_fwd, (x.detach(), w.detach(), b.detach(), activation))
+    torch.library.opcheck(ops._linear_act_bwd, (make((6, 5), torch.float32, device), make((6, 5), torch.float32, device),
+                                                activation))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_compiles_without_graph_breaks(device):
+    """fullgraph through the ops' fake kernels and autograd (aot_eager: Dynamo and AOTAutograd, no
+    codegen); on CUDA also Inductor."""
+    x = make((2, 8, 16), torch.float32, device).requires_grad_()
+    w = make((12, 16), torch.float32, device).requires_grad_()
+    b = make((12,), torch.float32, device).requires_grad_()
+
+    def f(x, w, b):
+        return cuops.linear(x, w, b, "gelu_tanh").sum()
+
+    backends = ["aot_eager"] + (["inductor"] if device == "cuda" else [])
+    for backend in backends:
+        torch._dynamo.reset()
+        out = torch.compile(f, fullgraph=True, backend=backend)(x, w, b)
+        out.backward()
+        grads = [t.grad.clone() for t in (x, w, b)]
+        for t in (x, w, b):
+            t.grad = None
+        f(x, w, b).backward()
+        for got, t in zip(grads, (x, w, b)):
+            torch.testing.assert_close(got, t.grad, rtol=1e-5, atol=1e-5)
+        for t in (x, w, b):
+            t.grad = None
+
+
+@requires_cuda
+def test_linear_autocast_casts_like_f_linear():
+    x = make((8, 16), torch.float32, "cuda")
+    w = make((12, 16), torch.float32, "cuda").requires_grad_()  # a float32 master weight
+    b = make((12,), torch.float32, "cuda").requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = cuops.linear(x, w, b, "silu")
+        want = F.silu(F.linear(x, w, b))
+    assert y.dtype == want.dtype == torch.bfloat16
+    assert rel_error(y, want) <= 2 * HALF_TOL[torch.bfloat16]
+    y.float().sum().backward()
+    assert w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_linear_bitwise_repeatable(dtype):
+    x, w, b = make((256, 512), dtype, "cuda"), make((384, 512), dtype, "cuda"), make((384,), dtype, "cuda")
+    first = cuops.linear(x, w, b, "gelu")
+    for _ in range(3):
+        assert torch.equal(cuops.linear(x, w, b, "gelu"), first)
+    g = make((256, 384), dtype, "cuda")
+    grads = []
+    for _ in range(2):
+        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+        cuops.linear(xs, ws, bs, "gelu").backward(g)
+        grads.append([t.grad for t in (xs, ws, bs)])
+    assert all(torch.equal(a, c) for a, c in zip(*grads))
+
+
+@requires_cuda
+def test_linear_in_a_cuda_graph():
+    x, w, b = make((64, 32), torch.bfloat16, "cuda"), make((48, 32), torch.bfloat16, "cuda"), \
+        make((48,), torch.bfloat16, "cuda")
+    want = cuops.linear(x, w, b, "relu")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cuops.linear(x, w, b, "relu")
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuops.linear(x, w, b, "relu")
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
