@@ -40,4 +40,18 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
 cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld,
                                  float* dst, int64_t ld_dst, cudaStream_t stream);
 
+// The fused linear ops' activations (kernels/activation.cuh holds their math).
+enum class Activation : int { None, Relu, Gelu, GeluTanh, Silu };
+
+// Bytes of workspace launch_act_bwd needs for dy [rows, n]: a partial column sum per chunk of rows.
+int64_t act_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t n);
+
+// The activation's backward and the bias gradient in one pass over dy (row-major [rows, n], leading
+// strides ld_dy, ld_pre >= n): dz = dy * act'(pre) into dz (contiguous [rows, n]), computed in the
+// accumulation type and rounded once; dbias[c] = sum over rows of dz[:, c] before rounding, in a
+// fixed order (deterministic). `workspace`: act_bwd_workspace_bytes bytes, 16-byte aligned.
+cudaError_t launch_act_bwd(DType dtype, Activation act, const void* dy, int64_t ld_dy,
+                           const void* pre, int64_t ld_pre, int64_t rows, int64_t n, void* dz,
+                           void* dbias, void* workspace, cudaStream_t stream);
+
 }  // namespace cuops::kernels

@@ -4,7 +4,8 @@
 // dy into the pre-activation's gradient and the bias gradient in one call.
 //
 // On CUDA the product runs on cuops::mm and the bias and activation in a second pass over the output
-// (torch's elementwise kernels); the fused epilogue (kernels/epilogue.cuh) replaces that pass.
+// (torch's elementwise kernels; the fused epilogue, kernels/epilogue.cuh, replaces that pass); the
+// backward's activation derivative and bias gradient are one pass over dy (kernels/linear.cu).
 #include "ops/common.h"
 
 #include <ATen/autocast_mode.h>
@@ -15,7 +16,7 @@
 namespace cuops::ops {
 namespace {
 
-enum class Act { None, Relu, Gelu, GeluTanh, Silu };
+using Act = kernels::Activation;
 constexpr std::array<std::pair<std::string_view, Act>, 5> kActs = {{{"none", Act::None},
                                                                     {"relu", Act::Relu},
                                                                     {"gelu", Act::Gelu},
@@ -166,12 +167,10 @@ void check_act_bwd(const at::Tensor& dy, const at::Tensor& z) {
   check_same_shape("_linear_act_bwd", {{"dy", &dy}, {"pre", &z}});
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_act_bwd(const at::Tensor& dy, const at::Tensor& z,
-                                                  c10::string_view activation) {
+std::tuple<at::Tensor, at::Tensor> linear_act_bwd_cpu(const at::Tensor& dy, const at::Tensor& z,
+                                                      c10::string_view activation) {
   check_act_bwd(dy, z);
   const Act act = parse_act("_linear_act_bwd", activation);
-  std::optional<c10::cuda::CUDAGuard> guard;
-  if (dy.is_cuda()) guard.emplace(dy.device());
   at::Tensor dz;
   switch (act) {
     case Act::None:
@@ -194,6 +193,31 @@ std::tuple<at::Tensor, at::Tensor> linear_act_bwd(const at::Tensor& dy, const at
   at::Tensor dbias = half ? at::sum(dz, at::IntArrayRef{0}, false, at::kFloat).to(dz.scalar_type())
                           : at::sum(dz, at::IntArrayRef{0});
   return {dz.contiguous(), dbias};
+}
+
+// One pass over dy and the pre-activation (kernels/linear.cu): dz, and the bias gradient summed in
+// the accumulation type before dz is rounded, in a fixed order.
+std::tuple<at::Tensor, at::Tensor> linear_act_bwd_cuda(const at::Tensor& dy, const at::Tensor& z,
+                                                       c10::string_view activation) {
+  check_act_bwd(dy, z);
+  const Act act = parse_act("_linear_act_bwd", activation);
+  const c10::cuda::CUDAGuard guard(dy.device());
+  const int64_t rows = dy.size(0), n = dy.size(1);
+  // Rows with unit column stride, any leading stride (a row-major slice reads in place).
+  auto rowwise = [&](const at::Tensor& t) {
+    return t.stride(1) == 1 && t.stride(0) >= n ? t : t.contiguous();
+  };
+  const at::Tensor g = rowwise(dy), p = rowwise(z);
+  at::Tensor dz = at::empty({rows, n}, dy.options());
+  at::Tensor dbias = at::empty({n}, dy.options());
+  const int64_t bytes = kernels::act_bwd_workspace_bytes(kernel_dtype(dy.scalar_type()), rows, n);
+  at::Tensor workspace;
+  if (bytes > 0) workspace = at::empty({bytes}, dy.options().dtype(at::kByte));
+  C10_CUDA_CHECK(kernels::launch_act_bwd(
+      kernel_dtype(dy.scalar_type()), act, g.data_ptr(), rows > 0 ? g.stride(0) : n, p.data_ptr(),
+      rows > 0 ? p.stride(0) : n, rows, n, dz.data_ptr(), dbias.data_ptr(),
+      workspace.defined() ? workspace.data_ptr() : nullptr, current_stream(dy)));
+  return {dz, dbias};
 }
 
 // ---- Meta
@@ -282,12 +306,12 @@ at::Tensor linear_autocast(const at::Tensor& x, const at::Tensor& weight,
 TORCH_LIBRARY_IMPL(cuops, CPU, m) {
   m.impl("linear", &linear_cpu);
   m.impl("_linear_fwd", &linear_fwd_cpu);
-  m.impl("_linear_act_bwd", &linear_act_bwd);
+  m.impl("_linear_act_bwd", &linear_act_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
   m.impl("linear", &linear_cuda);
   m.impl("_linear_fwd", &linear_fwd_cuda);
-  m.impl("_linear_act_bwd", &linear_act_bwd);
+  m.impl("_linear_act_bwd", &linear_act_bwd_cuda);
 }
 TORCH_LIBRARY_IMPL(cuops, Meta, m) {
   m.impl("linear", &linear_meta);

@@ -197,3 +197,33 @@ def test_linear_in_a_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_activation_backward_and_bias_gradient(device, dtype, activation):
+    """_linear_act_bwd: dz = dy * act'(pre) and dbias = dz summed over rows, against float64; rows over
+    several of the CUDA kernel's 256-row chunks, an odd N, dy every other row of a wider tensor."""
+    rows, n = 1000, 37
+    dy = make((2 * rows, n), dtype, device)[::2]
+    pre = make((rows, n), dtype, device)
+    dz, db = ops._linear_act_bwd(dy, pre, activation)
+    assert dz.shape == (rows, n) and db.shape == (n,) and dz.dtype == db.dtype == dtype
+    z64 = pre.double().requires_grad_()
+    want, _ = reference(z64, torch.eye(n, dtype=torch.float64, device=device), None, activation)
+    (dz64,) = torch.autograd.grad(want, z64, dy.double())
+    tol = 2 * HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+    assert rel_error(dz, dz64) <= tol
+    assert rel_error(db, dz64.sum(0), dz64.abs().sum(0)) <= tol
+    if device == "cuda":
+        again = ops._linear_act_bwd(dy, pre, activation)
+        assert torch.equal(again[0], dz) and torch.equal(again[1], db)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_activation_backward_empty(device):
+    dz, db = ops._linear_act_bwd(make((0, 5), torch.float32, device), make((0, 5), torch.float32, device), "gelu")
+    assert dz.shape == (0, 5) and torch.equal(db, torch.zeros(5, device=device))
+    dz, db = ops._linear_act_bwd(make((4, 0), torch.float32, device), make((4, 0), torch.float32, device), "gelu")
+    assert dz.shape == (4, 0) and db.shape == (0,)

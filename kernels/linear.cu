@@ -1,0 +1,101 @@
+// The fused linear ops' elementwise passes. act_bwd: the activation's backward and the bias
+// gradient in one pass over dy (cuBLASLt's DGELU_BGRAD): dz = dy * act'(pre), written in dy's
+// dtype, and dbias = the column sums of dz, accumulated in the accumulation type before dz is
+// rounded. The column sums are deterministic: each block sums a fixed chunk of kChunkRows rows of
+// its columns into a partial row of the workspace (its row lanes added in lane order), and a second
+// kernel adds the chunks' partials in chunk order. No float atomics; the same bits on every run and
+// every GPU.
+#include "activation.cuh"
+#include "common.cuh"
+
+namespace cuops::kernels {
+using namespace detail;
+namespace {
+
+// A block: kPairs column pairs (a warp's lanes, so a warp reads 64 consecutive elements of a row)
+// by kLanes row lanes, over kChunkRows rows.
+constexpr int kPairs = 32, kLanes = 8, kThreads = kPairs * kLanes, kCols = 2 * kPairs;
+constexpr int64_t kChunkRows = 256;
+
+template <typename T> __global__ void __launch_bounds__(kThreads)
+    act_bwd_chunks(Activation act, const T* dy, int64_t ld_dy, const T* pre, int64_t ld_pre,
+                   int64_t rows, int64_t n, T* dz, acc_t<T>* partial) {
+  using A = acc_t<T>;
+  __shared__ A sums[kLanes][kCols];
+  const int64_t col_blocks = (n + kCols - 1) / kCols;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) / col_blocks;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.x) % col_blocks) * kCols;
+  const int pair = static_cast<int>(threadIdx.x) % kPairs,
+            lane = static_cast<int>(threadIdx.x) / kPairs;
+  const int64_t c = col0 + 2 * pair;
+  const int64_t r_end = min(rows, (chunk + 1) * kChunkRows);
+  A s0 = A(0), s1 = A(0);
+  for (int64_t r = chunk * kChunkRows + lane; r < r_end; r += kLanes) {
+    if (c < n) {
+      const A d0 = to_acc(dy[r * ld_dy + c]) * act_derivative(act, to_acc(pre[r * ld_pre + c]));
+      dz[r * n + c] = from_acc<T>(d0);
+      s0 += d0;
+    }
+    if (c + 1 < n) {
+      const A d1 =
+          to_acc(dy[r * ld_dy + c + 1]) * act_derivative(act, to_acc(pre[r * ld_pre + c + 1]));
+      dz[r * n + c + 1] = from_acc<T>(d1);
+      s1 += d1;
+    }
+  }
+  sums[lane][2 * pair] = s0;
+  sums[lane][2 * pair + 1] = s1;
+  __syncthreads();
+  if (lane == 0) {
+    for (int j = 0; j < 2; ++j) {
+      A total = sums[0][2 * pair + j];
+      for (int l = 1; l < kLanes; ++l) total += sums[l][2 * pair + j];
+      if (c + j < n) partial[chunk * n + c + j] = total;
+    }
+  }
+}
+
+// dbias[c] = the chunks' partials of column c added in chunk order (0 for no rows).
+template <typename T> __global__ void __launch_bounds__(256)
+    act_bwd_bias(const acc_t<T>* partial, int64_t chunks, int64_t n, T* dbias) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  acc_t<T> total = acc_t<T>(0);
+  for (int64_t k = 0; k < chunks; ++k) total += partial[k * n + c];
+  dbias[c] = from_acc<T>(total);
+}
+
+int64_t chunks_of(int64_t rows) { return (rows + kChunkRows - 1) / kChunkRows; }
+
+}  // namespace
+
+int64_t act_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t n) {
+  return chunks_of(rows) * n * (dtype == DType::Float64 ? 8 : 4);
+}
+
+cudaError_t launch_act_bwd(DType dtype, Activation act, const void* dy, int64_t ld_dy,
+                           const void* pre, int64_t ld_pre, int64_t rows, int64_t n, void* dz,
+                           void* dbias, void* workspace, cudaStream_t stream) {
+  if (rows < 0 || n < 0 || ld_dy < n || ld_pre < n) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int64_t chunks = chunks_of(rows), col_blocks = (n + kCols - 1) / kCols;
+  if (!grid_fits(chunks * col_blocks) || (chunks > 0 && workspace == nullptr))
+    return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    A* partial = static_cast<A*>(workspace);
+    if (chunks > 0) {
+      act_bwd_chunks<T><<<static_cast<unsigned>(chunks * col_blocks), kThreads, 0, stream>>>(
+          act, static_cast<const T*>(dy), ld_dy, static_cast<const T*>(pre), ld_pre, rows, n,
+          static_cast<T*>(dz), partial);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+    act_bwd_bias<T>
+        <<<blocks_for(n, 256), 256, 0, stream>>>(partial, chunks, n, static_cast<T*>(dbias));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace cuops::kernels
