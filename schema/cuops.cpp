@@ -37,6 +37,11 @@ TORCH_LIBRARY(cuops, m) {
         gemm_tags);
   // (dy * act'(pre), the sum of that over rows) for dy, pre [rows, N]: linear's backward (internal).
   m.def("_linear_act_bwd(Tensor dy, Tensor pre, str activation) -> (Tensor, Tensor)", tags);
+  // silu(x @ w_gate^T) * (x @ w_up^T), x [..., K], w_gate and w_up [I, K] (docs/ops.md#swiglu).
+  m.def("swiglu(Tensor x, Tensor w_gate, Tensor w_up) -> Tensor", gemm_tags);
+  // swiglu's output and g = x @ w_gate^T, u = x @ w_up^T, for swiglu's backward (internal).
+  m.def("_swiglu_fwd(Tensor x, Tensor w_gate, Tensor w_up) -> (Tensor out, Tensor g, Tensor u)",
+        gemm_tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

@@ -110,6 +110,25 @@ inline std::tuple<at::Tensor, at::Tensor> _linear_act_bwd(const at::Tensor& dy,
   return handle.call(dy, pre, activation);
 }
 
+// silu(x @ w_gate^T) * (x @ w_up^T) for x [..., K], w_gate and w_up [I, K] (nn.Linear's layout);
+// differentiable in x, w_gate and w_up.
+inline at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up) {
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "cuops::swiglu");
+  return handle.call(x, w_gate, w_up);
+}
+
+// swiglu's pieces for its backward (internal; its schema may change): the output and the products
+// g = x @ w_gate^T and u = x @ w_up^T.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _swiglu_fwd(const at::Tensor& x,
+                                                                  const at::Tensor& w_gate,
+                                                                  const at::Tensor& w_up) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::_swiglu_fwd");
+  return handle.call(x, w_gate, w_up);
+}
+
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
 inline std::string build_info() {
   static const auto handle = detail::op<std::string()>("cuops::build_info");

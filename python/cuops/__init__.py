@@ -56,6 +56,7 @@ __all__ = [
     "gemm",
     "mm",
     "linear",
+    "swiglu",
     "build_info",
     "set_switch",
     "switch",
@@ -275,6 +276,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     Calls torch.ops.cuops.linear.
     """
     return torch.ops.cuops.linear(x, weight, bias, activation)
+
+
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """silu(x @ w_gate.T) * (x @ w_up.T): a gated MLP's gate and up projections (docs/ops.md#swiglu).
+
+    Args:
+        x: the [..., K] input (leading dimensions are flattened into rows).
+        w_gate: the [I, K] gate projection's weight, as nn.Linear keeps it (read in place).
+        w_up: the [I, K] up projection's weight, the same shape (read in place).
+
+    Returns:
+        A new [..., I] tensor of x's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16, all tensors one dtype; half types accumulate both
+    products and form silu(g) * u in float32. Under CUDA autocast every tensor is cast to the
+    autocast dtype as F.linear does (float32 master weights through autocast's cache); outside it a
+    float32 weight with a half x is an error naming both dtypes.
+
+    Autograd: differentiable in x, w_gate and w_up; the products g = x @ w_gate.T and u = x @ w_up.T
+    are kept for the backward only when a gradient is required.
+
+    Raises:
+        RuntimeError: "cuops::swiglu: ..." for a bad shape, dtype or device (w_gate and w_up of
+            different shapes, or K not x's last dimension).
+
+    Calls torch.ops.cuops.swiglu.
+    """
+    return torch.ops.cuops.swiglu(x, w_gate, w_up)
 
 
 def build_info() -> dict[str, Any]:

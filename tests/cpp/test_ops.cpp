@@ -254,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(Devices, Ops, ::testing::Values("cpu", "cuda"),
 
 TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
   for (const char* name :
-       {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear"}) {
+       {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu"}) {
     SCOPED_TRACE(name);
     auto op = c10::Dispatcher::singleton().findSchema({std::string("cuops::") + name, ""});
     ASSERT_TRUE(op.has_value());

@@ -22,7 +22,7 @@ from conftest import DEVICES, DTYPES, LIBRARY, ROOT, make, ops
 import cuops
 from cuops import _library
 
-TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear"]
+TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu"]
 # Ops whose names start with "_" are internal (an op's pieces for its backward): no typed function.
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
@@ -125,7 +125,7 @@ class TypedModel(torch.nn.Module):
         h = cuops.mm(cuops.square(cuops.vector_add(c, b)), w)
         g = torch.empty(h.shape[0], w.shape[1], dtype=h.dtype, device=h.device)
         cuops.gemm(g, cuops.scale(h, 0.25), w)
-        return cuops.linear(g, w, None, "gelu"), cuops.two_norm(g, h)
+        return cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h)
 
 
 def model_inputs(device):
@@ -164,7 +164,7 @@ def scripted_every_op(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor):
     h = cuops.mm(cuops.square(cuops.vector_add(c, b)), w)
     g = torch.empty([h.shape[0], w.shape[1]], dtype=h.dtype, device=h.device)
     cuops.gemm(g, cuops.scale(h, 0.25), w)
-    return cuops.linear(g, w, None, "gelu"), cuops.two_norm(g, h)
+    return cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h)
 
 
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")

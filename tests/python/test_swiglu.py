@@ -1,0 +1,226 @@
+"""cuops.swiglu (docs/ops.md#swiglu): silu(x @ w_gate.T) * (x @ w_up.T) against a float64 reference, its
+gradients, errors, autocast, opcheck and torch.compile; on the CPU (the reference) and on CUDA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuops
+from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
+
+
+def reference(x, w_gate, w_up):
+    """The float64 result and the scale of its rounding error: an error in g (at most its product's bound
+    times |x| @ |w_gate|^T) reaches y times silu'(g) u, at most ~1.1 |u|; one in u times silu(g); a rounding
+    of silu(g) or of y, |y| times the unit."""
+    x64, wg64, wu64 = x.double(), w_gate.double(), w_up.double()
+    g, u = x64 @ wg64.t(), x64 @ wu64.t()
+    y = F.silu(g) * u
+    scale = 1.1 * u.abs() * (x64.abs() @ wg64.abs().t()) + F.silu(g).abs() * (x64.abs() @ wu64.abs().t()) + y.abs()
+    return y, scale
+
+
+def tolerance(dtype, device):
+    """The products' bound (tests/tolerances.txt, the half types' rounding) against that scale, with
+    room for the extra roundings where CUDA rounds g and u to x's dtype, then silu(g), then the product."""
+    base = HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+    return 2.5 * base if device == "cuda" else 1.5 * base
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swiglu_matches_float64(device, dtype):
+    # Leading dims, odd K and I, and x as every other row of a wider tensor (not contiguous).
+    x = make((2, 6, 37), dtype, device, "sliced")[:, ::2]
+    w_gate, w_up = make((29, 37), dtype, device), make((29, 37), dtype, device)
+    y = cuops.swiglu(x, w_gate, w_up)
+    assert y.shape == (2, 3, 29) and y.dtype == dtype and y.device.type == device and y.is_contiguous()
+    want, scale = reference(x, w_gate, w_up)
+    assert rel_error(y, want.to(y.device), scale.to(y.device)) <= tolerance(dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_of_a_1d_x_and_of_transposed_weights(device):
+    x = make((37,), torch.float32, device)
+    w_gate, w_up = make((37, 29), torch.float32, device).t(), make((37, 29), torch.float32, device).t()
+    y = cuops.swiglu(x, w_gate, w_up)
+    assert y.shape == (29,)
+    want, scale = reference(x, w_gate, w_up)
+    assert rel_error(y, want.to(y.device), scale.to(y.device)) <= tolerance(torch.float32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0, 8, 5), (4, 0, 5), (4, 8, 0)], ids=["rows0", "k0", "i0"])
+def test_swiglu_empty_sizes(device, shape):
+    rows, k, i = shape
+    x, w_gate, w_up = (make(s, torch.float32, device) for s in ((rows, k), (i, k), (i, k)))
+    y = cuops.swiglu(x, w_gate, w_up)
+    assert y.shape == (rows, i)
+    assert torch.allclose(y, F.silu(x @ w_gate.t()) * (x @ w_up.t()), atol=1e-6)
+    xs, gs, us = (t.clone().requires_grad_() for t in (x, w_gate, w_up))
+    cuops.swiglu(xs, gs, us).sum().backward()
+    assert xs.grad.shape == x.shape and gs.grad.shape == us.grad.shape == (i, k)
+    assert all(t.grad.abs().sum() == 0 for t in (xs, gs, us))  # every product is over nothing, or empty
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_shape", [(3, 2, 7), (7,)], ids=["3d", "1d"])
+def test_swiglu_gradcheck_float64(device, x_shape):
+    x = make(x_shape, torch.float64, device).requires_grad_()
+    w_gate = make((5, 7), torch.float64, device).requires_grad_()
+    w_up = make((5, 7), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(cuops.swiglu, (x, w_gate, w_up))
+    assert torch.autograd.gradcheck(lambda w: cuops.swiglu(x.detach(), w, w_up.detach()), (w_gate,))
+    assert torch.autograd.gradcheck(lambda x: cuops.swiglu(x, w_gate.detach(), w_up.detach()), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_swiglu_gradients_match_float64(device, dtype):
+    x = make((2, 32, 48), dtype, device).requires_grad_()
+    w_gate = make((40, 48), dtype, device).requires_grad_()
+    w_up = make((40, 48), dtype, device).requires_grad_()
+    dy = make((2, 32, 40), dtype, device)
+    cuops.swiglu(x, w_gate, w_up).backward(dy)
+    x64, g64, u64 = (t.detach().double().requires_grad_() for t in (x, w_gate, w_up))
+    want, _ = reference(x64, g64, u64)
+    want.backward(dy.double())
+    tol = 4 * HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+    for got, ref in ((x.grad, x64.grad), (w_gate.grad, g64.grad), (w_up.grad, u64.grad)):
+        assert got.dtype == dtype and got.shape == ref.shape
+        assert rel_error(got, ref.to(got.device)) <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_keeps_g_and_u_only_when_a_gradient_is_required(device):
+    x, w_gate, w_up = make((6, 8), torch.float32, device), make((5, 8), torch.float32, device), \
+        make((5, 8), torch.float32, device)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        cuops.swiglu(x, w_gate, w_up)
+        with torch.no_grad():
+            cuops.swiglu(x, w_gate.requires_grad_(), w_up)
+        assert saved == []
+        cuops.swiglu(x, w_gate, w_up)
+    assert sorted(saved) == sorted([(6, 8), (5, 8), (5, 8), (6, 5), (6, 5)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_bad_inputs_name_the_argument(device):
+    x, w_gate, w_up = make((4, 3), torch.float32, device), make((5, 3), torch.float32, device), \
+        make((5, 3), torch.float32, device)
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_gate \[I, K\] to share K with x's last "
+                                           r"dimension, got x \[4, 3\] and w_gate \[5, 2\]"):
+        cuops.swiglu(x, make((5, 2), torch.float32, device), make((5, 2), torch.float32, device))
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_up to have the shape of w_gate \[5, 3\], "
+                                           r"got \[4, 3\]"):
+        cuops.swiglu(x, w_gate, make((4, 3), torch.float32, device))
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_up to be 2-D, got 1-D"):
+        cuops.swiglu(x, w_gate, make((3,), torch.float32, device))
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_gate to have the dtype of x \(bfloat16\), "
+                                           r"got float32"):
+        cuops.swiglu(x.bfloat16(), w_gate, w_up)
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_up to have the dtype of x \(float32\), "
+                                           r"got bfloat16"):
+        cuops.swiglu(x, w_gate, w_up.bfloat16())
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected x to be at least 1-D"):
+        cuops.swiglu(torch.tensor(1.0, device=device), w_gate, w_up)
+    with pytest.raises(RuntimeError, match=r"cuops::_swiglu_fwd: expected w_up to have the shape of w_gate"):
+        ops._swiglu_fwd(x, w_gate, make((4, 3), torch.float32, device))
+    if device == "cuda":
+        with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_up on the device of x"):
+            cuops.swiglu(x, w_gate, w_up.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_meta_shapes(device):
+    x, w_gate, w_up = (torch.empty(s, device="meta") for s in ((2, 3, 8), (5, 8), (5, 8)))
+    assert cuops.swiglu(x, w_gate, w_up).shape == (2, 3, 5)
+    y, g, u = ops._swiglu_fwd(x, w_gate, w_up)
+    assert y.shape == g.shape == u.shape == (2, 3, 5)
+    with pytest.raises(RuntimeError, match=r"cuops::swiglu: expected w_up to have the shape of w_gate"):
+        cuops.swiglu(x, w_gate, torch.empty(4, 8, device="meta"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_opcheck(device):
+    x = make((2, 3, 8), torch.float32, device)
+    w_gate, w_up = make((5, 8), torch.float32, device), make((5, 8), torch.float32, device)
+    torch.library.opcheck(ops.swiglu, (x.requires_grad_(), w_gate.requires_grad_(), w_up.requires_grad_()))
+    torch.library.opcheck(ops.swiglu, (x.detach(), w_gate.detach(), w_up.detach()))
+    torch.library.opcheck(ops._swiglu_fwd, (x.detach(), w_gate.detach(), w_up.detach()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_compiles_without_graph_breaks(device):
+    """fullgraph through the ops' fake kernels and autograd (aot_eager: Dynamo and AOTAutograd, no
+    codegen); on CUDA also Inductor."""
+    x = make((2, 8, 16), torch.float32, device).requires_grad_()
+    w_gate = make((12, 16), torch.float32, device).requires_grad_()
+    w_up = make((12, 16), torch.float32, device).requires_grad_()
+    leaves = (x, w_gate, w_up)
+
+    def f(x, w_gate, w_up):
+        return cuops.swiglu(x, w_gate, w_up).sum()
+
+    backends = ["aot_eager"] + (["inductor"] if device == "cuda" else [])
+    for backend in backends:
+        torch._dynamo.reset()
+        out = torch.compile(f, fullgraph=True, backend=backend)(*leaves)
+        out.backward()
+        grads = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+        f(*leaves).backward()
+        for got, t in zip(grads, leaves):
+            torch.testing.assert_close(got, t.grad, rtol=1e-5, atol=1e-5)
+        for t in leaves:
+            t.grad = None
+
+
+@requires_cuda
+def test_swiglu_autocast_casts_like_f_linear():
+    x = make((8, 16), torch.float32, "cuda")
+    w_gate = make((12, 16), torch.float32, "cuda").requires_grad_()  # float32 master weights
+    w_up = make((12, 16), torch.float32, "cuda").requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = cuops.swiglu(x, w_gate, w_up)
+        want = F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
+    assert y.dtype == want.dtype == torch.bfloat16
+    assert rel_error(y, want) <= 4 * HALF_TOL[torch.bfloat16]
+    y.float().sum().backward()
+    assert w_gate.grad.dtype == torch.float32 and w_up.grad.dtype == torch.float32
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_swiglu_bitwise_repeatable(dtype):
+    x, w_gate, w_up = make((256, 512), dtype, "cuda"), make((384, 512), dtype, "cuda"), \
+        make((384, 512), dtype, "cuda")
+    first = cuops.swiglu(x, w_gate, w_up)
+    for _ in range(3):
+        assert torch.equal(cuops.swiglu(x, w_gate, w_up), first)
+    dy = make((256, 384), dtype, "cuda")
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (x, w_gate, w_up)]
+        cuops.swiglu(*leaves).backward(dy)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, c) for a, c in zip(*grads))
+
+
+@requires_cuda
+def test_swiglu_in_a_cuda_graph():
+    x, w_gate, w_up = make((64, 32), torch.bfloat16, "cuda"), make((48, 32), torch.bfloat16, "cuda"), \
+        make((48, 32), torch.bfloat16, "cuda")
+    want = cuops.swiglu(x, w_gate, w_up)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cuops.swiglu(x, w_gate, w_up)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cuops.swiglu(x, w_gate, w_up)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
