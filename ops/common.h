@@ -20,4 +20,19 @@ inline cudaStream_t current_stream(const at::Tensor& t) {
   return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
 }
 
+// x [..., K] as [rows, K] (rows: the product of the leading dims; a reshape with -1 cannot size an
+// empty x): the fused linear ops flatten their input's leading dims so.
+inline at::Tensor as_rows(const at::Tensor& x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return x.reshape({rows, x.size(-1)});
+}
+
+// t2 [rows, N] viewed as x's leading dims by N.
+inline at::Tensor like_rows_of(const at::Tensor& t2, const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return t2.view(shape);
+}
+
 }  // namespace cuops::ops

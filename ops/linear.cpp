@@ -106,25 +106,11 @@ std::tuple<at::Tensor, at::Tensor> linear_fwd_cpu(const at::Tensor& x, const at:
 // ---- CUDA: the pre-activation on cuops::mm (x's leading dims flattened, weight^T read in place),
 // then the bias and the activation.
 
-// x [..., K] as [rows, K] (rows: the product of the leading dims; a reshape with -1 cannot size an
-// empty x).
-at::Tensor as_rows(const at::Tensor& x) {
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  return x.reshape({rows, x.size(-1)});
-}
-
-at::Tensor shaped(const at::Tensor& z2, const at::Tensor& x, const at::Tensor& weight) {
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = weight.size(0);
-  return z2.view(shape);
-}
-
 at::Tensor pre_activation(const at::Tensor& x, const at::Tensor& weight,
                           const std::optional<at::Tensor>& bias) {
   at::Tensor z = cuops::mm(as_rows(x), weight.t());
   if (bias.has_value()) z.add_(*bias);
-  return shaped(z, x, weight);
+  return like_rows_of(z, x, weight.size(0));
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight,
@@ -283,8 +269,15 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+// Without a gradient to compute, no autograd Function (and no pre-activation kept).
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                    (bias.has_value() && bias->requires_grad()));
+  if (!grad) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return cuops::linear(x, weight, bias, activation);
+  }
   return LinearFunction::apply(x, weight, bias, activation);
 }
 

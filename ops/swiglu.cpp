@@ -65,20 +65,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_fwd_cpu(const at::Tensor& 
 // ---- CUDA: g and u on cuops::mm (x's leading dims flattened, the weights^T read in place), then
 // silu(g) * u.
 
-// x [..., K] as [rows, K] (rows: the product of the leading dims; a reshape with -1 cannot size an
-// empty x).
-at::Tensor as_rows(const at::Tensor& x) {
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  return x.reshape({rows, x.size(-1)});
-}
-
-at::Tensor shaped(const at::Tensor& t2, const at::Tensor& x, const at::Tensor& w_gate) {
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = w_gate.size(0);
-  return t2.view(shape);
-}
-
 // g and u as [rows, I].
 std::pair<at::Tensor, at::Tensor> gate_and_up(const at::Tensor& x, const at::Tensor& w_gate,
                                               const at::Tensor& w_up) {
@@ -90,7 +76,7 @@ at::Tensor swiglu_cuda(const at::Tensor& x, const at::Tensor& w_gate, const at::
   check_swiglu("swiglu", x, w_gate, w_up);
   const c10::cuda::CUDAGuard guard(x.device());
   auto [g, u] = gate_and_up(x, w_gate, w_up);
-  return shaped(at::silu_(g).mul_(u), x, w_gate);
+  return like_rows_of(at::silu_(g).mul_(u), x, w_gate.size(0));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_fwd_cuda(const at::Tensor& x,
@@ -99,7 +85,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_fwd_cuda(const at::Tensor&
   check_swiglu("_swiglu_fwd", x, w_gate, w_up);
   const c10::cuda::CUDAGuard guard(x.device());
   auto [g, u] = gate_and_up(x, w_gate, w_up);
-  return {shaped(at::silu(g).mul_(u), x, w_gate), shaped(g, x, w_gate), shaped(u, x, w_gate)};
+  return {like_rows_of(at::silu(g).mul_(u), x, w_gate.size(0)), like_rows_of(g, x, w_gate.size(0)),
+          like_rows_of(u, x, w_gate.size(0))};
 }
 
 // ---- Meta

@@ -227,3 +227,20 @@ def test_activation_backward_empty(device):
     assert dz.shape == (0, 5) and torch.equal(db, torch.zeros(5, device=device))
     dz, db = ops._linear_act_bwd(make((4, 0), torch.float32, device), make((4, 0), torch.float32, device), "gelu")
     assert dz.shape == (4, 0) and db.shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_keeps_the_pre_activation_only_for_a_gradient(device):
+    x, w, b = make((6, 8), torch.float32, device), make((5, 8), torch.float32, device), \
+        make((5,), torch.float32, device)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        cuops.linear(x, w, b, "gelu")
+        with torch.no_grad():
+            cuops.linear(x, w.requires_grad_(), b, "gelu")
+        assert saved == []
+        cuops.linear(x, w, b, "none")
+        assert sorted(saved) == sorted([(6, 8), (5, 8)])  # x and weight: no activation, no pre-activation
+        saved.clear()
+        cuops.linear(x, w, b, "gelu")
+    assert sorted(saved) == sorted([(6, 8), (5, 8), (6, 5)])
