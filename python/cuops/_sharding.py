@@ -80,6 +80,49 @@ def register() -> bool:
     def square_rule(x):
         return elementwise(x, linear=False)
 
+    def linear_entries(x, outputs, weights, bias, partial_ok):
+        # The fused linear ops, as ColwiseParallel shards nn.Linear: x's rows (any leading dim), or
+        # the weights' rows (output columns: each shard applies the epilogue to its own columns),
+        # everything else replicated. x's K with the weights' K gives partial sums, which an
+        # activation or a bias must not see: that entry exists only without them (elsewhere DTensor
+        # redistributes K first). Inputs: x, the weights, then for linear the bias (`bias`: whether
+        # one is given) and the activation string.
+        def entry(out, px, pw, pb):
+            tail = [] if bias is None else [pb if bias else None, None]
+            return [out] * outputs, [px] + [pw] * weights + tail
+
+        last = x.ndim - 1
+        rules = [entry(Replicate(), Replicate(), Replicate(), Replicate())]
+        rules += [entry(Shard(d), Shard(d), Replicate(), Replicate()) for d in range(last)]
+        rules.append(entry(Shard(last), Replicate(), Shard(0), Shard(0)))
+        if partial_ok:
+            rules.append(entry(Partial(), Shard(last), Shard(1), None))
+        return rules
+
+    @register_sharding(ops.linear.default)
+    def linear_rule(x, weight, bias=None, activation="none"):
+        return linear_entries(x, 1, 1, bias is not None, activation == "none" and bias is None)
+
+    @register_sharding(ops._linear_fwd.default)
+    def linear_fwd_rule(x, weight, bias, activation):
+        return linear_entries(x, 2, 1, bias is not None, False)  # (y, pre): an activation follows
+
+    @register_sharding(ops._linear_act_bwd.default)
+    def linear_act_bwd_rule(dy, pre, activation):
+        # dz keeps dy's sharding; the bias gradient (column sums) is sharded with the columns, and
+        # partial over sharded rows.
+        return [([Replicate(), Replicate()], [Replicate(), Replicate(), None]),
+                ([Shard(0), Partial()], [Shard(0), Shard(0), None]),
+                ([Shard(1), Shard(0)], [Shard(1), Shard(1), None])]
+
+    @register_sharding(ops.swiglu.default)
+    def swiglu_rule(x, w_gate, w_up):
+        return linear_entries(x, 1, 2, None, False)  # silu(g) * u: never on partial sums
+
+    @register_sharding(ops._swiglu_fwd.default)
+    def swiglu_fwd_rule(x, w_gate, w_up):
+        return linear_entries(x, 3, 2, None, False)  # (out, g, u)
+
     try:
         from torch.distributed.tensor._ops._math_ops import _NormPartial
     except ImportError:

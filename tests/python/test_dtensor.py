@@ -136,7 +136,7 @@ def randn(gen, *shape, device):
 def check_ops(rank, world, port, device, backend):
     dev = join(rank, world, port, device, backend)
     try:
-        import cuops  # noqa: F401  (registers the rules)
+        import cuops  # registers the rules
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
@@ -173,6 +173,30 @@ def check_ops(rank, world, port, device, backend):
             assert isinstance(got.placements[0], Replicate) == isinstance(p, Replicate), got.placements
             assert got.to_local().shape == ()
             torch.testing.assert_close(got.full_tensor(), ops.two_norm(x, y), rtol=1e-12, atol=0)
+        # linear and swiglu: rows of x, or the weights' rows (ColwiseParallel: each shard's columns
+        # through the epilogue), forward and backward; a K split with an activation or a bias is
+        # redistributed first (its result still right), without them a partial sum.
+        w, bias, wu = randn(gen, 4, 10, device=dev), randn(gen, 4, device=dev), randn(gen, 4, 10, device=dev)
+        for px, pw, out in ((Shard(0), Replicate(), Shard(0)), (Replicate(), Shard(0), Shard(1)),
+                            (Replicate(), Replicate(), Replicate())):
+            got = cuops.linear(dt(a, px), dt(w, pw), dt(bias, pw), "gelu")
+            assert got.placements == (out,), (px, pw, got.placements)
+            torch.testing.assert_close(got.full_tensor(), cuops.linear(a, w, bias, "gelu"), rtol=1e-12, atol=1e-12)
+            got = cuops.swiglu(dt(a, px), dt(w, pw), dt(wu, pw))
+            assert got.placements == (out,), (px, pw, got.placements)
+            torch.testing.assert_close(got.full_tensor(), cuops.swiglu(a, w, wu), rtol=1e-12, atol=1e-12)
+        got = cuops.linear(dt(a, Shard(1)), dt(w, Shard(1)), dt(bias, Replicate()), "silu")
+        torch.testing.assert_close(got.full_tensor(), cuops.linear(a, w, bias, "silu"), rtol=1e-12, atol=1e-12)
+        got = cuops.linear(dt(a, Shard(1)), dt(w, Shard(1)))
+        assert got.placements == (Partial(),)
+        torch.testing.assert_close(got.full_tensor(), cuops.linear(a, w), rtol=1e-12, atol=1e-12)
+        leaves = [t.clone().requires_grad_() for t in (a, w, bias)]
+        cuops.linear(*leaves, "gelu_tanh").sum().backward()
+        for px, pw in ((Shard(0), Replicate()), (Replicate(), Shard(0))):
+            sharded = [dt(a, px).requires_grad_(), dt(w, pw).requires_grad_(), dt(bias, pw).requires_grad_()]
+            cuops.linear(*sharded, "gelu_tanh").full_tensor().sum().backward()
+            for piece, whole in zip(sharded, leaves):
+                torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)
