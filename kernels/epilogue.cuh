@@ -20,6 +20,7 @@
 // may lie past n); the staged pair has no bounds (the TMA store skips what lies past the edges).
 #pragma once
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "gemm_problem.h"
 
@@ -160,8 +161,40 @@ struct LinearCombination {
   }
 };
 
-// The epilogue every kernel applies today, named once; the fused ops make it a template parameter
-// of the kernels.
+// The epilogue of mm / gemm, named once.
 using Epilogue = LinearCombination;
+
+// linear's epilogue (the wgmma kernel's GemmEpilogue::BiasActivation; the kernel adds the bias):
+// the activation over a consumer's accumulators, chosen once per tile (the activation is uniform),
+// so each case is a straight run of its math.
+struct BiasActivation {
+  template <int N> static __device__ __forceinline__ void activate(Activation act, float (&v)[N]) {
+    switch (act) {
+      case Activation::None:
+        return;
+      case Activation::Relu:
+        return each<N>(v, [](float z) { return act_forward(Activation::Relu, z); });
+      case Activation::Gelu:
+        return each<N>(v, [](float z) { return act_forward(Activation::Gelu, z); });
+      case Activation::GeluTanh:
+        return each<N>(v, [](float z) { return act_forward(Activation::GeluTanh, z); });
+      case Activation::Silu:
+        return each<N>(v, [](float z) { return act_forward(Activation::Silu, z); });
+    }
+  }
+
+ private:
+  template <int N, typename F> static __device__ __forceinline__ void each(float (&v)[N], F f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = f(v[i]);
+  }
+};
+
+// swiglu's epilogue (GemmEpilogue::GatedSilu): the gate and up products of one element combined.
+struct GatedSilu {
+  static __device__ __forceinline__ float combine(float g, float u) {
+    return act_forward(Activation::Silu, g) * u;
+  }
+};
 
 }  // namespace cuops::kernels::detail

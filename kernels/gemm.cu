@@ -193,7 +193,10 @@ bool params_fit(const GemmPlan& plan) {
 cudaError_t launch_gemm(const GemmPlan& plan, cudaStream_t stream, void* workspace) {
   const bool unmade = (plan.copy_a.layout != CopyLayout::None && plan.a.ptr == nullptr) ||
                       (plan.copy_b.layout != CopyLayout::None && plan.b.ptr == nullptr);
-  if (unmade || !params_fit(plan)) return cudaErrorInvalidValue;
+  // A fused request runs only on the plan that fuses it: any other kernel would drop its epilogue.
+  const bool unfused =
+      plan.req.fusion.kind != GemmEpilogue::Plain && !plan.fused && plan.kernel != GemmKernel::None;
+  if (unmade || unfused || !params_fit(plan)) return cudaErrorInvalidValue;
   if (plan.workspace_bytes > 0 &&
       (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)) {
     return cudaErrorInvalidValue;

@@ -35,6 +35,21 @@
 // | OperandNotReadable        | an operand still not readable in  | the general kernel reads any  |
 // |                           |   place (too small a product to   |   strides                     |
 // |                           |   pay its copy): general          |                               |
+// | FusedEpilogueApart        | a fused request (bias and         | the fused epilogues ride the  |
+// |                           |   activation; the dual GEMM) not  |   wgmma kernel's TMA stores   |
+// |                           |   16-bit on a wgmma device, <= 16 |   and read nn.Linear's        |
+// |                           |   rows, x not k-major or a weight |   layout; the small-M kernel  |
+// |                           |   not [n, k] row-major in place,  |   has no fused epilogue yet,  |
+// |                           |   beta != 0, or aux / b2 not      |   and its product plus a pass |
+// |                           |   16-byte aligned: no plan; the   |   beat 128-row wgmma tiles    |
+// |                           |   op runs the product and the     |   there                       |
+// |                           |   epilogue apart                  |                               |
+// | FusedEpilogue             | a fused request elsewhere: the    | the epilogue costs the        |
+// |                           |   wgmma plan of its product (the  |   product's time where it is  |
+// |                           |   rows below; the dual GEMM's as  |   done (docs/performance.md,  |
+// |                           |   the 2n-wide product, tiles >=   |   "fused epilogues"), so the  |
+// |                           |   128 wide hold bn / 2 outputs of |   product's tile choice holds |
+// |                           |   each weight), with TMA stores   |                               |
 // | SmallM                    | c's short side <= 16 (tokens),    | bound by the weight's bytes:  |
 // |                           |   that side's operand             |   128-row tiles ran 1 x 4096  |
 // |                           |   k-contiguous: the small-M       |   x 14336 bf16 at 0.43 of     |
@@ -294,7 +309,9 @@ void wgmma_launch(GemmPlan& p) {
   w.pdl = w.tail_units == 0;
 }
 
-bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
+// narrowest: the narrowest tile width that may run (the dual GEMM's tiles hold bn / 2 outputs of
+// each weight, at least one 64-wide store box).
+bool plan_wgmma(GemmPlan& p, const GemmDevice& dev, int64_t narrowest = 64) {
   const GemmRequest& r = p.req;
   if (p.m > INT32_MAX || p.n > INT32_MAX || r.k > INT32_MAX) return false;
   const bool tf32 = r.dtype == DType::Float32;
@@ -340,7 +357,7 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   };
   int64_t bn = 256, best = cost(256);
   for (const int64_t w : {int64_t{128}, int64_t{64}}) {
-    if (cost(w) < best) best = cost(w), bn = w;
+    if (w >= narrowest && cost(w) < best) best = cost(w), bn = w;
   }
   // The tall tile (16-bit types), single CTAs: where a third more rows a tile turn a partial last
   // wave into a full one (cuBLAS's choice for the c_attn weight gradient 3072 x 1024 x 8192: 128
@@ -365,7 +382,7 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
   for (const int64_t w : {int64_t{256}, int64_t{128}, int64_t{64}}) {
     const int64_t units = tiles_m * cdiv(p.n, w);
     const int s = tail_split(units, ktiles, dev.sms, kWgMaxTailSplit);
-    if (s == 0) continue;
+    if (s == 0 || w < narrowest) continue;
     const int64_t col = tf32 ? 32 : (w == 64 ? 48 : w == 128 ? 32 : 0);
     const int64_t fixed = tf32 ? 0 : (w == 256 ? 2048 : 512);
     const int64_t c = (w + col) * ((units / dev.sms) * r.k + cdiv(ktiles, s) * bk + tail_fix +
@@ -383,6 +400,35 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev) {
     p.rule = "WgmmaTile";
   }
   wgmma_launch(p);
+  return true;
+}
+
+// A fused request (FusedEpilogueApart, FusedEpilogue): the wgmma plan of its product, with TMA
+// stores, where the fused kernels take it; false where the op must run the product and the
+// epilogue apart.
+bool plan_fused(GemmPlan& p, const GemmDevice& dev) {
+  const GemmRequest& r = p.req;
+  const GemmFusion& f = r.fusion;
+  const bool dual = f.kind == GemmEpilogue::GatedSilu;
+  const bool half = r.dtype == DType::BFloat16 || r.dtype == DType::Float16;
+  const bool aux =
+      f.aux == nullptr || (aligned(f.aux, 16) && f.ld_aux >= r.n && (f.ld_aux * 2) % 16 == 0 &&
+                           (!dual || (f.aux2 != nullptr && aligned(f.aux2, 16))));
+  const bool copies = p.copy_a.layout != CopyLayout::None || p.copy_b.layout != CopyLayout::None;
+  if (!half || !dev.wgmma || r.m <= kSkinnyMaxTokens || p.swap_ab || !p.a_kmajor || p.b_nmajor ||
+      copies || r.beta != 0.0 || !aux || (dual && !aligned(f.b2, 16))) {
+    return false;
+  }
+  // The dual GEMM's work is the 2n-wide product's: its tiles of bn hold bn / 2 outputs of each
+  // weight, so they count as cdiv(2n, bn) == cdiv(n, bn / 2) per tile row.
+  GemmPlan w = p;
+  if (dual) w.n = 2 * r.n;
+  if (!plan_wgmma(w, dev, dual ? 128 : 64)) return false;
+  w.n = r.n;
+  wgmma_launch(w);
+  if (!w.wgmma().tma_store) return false;
+  w.fused = true;
+  p = w;
   return true;
 }
 
@@ -756,6 +802,10 @@ GemmPlan plan_gemm(const GemmRequest& r, const GemmDevice& device) {
   if (!aligned(r.c, element_size(r.dtype))) return general(p, "OutputMisaligned");
   plan_copies(p, c_row, dev);
   if (!canonical(p, c_row, ldc)) return general(p, "OperandNotReadable");
+  if (r.fusion.kind != GemmEpilogue::Plain) {
+    if (!plan_fused(p, dev)) general(p, "FusedEpilogueApart");
+    return p;
+  }
   if (plan_skinny(p, dev)) return p;
   if (r.dtype == DType::Float64) {
     plan_f64(p, dev);

@@ -19,9 +19,24 @@ struct GemmOperand {
   int64_t stride0, stride1;
 };
 
+// A fused epilogue: what the product becomes before it is stored (kernels/epilogue.cuh).
+// BiasActivation: c = act(alpha * a @ b + bias), the pre-activation kept in aux where it is set.
+// GatedSilu (SwiGLU's dual GEMM): c = silu(a @ b) * (a @ b2), b2 [k, n] strided as b; the two
+// products kept in aux and aux2 where they are set. aux, aux2: [m, n] row-major, ld_aux apart.
+enum class GemmEpilogue : int { Plain, BiasActivation, GatedSilu };
+struct GemmFusion {
+  GemmEpilogue kind = GemmEpilogue::Plain;
+  const void* bias = nullptr;
+  Activation act = Activation::None;
+  const void* b2 = nullptr;
+  void* aux = nullptr;
+  void* aux2 = nullptr;
+  int64_t ld_aux = 0;
+};
+
 // c = alpha * a @ b + beta * c with a [m, k], b [k, n], c [m, n] (c must not overlap a, b or
 // itself; the ops check that). beta == 0 never reads c. allow_tf32 (float32 only): torch's
-// "high"/"medium" float32 matmul precision.
+// "high"/"medium" float32 matmul precision. `fusion`: the epilogue (Plain: alpha and beta only).
 struct GemmRequest {
   DType dtype;
   int64_t m, n, k;
@@ -30,6 +45,7 @@ struct GemmRequest {
   int64_t c_stride0, c_stride1;
   double alpha, beta;
   bool allow_tf32;
+  GemmFusion fusion = {};
 };
 
 // What the planner needs to know of the GPU: its SM count; whether this library's sm_90a wgmma
@@ -162,6 +178,10 @@ struct GemmPlan {
   // The row of the table at the top of gemm_plan.cpp that chose the kernel (its name there: the
   // planner's tests and the sweeps' logs cite it).
   const char* rule = "";
+  // A fused request (req.fusion not Plain): whether its epilogue runs in the kernel. Where it does
+  // not (FusedEpilogueApart), launch_gemm refuses the plan and the op runs the product and the
+  // epilogue apart.
+  bool fused = false;
 
   // The kernel family's parameters (std::bad_variant_access where the plan is another family's).
   const TiledParams& tiled() const { return std::get<TiledParams>(params); }

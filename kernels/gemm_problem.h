@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels.h"
+
 namespace cuops::kernels::detail {
 
 // The fast kernels see C row-major (unit column stride; a column-major C is handled by computing
@@ -23,6 +25,15 @@ struct GemmProblem {
   float alpha, beta;
   double alpha64, beta64;  // the same scalars unrounded, for the float64 kernel
   void* workspace;         // GemmPlan::workspace_bytes of device memory (the split tail), or null
+};
+
+// What a fused epilogue (epilogue.cuh's BiasActivation, GatedSilu) reads besides the accumulators:
+// the bias ([n] in c's type, or null), the activation, and whether it keeps what the backward
+// needs (the pre-activation; the dual GEMM's two products) in the auxiliary outputs.
+struct FusedArgs {
+  const void* bias;
+  Activation act;
+  bool keep;
 };
 
 }  // namespace cuops::kernels::detail

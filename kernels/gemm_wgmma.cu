@@ -11,6 +11,16 @@ namespace cuops::kernels::detail {
 
 #if CUOPS_WGMMA_BUILD
 cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  if (plan.req.fusion.kind != GemmEpilogue::Plain) {
+    switch (plan.req.dtype) {
+      case DType::BFloat16:
+        return launch_wgmma_fused_bf16(plan, p, stream);
+      case DType::Float16:
+        return launch_wgmma_fused_f16(plan, p, stream);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  }
   switch (plan.req.dtype) {
     case DType::BFloat16:
       return launch_wgmma_bf16(plan, p, stream);

@@ -185,11 +185,14 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
 // The producer thread: k-tiles kt0 .. kt0 + ktiles - 1 of the unit whose tile starts at (row0, col0),
 // each into the next free stage (waited on with the parity of the use before: for a fresh barrier that
 // preceding phase counts as complete, so the first kStages waits return at once).
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
+// The dual GEMM (kDual: B k-major, map_b2 the second weight): the B tile's first BN / 2 rows are
+// map_b's rows col0 .. col0 + BN / 2 - 1, the rest map_b2's same rows (a pair's CTAs load one each).
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kDual = false>
 __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b,
                                           int row0, int col0, int kt0, int ktiles, uint32_t base_s,
                                           uint32_t full_s, uint32_t empty_s, uint32_t rank,
-                                          WgRing<WgCfg<T, BM, BN>::kStages>& ring) {
+                                          WgRing<WgCfg<T, BM, BN>::kStages>& ring,
+                                          const CUtensorMap* map_b2 = nullptr) {
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kConsumers = WgShape<BM>::kConsumers;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
@@ -218,7 +221,16 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
         wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
       }
     };
-    if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
+    if constexpr (kDual) {
+      static_assert(!BNM && (kCM == 1 || kCM == 2), "the dual GEMM reads nn.Linear's weights");
+      if constexpr (kCM == 1) {
+        wg::tma_load(sb, &map_b, k0, col0, bar);
+        wg::tma_load(sb + (BN / 2) * 128, map_b2, k0, col0, bar);
+      } else {
+        wg::tma_load_multicast(sb + rank * (BN / 2) * 128, rank == 0 ? &map_b : map_b2, k0, col0,
+                               bar, (1u << kCM) - 1);
+      }
+    } else if constexpr (BNM) {  // boxes of 64 n x 64 k, 8 KiB apart
       constexpr int kBoxes = BN / 64 / kCM;
 #pragma unroll
       for (int i = 0; i < kBoxes; ++i) {
@@ -318,41 +330,108 @@ template <int BM, int BN, typename Release> __device__ __forceinline__ void mma_
   if (ktiles > 0) release(prev);
 }
 
-// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded, through its share of the
-// shared buffer by TMA stores that run on while it starts the next tile: BN / 64 boxes of 64 x 64
+// A consumer's 64 rows (from `row`) by NC columns (from col0; a multiple of 64) through its share
+// of the shared buffer by TMA stores that run on while it starts the next tile: boxes of 64 x 64
 // (8 KiB), 128-byte swizzled as the store's tensor map reads them (16-byte chunk q of row x at chunk
-// q ^ (x % 8), so a warp's 8 rows x 16 bytes land on 32 different banks), in kCSplit parts one after
-// the other, each written once the last stores have read the buffer.
-template <typename T, int BM, int BN>
-__device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2],
-                                               uint32_t mine, float alpha, int64_t tm, int64_t tn,
-                                               int cw, int tid, int warp, int lane) {
+// q ^ (x % 8), so a warp's 8 rows x 16 bytes land on 32 different banks), in parts of what the
+// buffer holds (BN / 64 / kCSplit boxes) one after the other, each written once the last stores
+// have read the buffer. pack(j, h): the packed pair of fragment column block j (columns 8j + 2
+// (lane % 4) + {0, 1}) in the lane's row (h = 0) or the row 8 below (h = 1).
+template <typename T, int BM, int BN, int NC, typename Pack>
+__device__ __forceinline__ void store_tile_tma(const CUtensorMap& map, uint32_t mine, int64_t row,
+                                               int64_t col0, int cw, int tid, int warp, int lane,
+                                               Pack&& pack) {
   using Cfg = WgCfg<T, BM, BN>;
-  constexpr int kPartBoxes = BN / 64 / Cfg::kCSplit;
+  constexpr int kBufBoxes = BN / 64 / Cfg::kCSplit, kBoxes = NC / 64;
+  static_assert(NC % 64 == 0 && (kBoxes <= kBufBoxes || kBoxes % kBufBoxes == 0), "whole parts");
+  constexpr int kPartBoxes = kBoxes < kBufBoxes ? kBoxes : kBufBoxes, kParts = kBoxes / kPartBoxes;
   const int x = warp * 16 + lane / 4;
   const uint32_t row_x = mine + x * 128 + (lane % 4) * 4, row_x8 = row_x + 8 * 128;
 #pragma unroll
-  for (int part = 0; part < Cfg::kCSplit; ++part) {
+  for (int part = 0; part < kParts; ++part) {
     if (tid == 0) wg::bulk_wait_read();
     wg::named_sync(1 + cw, 128);
 #pragma unroll
     for (int jj = 0; jj < 8 * kPartBoxes; ++jj) {
       const int j = part * 8 * kPartBoxes + jj;
       const uint32_t chunk = (jj / 8) * 8192 + ((j % 8) ^ (x % 8)) * 16;
-      wg::sts32(row_x + chunk, Epilogue::staged<T>(alpha, d[4 * j], d[4 * j + 1]));
-      wg::sts32(row_x8 + chunk, Epilogue::staged<T>(alpha, d[4 * j + 2], d[4 * j + 3]));
+      wg::sts32(row_x + chunk, pack(j, 0));
+      wg::sts32(row_x8 + chunk, pack(j, 1));
     }
     wg::fence_proxy_async();
     wg::named_sync(1 + cw, 128);
     if (tid == 0) {
-      const int row = static_cast<int>(tm * BM + cw * 64);
 #pragma unroll
       for (int b = 0; b < kPartBoxes; ++b) {
-        const int col = static_cast<int>(tn * BN) + 64 * (part * kPartBoxes + b);
-        wg::tma_store(&map_c, mine + b * 8192, col, row);
+        const int col = static_cast<int>(col0) + 64 * (part * kPartBoxes + b);
+        wg::tma_store(&map, mine + b * 8192, col, static_cast<int>(row));
       }
       wg::bulk_commit();
     }
+  }
+}
+
+// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded (the plain epilogue).
+template <typename T, int BM, int BN>
+__device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2],
+                                               uint32_t mine, float alpha, int64_t tm, int64_t tn,
+                                               int cw, int tid, int warp, int lane) {
+  store_tile_tma<T, BM, BN, BN>(
+      map_c, mine, tm * BM + cw * 64, tn * BN, cw, tid, warp, lane, [&](int j, int h) {
+        return Epilogue::staged<T>(alpha, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+      });
+}
+
+// The fused epilogues (FusedArgs), a consumer's 64 rows of the tile (tm, tn), by TMA stores.
+// BiasActivation: z = alpha * acc + bias[col] (the bias in float), kept in aux where f.keep; then
+// act(z) into c, rounded once. GatedSilu: the accumulator tile's columns are BN / 2 of the gate
+// product g (d[0 .. BN / 4)) then the same columns of the up product u (d[BN / 4 ..)): each lane
+// holds both halves of its columns, so y = silu(g) * u needs no exchange; g and u kept in aux and
+// aux2 where f.keep; the tile's outputs are its BN / 2 columns.
+template <typename T, int BM, int BN, GemmEpilogue E>
+__device__ __forceinline__ void store_unit_fused(const CUtensorMap& map_c,
+                                                 const CUtensorMap& map_aux,
+                                                 const CUtensorMap& map_aux2, const FusedArgs& f,
+                                                 const GemmProblem& p, float (&d)[BN / 2],
+                                                 uint32_t mine, int64_t tm, int64_t tn, int cw,
+                                                 int tid, int warp, int lane) {
+  const int64_t row = tm * BM + cw * 64;
+  auto packed = [&](int base) {
+    return [&, base](int j, int h) {
+      return pack_pair(d[base + 4 * j + 2 * h], d[base + 4 * j + 2 * h + 1], T{});
+    };
+  };
+  if constexpr (E == GemmEpilogue::BiasActivation) {
+    const int64_t col0 = tn * BN;
+    const T* bias = static_cast<const T*>(f.bias);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int64_t c = col0 + j * 8 + 2 * (lane % 4);
+      const float b0 = bias != nullptr && c < p.n ? to_acc(bias[c]) : 0.f;
+      const float b1 = bias != nullptr && c + 1 < p.n ? to_acc(bias[c + 1]) : 0.f;
+      d[4 * j] = fmaf(p.alpha, d[4 * j], b0);
+      d[4 * j + 1] = fmaf(p.alpha, d[4 * j + 1], b1);
+      d[4 * j + 2] = fmaf(p.alpha, d[4 * j + 2], b0);
+      d[4 * j + 3] = fmaf(p.alpha, d[4 * j + 3], b1);
+    }
+    if (f.keep)
+      store_tile_tma<T, BM, BN, BN>(map_aux, mine, row, col0, cw, tid, warp, lane, packed(0));
+    BiasActivation::activate(f.act, d);
+    store_tile_tma<T, BM, BN, BN>(map_c, mine, row, col0, cw, tid, warp, lane, packed(0));
+  } else {
+    static_assert(E == GemmEpilogue::GatedSilu, "a fused epilogue");
+    constexpr int kHalf = BN / 4;
+    const int64_t col0 = tn * (BN / 2);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) d[i] *= p.alpha;
+    if (f.keep) {
+      store_tile_tma<T, BM, BN, BN / 2>(map_aux, mine, row, col0, cw, tid, warp, lane, packed(0));
+      store_tile_tma<T, BM, BN, BN / 2>(map_aux2, mine, row, col0, cw, tid, warp, lane,
+                                        packed(kHalf));
+    }
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) d[i] = GatedSilu::combine(d[i], d[kHalf + i]);
+    store_tile_tma<T, BM, BN, BN / 2>(map_c, mine, row, col0, cw, tid, warp, lane, packed(0));
   }
 }
 
@@ -414,14 +493,41 @@ __device__ __forceinline__ void rs_offsets(int warp, int lane, uint32_t (&off)[2
     }
 }
 
-// TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four boxes of 32 m x 32 k
-// (one 128-byte swizzled row of m per k). c_trans (float only): the problem is C^T = B^T A^T, so the
-// result (i, j) goes to c[j * ldc + i].
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
-__global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
-    gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store,
-               bool c_trans, const WgTail tail) {
+// A tile's epilogue, as the plan says: a fused one, the TMA store, or direct stores. mine: this
+// consumer's share of the shared output buffer.
+template <typename T, int BM, int BN, bool kRS, GemmEpilogue E>
+__device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUtensorMap* map_aux,
+                                           const CUtensorMap* map_aux2, const FusedArgs& f,
+                                           const GemmProblem& p, float (&d)[BN / 2], uint32_t mine,
+                                           bool tma_store, bool c_trans, int64_t tm, int64_t tn,
+                                           int cw, int tid, int warp, int lane) {
+  if constexpr (E != GemmEpilogue::Plain) {
+    store_unit_fused<T, BM, BN, E>(map_c, *map_aux, *map_aux2, f, p, d, mine, tm, tn, cw, tid, warp,
+                                   lane);
+    return;
+  }
+  if constexpr (WgCfg<T, BM, BN>::kTmaStore) {
+    if (tma_store) {
+      store_unit_tma<T, BM, BN>(map_c, d, mine, p.alpha, tm, tn, cw, tid, warp, lane);
+      return;
+    }
+  }
+  store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
+}
+
+// The kernel's body, for the plain epilogue (E Plain) and the fused ones (maps b2, aux, aux2 and f:
+// gemm_wgmma_fused). TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four
+// boxes of 32 m x 32 k (one 128-byte swizzled row of m per k). c_trans (float only): the problem is
+// C^T = B^T A^T, so the result (i, j) goes to c[j * ldc + i]. A fused tile covers kOutBN of c's
+// columns (the dual GEMM's BN / 2).
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, GemmEpilogue E>
+__device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                           const CUtensorMap& map_c, const CUtensorMap* map_b2,
+                                           const CUtensorMap* map_aux, const CUtensorMap* map_aux2,
+                                           const GemmProblem& p, bool tma_store, bool c_trans,
+                                           const WgTail& tail, const FusedArgs& f) {
+  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr int kOutBN = kDual ? BN / 2 : BN;
   using Cfg = WgCfg<T, BM, BN>;
   using Sh = WgShape<BM>;
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
@@ -438,7 +544,7 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   const uint32_t base_s = smem_addr(base), full_s = smem_addr(full), empty_s = smem_addr(empty);
   // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
-  const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
+  const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + kOutBN - 1) / kOutBN;
   const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
   const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
   const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();  // the tile of a pair
@@ -461,9 +567,10 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                  [&](int64_t unit, int k0, int n, WgPart) {
                    int64_t um, tn;
                    tile_coords<8>(unit, units_m, tiles_n, um, tn);
-                   load_unit<T, BM, BN, AK, BNM, kCM>(
+                   load_unit<T, BM, BN, AK, BNM, kCM, kDual>(
                        map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
-                       static_cast<int>(tn * BN), k0, n, base_s, full_s, empty_s, rank, ring);
+                       static_cast<int>(tn * kOutBN), k0, n, base_s, full_s, empty_s, rank, ring,
+                       map_b2);
                  });
     }
   } else {
@@ -518,15 +625,10 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                    }
                    if (part == WgPart::Head) tail_add<BM, BN>(tail, d, cw, tid);
                  }
-                 if constexpr (Cfg::kTmaStore) {
-                   if (tma_store) {
-                     store_unit_tma<T, BM, BN>(
-                         map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers),
-                         p.alpha, tm, tn, cw, tid, warp, lane);
-                     return;
-                   }
-                 }
-                 store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
+                 store_unit<T, BM, BN, kRS, E>(
+                     map_c, map_aux, map_aux2, f, p, d,
+                     smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers), tma_store, c_trans,
+                     tm, tn, cw, tid, warp, lane);
                });
     if constexpr (Cfg::kTmaStore) {
       if (tma_store && tid == 0)
@@ -537,9 +639,67 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
   if constexpr (kCM > 1) wg::cluster_sync();
 }
 
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
+__global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
+    gemm_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const __grid_constant__ CUtensorMap map_c, const GemmProblem p, bool tma_store,
+               bool c_trans, const WgTail tail) {
+  wgmma_body<T, BM, BN, AK, BNM, kCM, GemmEpilogue::Plain>(
+      map_a, map_b, map_c, nullptr, nullptr, nullptr, p, tma_store, c_trans, tail, FusedArgs{});
+}
+
+// The fused epilogues (16-bit, TMA stores): x k-major and nn.Linear's weights (B k-major), the
+// only layout the fused ops plan (gemm_plan.cpp, FusedEpilogue).
+template <typename T, int BM, int BN, int kCM, GemmEpilogue E>
+__global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
+    gemm_wgmma_fused(const __grid_constant__ CUtensorMap map_a,
+                     const __grid_constant__ CUtensorMap map_b,
+                     const __grid_constant__ CUtensorMap map_c,
+                     const __grid_constant__ CUtensorMap map_b2,
+                     const __grid_constant__ CUtensorMap map_aux,
+                     const __grid_constant__ CUtensorMap map_aux2, const GemmProblem p,
+                     const WgTail tail, const FusedArgs f) {
+  wgmma_body<T, BM, BN, true, false, kCM, E>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
+                                             true, false, tail, f);
+}
+
 // ---- host side
 
 // Tensor maps: tma.cuh's make_map (one layout for both TMA kernels).
+
+// The split tail's arguments for a plan of `units` tiles (plan.wgmma().tail_units > 0): every run
+// resident at once (grid <= SMs, one CTA each: the planner's grid; a Head waits on its Tails), the
+// workspace laid out as gemm_plan.h's tail_workspace_bytes counts it, the flags zeroed on the
+// stream. Whole waves: no tail.
+template <int BM, int BN, int kCM> cudaError_t wg_tail(const GemmPlan& plan, const GemmProblem& p,
+                                                       int64_t units, cudaStream_t stream,
+                                                       WgTail& tail) {
+  const WgmmaParams& w = plan.wgmma();
+  tail = WgTail{nullptr, nullptr, 0, 1};
+  // A programmatic dependent as the plan says (never right after the split tail's memset).
+  if (w.pdl && w.tail_units > 0) return cudaErrorInvalidValue;
+  if (w.tail_units == 0) return cudaSuccess;
+  if (kCM != 1 || w.tail_units > units || w.tail_split < 1 ||
+      w.tail_units * w.tail_split > plan.grid || p.workspace == nullptr ||
+      plan.workspace_bytes < tail_workspace_bytes(plan.grid, BM, BN)) {
+    return cudaErrorInvalidValue;
+  }
+  tail.flags = static_cast<int*>(p.workspace);
+  tail.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) +
+                                        tail_flag_bytes(plan.grid));
+  tail.units = w.tail_units;
+  tail.split = w.tail_split;
+  return cudaMemsetAsync(tail.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
+}
+
+// The kernel's shared memory, set on every launch (one cheap driver call): the attribute is per
+// device, and this launch's device is whichever the op's guard selected.
+template <typename Kernel> cudaError_t wg_prepare(Kernel kernel, int smem, const GemmPlan& plan) {
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  return grid_fits(plan.grid) ? cudaSuccess : cudaErrorInvalidConfiguration;
+}
 
 template <typename T, int BM, int BN, bool AK, bool BNM, int kCM>
 cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
@@ -558,36 +718,49 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
                     (!w.tma_store || make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64));
   if (!maps) return cudaErrorInvalidValue;
   constexpr auto kernel = gemm_wgmma<T, BM, BN, AK, BNM, kCM>;
-  // Set on every launch (one cheap driver call): the attribute is per device, and this launch's
-  // device is whichever the op's guard selected.
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
+  cudaError_t err = wg_prepare(kernel, Cfg::kSmem, plan);
   if (err != cudaSuccess) return err;
-  if (!grid_fits(plan.grid)) return cudaErrorInvalidConfiguration;
-  WgTail tail{nullptr, nullptr, 0, 1};
-  if (w.tail_units > 0) {
-    // The split tail: every run resident at once (grid <= SMs, one CTA each: the planner's grid; a Head
-    // waits on its Tails), the workspace laid out as gemm_plan.h's tail_workspace_bytes counts it, the
-    // flags zeroed on the stream.
-    const int64_t units = (p.m + BM - 1) / BM * ((p.n + BN - 1) / BN);
-    if (kCM != 1 || w.tail_units > units || w.tail_split < 1 ||
-        w.tail_units * w.tail_split > plan.grid || p.workspace == nullptr ||
-        plan.workspace_bytes < tail_workspace_bytes(plan.grid, BM, BN)) {
-      return cudaErrorInvalidValue;
-    }
-    tail.flags = static_cast<int*>(p.workspace);
-    tail.part = reinterpret_cast<float4*>(static_cast<unsigned char*>(p.workspace) +
-                                          tail_flag_bytes(plan.grid));
-    tail.units = w.tail_units;
-    tail.split = w.tail_split;
-    err = cudaMemsetAsync(tail.flags, 0, static_cast<size_t>(plan.grid) * sizeof(int), stream);
-    if (err != cudaSuccess) return err;
-  }
-  // A programmatic dependent as the plan says (never right after the split tail's memset).
-  if (w.pdl && w.tail_units > 0) return cudaErrorInvalidValue;
+  WgTail tail;
+  err = wg_tail<BM, BN, kCM>(plan, p, (p.m + BM - 1) / BM * ((p.n + BN - 1) / BN), stream, tail);
+  if (err != cudaSuccess) return err;
   const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid)), dim3(kCM), kThreads,
                              Cfg::kSmem, stream, w.pdl);
   return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, p, w.tma_store, w.c_trans, tail);
+}
+
+// A fused plan's launch (16-bit, A and B k-major, TMA stores; gemm_plan.cpp's FusedEpilogue): the
+// maps of x, the weight(s), c and the kept products (c's map stands in for those not kept: never
+// read).
+template <typename T, int BM, int BN, int kCM, GemmEpilogue E>
+cudaError_t launch_wg_fused(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  using Cfg = WgCfg<T, BM, BN>;
+  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr int kOutBN = kDual ? BN / 2 : BN, kBoxN = kDual ? BN / 2 : BN / kCM;
+  const WgmmaParams& w = plan.wgmma();
+  const GemmFusion& fu = plan.req.fusion;
+  const bool keep = fu.aux != nullptr;
+  if (!w.tma_store || w.c_trans || (kDual && (fu.b2 == nullptr || (keep && !fu.aux2))))
+    return cudaErrorInvalidValue;
+  CUtensorMap ma, mb, mc, mb2{}, maux{}, maux2{};
+  const bool maps = make_map<T>(ma, p.a, p.k, p.m, p.lda, Cfg::kBK, BM) &&
+                    make_map<T>(mb, p.b, p.k, p.n, p.ldb, Cfg::kBK, kBoxN) &&
+                    make_map<T>(mc, p.c, p.n, p.m, p.ldc, 64, 64) &&
+                    (!kDual || make_map<T>(mb2, fu.b2, p.k, p.n, p.ldb, Cfg::kBK, kBoxN)) &&
+                    (!keep || make_map<T>(maux, fu.aux, p.n, p.m, fu.ld_aux, 64, 64)) &&
+                    (!keep || !kDual || make_map<T>(maux2, fu.aux2, p.n, p.m, fu.ld_aux, 64, 64));
+  if (!maps) return cudaErrorInvalidValue;
+  if (!keep) maux = maux2 = mc;
+  constexpr auto kernel = gemm_wgmma_fused<T, BM, BN, kCM, E>;
+  cudaError_t err = wg_prepare(kernel, Cfg::kSmem, plan);
+  if (err != cudaSuccess) return err;
+  WgTail tail;
+  err = wg_tail<BM, BN, kCM>(plan, p, (p.m + BM - 1) / BM * ((p.n + kOutBN - 1) / kOutBN), stream,
+                             tail);
+  if (err != cudaSuccess) return err;
+  const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid)), dim3(kCM),
+                             WgShape<BM>::kThreads, Cfg::kSmem, stream, w.pdl);
+  const FusedArgs f{fu.bias, fu.act, keep};
+  return cudaLaunchKernelEx(&launch.cfg, kernel, ma, mb, mc, mb2, maux, maux2, p, tail, f);
 }
 
 // The instance of the plan's tile and cluster, for 16-bit types in all four layouts and TF32 with B k-major (the planner's transposed problem makes every other TF32
@@ -622,11 +795,45 @@ cudaError_t launch_wg_typed(const GemmPlan& plan, const GemmProblem& p, cudaStre
   });
 }
 
+// A fused plan's instance: the plain kernel's tiles (the dual GEMM's at least 128 wide: 64 outputs
+// a tile, one store box).
+template <typename T, GemmEpilogue E>
+cudaError_t launch_wg_fused_tile(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  const WgmmaParams& w = plan.wgmma();
+  if (!plan.a_kmajor || plan.b_nmajor) return cudaErrorInvalidValue;
+  if (w.bm == 192 && w.bn == 128 && w.cluster_m == 1)
+    return launch_wg_fused<T, 192, 128, 1, E>(plan, p, stream);
+  if (w.bm != 128) return cudaErrorInvalidValue;
+  if (w.bn == 256 && w.cluster_m == 2) return launch_wg_fused<T, 128, 256, 2, E>(plan, p, stream);
+  if (w.bn == 256 && w.cluster_m == 1) return launch_wg_fused<T, 128, 256, 1, E>(plan, p, stream);
+  if (w.bn == 128 && w.cluster_m == 1) return launch_wg_fused<T, 128, 128, 1, E>(plan, p, stream);
+  if constexpr (E != GemmEpilogue::GatedSilu) {
+    if (w.bn == 64 && w.cluster_m == 1) return launch_wg_fused<T, 128, 64, 1, E>(plan, p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t launch_wg_fused_typed(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
+  switch (plan.req.fusion.kind) {
+    case GemmEpilogue::BiasActivation:
+      return launch_wg_fused_tile<T, GemmEpilogue::BiasActivation>(plan, p, stream);
+    case GemmEpilogue::GatedSilu:
+      return launch_wg_fused_tile<T, GemmEpilogue::GatedSilu>(plan, p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
-// The three dtypes' launchers (gemm_wgmma_{bf16,f16,tf32}.cu), called by gemm_wgmma.cu's dispatch.
+// The three dtypes' launchers (gemm_wgmma_{bf16,f16,tf32}.cu), and the 16-bit types' fused ones
+// (gemm_wgmma_fused_{bf16,f16}.cu), called by gemm_wgmma.cu's dispatch.
 cudaError_t launch_wgmma_bf16(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_wgmma_f16(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_wgmma_tf32(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
+cudaError_t launch_wgmma_fused_bf16(const GemmPlan& plan, const GemmProblem& p,
+                                    cudaStream_t stream);
+cudaError_t launch_wgmma_fused_f16(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 
 }  // namespace cuops::kernels::detail

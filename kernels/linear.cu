@@ -1,4 +1,4 @@
-// The fused linear ops' elementwise passes. act_bwd: the activation's backward and the bias
+// The fused linear ops' elementwise passes. swiglu_bwd: the gate's backward in one pass. act_bwd: the activation's backward and the bias
 // gradient in one pass over dy (cuBLASLt's DGELU_BGRAD): dz = dy * act'(pre), written in dy's
 // dtype, and dbias = the column sums of dz, accumulated in the accumulation type before dz is
 // rounded. The column sums are deterministic: each block sums a fixed chunk of kChunkRows rows of
@@ -67,7 +67,71 @@ template <typename T> __global__ void __launch_bounds__(256)
 
 int64_t chunks_of(int64_t rows) { return (rows + kChunkRows - 1) / kChunkRows; }
 
+// swiglu's gate backward, one pass: dg = dy * u * silu'(g), du = dy * silu(g) in the accumulation
+// type, each rounded once. A thread takes V consecutive columns of a row (16 bytes where every
+// operand's rows allow it, else one element); blockIdx.y walks the rows.
+template <typename T, int V> __global__ void __launch_bounds__(256)
+    swiglu_bwd(const T* dy, int64_t ld_dy, const T* g, int64_t ld_g, const T* u, int64_t ld_u,
+               int64_t rows, int64_t n, T* dg, T* du) {
+  using A = acc_t<T>;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c >= n) return;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    T vdy[V], vg[V], vu[V], vdg[V], vdu[V];
+    if constexpr (V > 1) {
+      *reinterpret_cast<uint4*>(vdy) = *reinterpret_cast<const uint4*>(dy + r * ld_dy + c);
+      *reinterpret_cast<uint4*>(vg) = *reinterpret_cast<const uint4*>(g + r * ld_g + c);
+      *reinterpret_cast<uint4*>(vu) = *reinterpret_cast<const uint4*>(u + r * ld_u + c);
+    } else {
+      vdy[0] = dy[r * ld_dy + c], vg[0] = g[r * ld_g + c], vu[0] = u[r * ld_u + c];
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const A d = to_acc(vdy[i]), z = to_acc(vg[i]);
+      const A s = A(1) / (A(1) + exp(-z));
+      vdg[i] = from_acc<T>(d * to_acc(vu[i]) * (s * (A(1) + z * (A(1) - s))));
+      vdu[i] = from_acc<T>(d * (z * s));
+    }
+    if constexpr (V > 1) {
+      *reinterpret_cast<uint4*>(dg + r * n + c) = *reinterpret_cast<const uint4*>(vdg);
+      *reinterpret_cast<uint4*>(du + r * n + c) = *reinterpret_cast<const uint4*>(vdu);
+    } else {
+      dg[r * n + c] = vdg[0], du[r * n + c] = vdu[0];
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_swiglu_bwd(DType dtype, const void* dy, int64_t ld_dy, const void* g,
+                              int64_t ld_g, const void* u, int64_t ld_u, int64_t rows, int64_t n,
+                              void* dg, void* du, cudaStream_t stream) {
+  if (rows < 0 || n < 0 || ld_dy < n || ld_g < n || ld_u < n) return cudaErrorInvalidValue;
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = 16 / static_cast<int>(sizeof(T));
+    const auto fits = [&](const void* p, int64_t ld) {
+      return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % kV == 0;
+    };
+    const bool wide = n % kV == 0 && fits(dy, ld_dy) && fits(g, ld_g) && fits(u, ld_u) &&
+                      fits(dg, n) && fits(du, n);
+    const int64_t per_row = wide ? n / kV : n;
+    if (!grid_fits((per_row + 255) / 256)) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>((per_row + 255) / 256),
+                    static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+    const T *pdy = static_cast<const T*>(dy), *pg = static_cast<const T*>(g),
+            *pu = static_cast<const T*>(u);
+    if (wide) {
+      swiglu_bwd<T, kV><<<grid, 256, 0, stream>>>(pdy, ld_dy, pg, ld_g, pu, ld_u, rows, n,
+                                                  static_cast<T*>(dg), static_cast<T*>(du));
+    } else {
+      swiglu_bwd<T, 1><<<grid, 256, 0, stream>>>(pdy, ld_dy, pg, ld_g, pu, ld_u, rows, n,
+                                                 static_cast<T*>(dg), static_cast<T*>(du));
+    }
+    return cudaGetLastError();
+  });
+}
 
 int64_t act_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t n) {
   return chunks_of(rows) * n * (dtype == DType::Float64 ? 8 : 4);

@@ -4,6 +4,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "ops/fused_gemm.h"
+
 #include "kernels/gemm_plan.h"
 #include <torch/csrc/autograd/variable.h>
 
@@ -107,11 +109,9 @@ at::Tensor copied(const at::Tensor& t, const kernels::OperandCopy& copy) {
   return col ? out.t() : out;
 }
 
-// c <- alpha * a @ b + beta * c on the kernel the planner picks, after the copies it plans.
-void run_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
-              double beta) {
-  kernels::GemmPlan plan =
-      kernels::plan_gemm(request(c, a, b, alpha, beta), kernels::current_gemm_device());
+// Runs a plan: the copies it asks for, its workspace, the kernel.
+void run_plan(kernels::GemmPlan& plan, const at::Tensor& c, const at::Tensor& a,
+              const at::Tensor& b) {
   // The copies live until the kernel is enqueued: the allocator reuses their memory only after
   // work queued later on this stream.
   at::Tensor a_copy, b_copy;
@@ -132,6 +132,46 @@ void run_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, dou
   C10_CUDA_CHECK(kernels::launch_gemm(plan, current_stream(c),
                                       workspace.defined() ? workspace.data_ptr() : nullptr));
 }
+
+// c <- alpha * a @ b + beta * c on the kernel the planner picks, after the copies it plans.
+void run_gemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
+              double beta) {
+  kernels::GemmPlan plan =
+      kernels::plan_gemm(request(c, a, b, alpha, beta), kernels::current_gemm_device());
+  run_plan(plan, c, a, b);
+}
+
+}  // namespace
+
+bool run_fused_gemm(const at::Tensor& out, const at::Tensor& x2, const at::Tensor& w,
+                    const FusedEpilogue& e) {
+  const at::Tensor b = w.t();
+  kernels::GemmRequest req = request(out, x2, b, 1.0, 0.0);
+  kernels::GemmFusion& f = req.fusion;
+  f.kind = e.gated ? kernels::GemmEpilogue::GatedSilu : kernels::GemmEpilogue::BiasActivation;
+  f.act = e.act;
+  if (e.bias != nullptr) {
+    if (e.bias->numel() > 1 && e.bias->stride(0) != 1) return false;
+    f.bias = e.bias->data_ptr();
+  }
+  if (e.gated) {
+    if (e.w2 == nullptr || e.w2->strides() != w.strides()) return false;
+    f.b2 = e.w2->data_ptr();
+  }
+  if (e.z != nullptr) {
+    // The kept products share one leading stride (the kernel's maps of them do).
+    if (e.z->stride(1) != 1 || (e.z2 != nullptr && e.z2->strides() != e.z->strides())) return false;
+    f.aux = e.z->data_ptr();
+    f.aux2 = e.z2 != nullptr ? e.z2->data_ptr() : nullptr;
+    f.ld_aux = e.z->stride(0);
+  }
+  kernels::GemmPlan plan = kernels::plan_gemm(req, kernels::current_gemm_device());
+  if (!plan.fused) return false;
+  run_plan(plan, out, x2, b);
+  return true;
+}
+
+namespace {
 
 void gemm_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,
                double beta) {

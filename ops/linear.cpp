@@ -3,12 +3,17 @@
 // pre-activation (kept only when grad is required and there is an activation), _linear_act_bwd turns
 // dy into the pre-activation's gradient and the bias gradient in one call.
 //
-// On CUDA the product runs on cuops::mm and the bias and activation in a second pass over the output
-// (torch's elementwise kernels; the fused epilogue, kernels/epilogue.cuh, replaces that pass); the
-// backward's activation derivative and bias gradient are one pass over dy (kernels/linear.cu).
+// On CUDA the bias and the activation are the GEMM's epilogue (kernels/epilogue.cuh's
+// BiasActivation on the wgmma kernel), the pre-activation stored beside the output only when the
+// backward needs it; where the planner does not fuse (kernels/gemm_plan.cpp, FusedEpilogueApart:
+// float32, float64, <= 16 rows, layouts the fused kernel does not read) the product runs on
+// cuops::mm and the bias and activation in a second pass. The backward's activation derivative and
+// bias gradient are one pass over dy (kernels/linear.cu).
 #include "ops/common.h"
 
 #include <ATen/autocast_mode.h>
+
+#include "ops/fused_gemm.h"
 
 #include <array>
 #include <string_view>
@@ -113,10 +118,32 @@ at::Tensor pre_activation(const at::Tensor& x, const at::Tensor& weight,
   return like_rows_of(z, x, weight.size(0));
 }
 
+// y = act(x @ weight^T + bias), and the pre-activation z where `keep`, by the fused epilogue; false
+// (nothing enqueued) where the planner leaves the epilogue apart.
+bool linear_fused(const at::Tensor& x, const at::Tensor& weight,
+                  const std::optional<at::Tensor>& bias, Act act, bool keep, at::Tensor& y,
+                  at::Tensor& z) {
+  const at::Tensor x2 = as_rows(x);
+  const int64_t n = weight.size(0);
+  at::Tensor y2 = at::empty({x2.size(0), n}, x.options());
+  at::Tensor z2 = keep ? at::empty({x2.size(0), n}, x.options()) : at::Tensor();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  FusedEpilogue e;
+  e.bias = bias.has_value() ? &b : nullptr;
+  e.act = act;
+  e.z = keep ? &z2 : nullptr;
+  if (!run_fused_gemm(y2, x2, weight, e)) return false;
+  y = like_rows_of(y2, x, n);
+  if (keep) z = like_rows_of(z2, x, n);
+  return true;
+}
+
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, c10::string_view activation) {
   const Act act = check_linear("linear", x, weight, bias, activation);
   const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y, unused;
+  if (linear_fused(x, weight, bias, act, false, y, unused)) return y;
   at::Tensor z = pre_activation(x, weight, bias);
   switch (act) {
     case Act::None:
@@ -138,7 +165,9 @@ std::tuple<at::Tensor, at::Tensor> linear_fwd_cuda(const at::Tensor& x, const at
                                                    c10::string_view activation) {
   const Act act = check_linear("_linear_fwd", x, weight, bias, activation);
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor z = pre_activation(x, weight, bias);
+  at::Tensor y, z;
+  if (linear_fused(x, weight, bias, act, true, y, z)) return {y, z};
+  z = pre_activation(x, weight, bias);
   return {act == Act::None ? z.clone() : activate(z, act).contiguous(), z};
 }
 

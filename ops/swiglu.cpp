@@ -2,12 +2,17 @@
 // Autograd, Autocast. The internal op _swiglu_fwd also returns the two products g = x @ w_gate^T and
 // u = x @ w_up^T, which the backward keeps (only when a gradient is required).
 //
-// On CUDA the two products run on cuops::mm, one after the other, and silu(g) * u in a further pass
-// (torch's elementwise kernels); the dual GEMM (two B operands, one pass over x) with an epilogue
-// forming silu(g) * u replaces all three.
+// On CUDA the forward is one dual GEMM (kernels/gemm_wgmma.cuh: both weights' tiles against one
+// pass over x, the epilogue forming silu(g) * u, and storing g and u only when the backward keeps
+// them); where the planner does not fuse (kernels/gemm_plan.cpp, FusedEpilogueApart) the two
+// products run on cuops::mm and silu(g) * u in a further pass. The backward keeps g and u rather
+// than recomputing them (a third more forward work to save two [rows, I] tensors) and turns dy into
+// dg and du in one pass (_swiglu_bwd, kernels/linear.cu).
 #include "ops/common.h"
 
 #include <ATen/autocast_mode.h>
+
+#include "ops/fused_gemm.h"
 
 namespace cuops::ops {
 namespace {
@@ -72,9 +77,27 @@ std::pair<at::Tensor, at::Tensor> gate_and_up(const at::Tensor& x, const at::Ten
   return {cuops::mm(x2, w_gate.t()), cuops::mm(x2, w_up.t())};
 }
 
+// y = silu(g) * u [rows, I], and g and u where `keep`, by the dual GEMM; false (nothing enqueued)
+// where the planner leaves the epilogue apart.
+bool swiglu_fused(const at::Tensor& x2, const at::Tensor& w_gate, const at::Tensor& w_up, bool keep,
+                  at::Tensor& y, at::Tensor& g, at::Tensor& u) {
+  const auto shape = {x2.size(0), w_gate.size(0)};
+  y = at::empty(shape, x2.options());
+  if (keep) g = at::empty(shape, x2.options()), u = at::empty(shape, x2.options());
+  FusedEpilogue e;
+  e.gated = true;
+  e.w2 = &w_up;
+  e.z = keep ? &g : nullptr;
+  e.z2 = keep ? &u : nullptr;
+  return run_fused_gemm(y, x2, w_gate, e);
+}
+
 at::Tensor swiglu_cuda(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up) {
   check_swiglu("swiglu", x, w_gate, w_up);
   const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y, unused_g, unused_u;
+  if (swiglu_fused(as_rows(x), w_gate, w_up, false, y, unused_g, unused_u))
+    return like_rows_of(y, x, w_gate.size(0));
   auto [g, u] = gate_and_up(x, w_gate, w_up);
   return like_rows_of(at::silu_(g).mul_(u), x, w_gate.size(0));
 }
@@ -84,6 +107,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_fwd_cuda(const at::Tensor&
                                                                const at::Tensor& w_up) {
   check_swiglu("_swiglu_fwd", x, w_gate, w_up);
   const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t inter = w_gate.size(0);
+  at::Tensor y2, g2, u2;
+  if (swiglu_fused(as_rows(x), w_gate, w_up, true, y2, g2, u2))
+    return {like_rows_of(y2, x, inter), like_rows_of(g2, x, inter), like_rows_of(u2, x, inter)};
   auto [g, u] = gate_and_up(x, w_gate, w_up);
   return {like_rows_of(at::silu(g).mul_(u), x, w_gate.size(0)), like_rows_of(g, x, w_gate.size(0)),
           like_rows_of(u, x, w_gate.size(0))};
@@ -105,15 +132,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_fwd_meta(const at::Tensor&
           at::empty_symint(out_shape(x, w_gate), x.options())};
 }
 
-// ---- the gate's backward: dg = dy * u * silu'(g), du = dy * silu(g), in float32 for half types
-// (float64 for float64), each rounded once to the tensors' dtype. dy, g, u are [rows, I].
-std::pair<at::Tensor, at::Tensor> gate_grads(const at::Tensor& dy, const at::Tensor& g,
-                                             const at::Tensor& u) {
+// ---- the gate's backward (_swiglu_bwd): dg = dy * u * silu'(g), du = dy * silu(g), in float32 for
+// half types (float64 for float64), each rounded once to the tensors' dtype. dy, g, u are [rows, I].
+
+void check_swiglu_bwd(const at::Tensor& dy, const at::Tensor& g, const at::Tensor& u) {
+  check_dtypes_and_devices("_swiglu_bwd", {{"dy", &dy}, {"g", &g}, {"u", &u}});
+  check_dim("_swiglu_bwd", "dy", dy, 2);
+  check_same_shape("_swiglu_bwd", {{"dy", &dy}, {"g", &g}, {"u", &u}});
+}
+
+std::tuple<at::Tensor, at::Tensor> swiglu_bwd_cpu(const at::Tensor& dy, const at::Tensor& g,
+                                                  const at::Tensor& u) {
+  check_swiglu_bwd(dy, g, u);
   const auto dtype = dy.scalar_type();
   const auto acc = is_half(dy) ? at::kFloat : dtype;
   const at::Tensor dya = dy.to(acc), ga = g.to(acc), ua = u.to(acc);
   return {at::silu_backward(dya * ua, ga).to(dtype).contiguous(),
           (dya * at::silu(ga)).to(dtype).contiguous()};
+}
+
+// One pass over dy, g and u (kernels/linear.cu).
+std::tuple<at::Tensor, at::Tensor> swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& g,
+                                                   const at::Tensor& u) {
+  check_swiglu_bwd(dy, g, u);
+  const c10::cuda::CUDAGuard guard(dy.device());
+  const int64_t rows = dy.size(0), n = dy.size(1);
+  auto rowwise = [&](const at::Tensor& t) {
+    return t.stride(1) == 1 && t.stride(0) >= n ? t : t.contiguous();
+  };
+  const at::Tensor d = rowwise(dy), gg = rowwise(g), uu = rowwise(u);
+  at::Tensor dg = at::empty({rows, n}, dy.options()), du = at::empty({rows, n}, dy.options());
+  auto ld = [&](const at::Tensor& t) { return rows > 1 ? t.stride(0) : n; };
+  C10_CUDA_CHECK(kernels::launch_swiglu_bwd(kernel_dtype(dy.scalar_type()), d.data_ptr(), ld(d),
+                                            gg.data_ptr(), ld(gg), uu.data_ptr(), ld(uu), rows, n,
+                                            dg.data_ptr(), du.data_ptr(), current_stream(dy)));
+  return {dg, du};
+}
+
+std::tuple<at::Tensor, at::Tensor> swiglu_bwd_meta(const at::Tensor& dy, const at::Tensor& g,
+                                                   const at::Tensor& u) {
+  check_swiglu_bwd(dy, g, u);
+  return {at::empty_symint(dy.sym_sizes(), dy.options()),
+          at::empty_symint(dy.sym_sizes(), dy.options())};
 }
 
 // ---- Autograd: with a gradient required, x, the weights, g and u are kept (g and u from
@@ -136,11 +196,16 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const int64_t inter = w_gate.size(0);
     const at::Tensor x2 = as_rows(x);
     const int64_t rows = x2.size(0);
-    auto [dg, du] = gate_grads(grads[0].reshape({rows, inter}), saved[3].reshape({rows, inter}),
-                               saved[4].reshape({rows, inter}));
+    auto [dg, du] =
+        cuops::_swiglu_bwd(grads[0].reshape({rows, inter}), saved[3].reshape({rows, inter}),
+                           saved[4].reshape({rows, inter}));
     at::Tensor dx, dw_gate, dw_up;
-    if (ctx->needs_input_grad(0))
-      dx = cuops::mm(dg, w_gate).add_(cuops::mm(du, w_up)).view(x.sizes());
+    if (ctx->needs_input_grad(0)) {
+      // dx = dg @ w_gate + du @ w_up: the second product added in its epilogue (beta = 1).
+      dx = cuops::mm(dg, w_gate);
+      cuops::gemm(dx, du, w_up, 1.0, 1.0);
+      dx = dx.view(x.sizes());
+    }
     if (ctx->needs_input_grad(1)) dw_gate = cuops::mm(dg.t(), x2);
     if (ctx->needs_input_grad(2)) dw_up = cuops::mm(du.t(), x2);
     return {dx, dw_gate, dw_up, at::Tensor()};
@@ -168,14 +233,17 @@ at::Tensor swiglu_autocast(const at::Tensor& x, const at::Tensor& w_gate, const 
 TORCH_LIBRARY_IMPL(cuops, CPU, m) {
   m.impl("swiglu", &swiglu_cpu);
   m.impl("_swiglu_fwd", &swiglu_fwd_cpu);
+  m.impl("_swiglu_bwd", &swiglu_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
   m.impl("swiglu", &swiglu_cuda);
   m.impl("_swiglu_fwd", &swiglu_fwd_cuda);
+  m.impl("_swiglu_bwd", &swiglu_bwd_cuda);
 }
 TORCH_LIBRARY_IMPL(cuops, Meta, m) {
   m.impl("swiglu", &swiglu_meta);
   m.impl("_swiglu_fwd", &swiglu_fwd_meta);
+  m.impl("_swiglu_bwd", &swiglu_bwd_meta);
 }
 TORCH_LIBRARY_IMPL(cuops, Autograd, m) { m.impl("swiglu", &swiglu_autograd); }
 TORCH_LIBRARY_IMPL(cuops, AutocastCUDA, m) { m.impl("swiglu", &swiglu_autocast); }

@@ -42,6 +42,8 @@ TORCH_LIBRARY(cuops, m) {
   // swiglu's output and g = x @ w_gate^T, u = x @ w_up^T, for swiglu's backward (internal).
   m.def("_swiglu_fwd(Tensor x, Tensor w_gate, Tensor w_up) -> (Tensor out, Tensor g, Tensor u)",
         gemm_tags);
+  // (dy * u * silu'(g), dy * silu(g)) for dy, g, u [rows, I]: swiglu's backward (internal).
+  m.def("_swiglu_bwd(Tensor dy, Tensor g, Tensor u) -> (Tensor, Tensor)", tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

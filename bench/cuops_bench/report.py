@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -172,6 +173,7 @@ def table_lines(results: dict) -> list[str]:
     lines += shape_lines(results)
     lines += llama_lines(results)
     lines += gpt_train_lines(results)
+    lines += fused_lines(results)
     return lines
 
 
@@ -314,6 +316,43 @@ def gpt_train_lines(results: dict) -> list[str]:
         lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {fmt_time(b.get('ms')):>9} {fmt_ratio(r.get('ratio')):>7} "
                      f"{r['cuops_tokens_per_s']:>11.0f} {b.get('tokens_per_s') or 0:>11.0f} "
                      f"{(r.get('check') or {}).get('max_rel_loss_diff', 0):>9.4f}")
+    return lines
+
+
+FUSED_HEAD = (f"{'op':<17} {'pass':<8} {'dtype':<9} {'model':<11} {'tokens':>6} {'cuops':>9} {'eager':>7} "
+              f"{'compiled':>8} {'addmm_act':>9} {'frac mm':>7}")
+
+
+def fused_lines(results: dict) -> list[str]:
+    """The fused ops' rows (sections/fused.py): cuops time and each baseline's time / cuops time."""
+    rows = [r for r in results["rows"] if r["family"] == "fused"]
+    if not rows:
+        return []
+    lines = ["", "fused ops: ratio = the torch code's time / cuops' (eager; compiled; torch._addmm_activation); "
+             "frac mm = the bare products' time (torch.mm) / cuops'", FUSED_HEAD, "-" * len(FUSED_HEAD)]
+    for r in rows:
+        dtype = r["dtype"] + ("/" + r["precision"] if r.get("precision") else "")
+        lead = f"{r['op']:<17} {r['kind']:<8} {dtype:<9} {r['model']:<11} {r['tokens']:>6}"
+        if r.get("status") != "ok":
+            lines.append(not_run_line(lead, r))
+            continue
+        b = r["baselines"]
+        ratio = lambda key: fmt_ratio((b.get(key) or {}).get("ratio"))  # noqa: E731
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {ratio('eager'):>7} {ratio('compiled'):>8} "
+                     f"{ratio('addmm_act'):>9} {fmt_frac(r.get('fraction')):>7}")
+    # Geometric means over the bf16 rows of 512+ tokens (the acceptance's), each with its worst row.
+    for op, kind in sorted({(r["op"], r["kind"]) for r in rows}):
+        sel = [r for r in rows if (r["op"], r["kind"]) == (op, kind) and r.get("status") == "ok"
+               and r["dtype"] == "bfloat16" and r["tokens"] >= 512]
+        parts = []
+        for key in ("eager", "compiled", "addmm_act"):
+            ratios = [(r["baselines"][key]["ratio"], r) for r in sel if key in r["baselines"]]
+            if ratios:
+                geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+                low, worst = min(ratios, key=lambda p: p[0])
+                parts.append(f"{key} {geo:.3f}x (worst {low:.3f}x at {worst['model']} {worst['tokens']})")
+        if parts:
+            lines.append(f"geomean {op} {kind} bf16, 512+ tokens: " + "; ".join(parts))
     return lines
 
 

@@ -128,6 +128,13 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _swiglu_fwd(const at::Tens
       const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::_swiglu_fwd");
   return handle.call(x, w_gate, w_up);
 }
+// swiglu's gate backward (internal): (dy * u * silu'(g), dy * silu(g)) for dy, g, u [rows, I].
+inline std::tuple<at::Tensor, at::Tensor> _swiglu_bwd(const at::Tensor& dy, const at::Tensor& g,
+                                                      const at::Tensor& u) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::_swiglu_bwd");
+  return handle.call(dy, g, u);
+}
 
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
 inline std::string build_info() {

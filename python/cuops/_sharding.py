@@ -123,6 +123,11 @@ def register() -> bool:
     def swiglu_fwd_rule(x, w_gate, w_up):
         return linear_entries(x, 3, 2, None, False)  # (out, g, u)
 
+    @register_sharding(ops._swiglu_bwd.default)
+    def swiglu_bwd_rule(dy, g, u):
+        # Elementwise over [rows, I]: any one sharding of all three, kept by both gradients.
+        return [([p, p], [p, p, p]) for p in (Replicate(), Shard(0), Shard(1))]
+
     try:
         from torch.distributed.tensor._ops._math_ops import _NormPartial
     except ImportError:

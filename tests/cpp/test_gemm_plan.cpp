@@ -6,11 +6,13 @@
 // (kernels/tile_order.h), host and device code alike.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -19,11 +21,13 @@
 
 namespace {
 
+using cuops::kernels::Activation;
 using cuops::kernels::CopyLayout;
 using cuops::kernels::CopyVia;
 using cuops::kernels::describe;
 using cuops::kernels::DType;
 using cuops::kernels::GemmDevice;
+using cuops::kernels::GemmEpilogue;
 using cuops::kernels::GemmKernel;
 using cuops::kernels::GemmOperand;
 using cuops::kernels::GemmPlan;
@@ -477,6 +481,131 @@ TEST(GemmRule, OperandNotReadable) {
   // Just outside: 256 columns pay a's copy (CopyOperand), a fast kernel then.
   p = plan_gemm(row_major(DType::Float32, 100, 256, 4097), kH100);
   EXPECT_EQ(p.kernel, GemmKernel::Simt);
+}
+
+// A fused request (linear's bias and activation; swiglu's dual GEMM) as the ops make it: x [m, k]
+// row-major, nn.Linear's weight [n, k] read as b = W.t(), c and the kept products [m, n]
+// contiguous.
+GemmRequest fused(GemmEpilogue kind, DType t, int64_t m, int64_t n, int64_t k, bool keep) {
+  GemmRequest r = linear_forward(t, m, n, k);
+  r.fusion.kind = kind;
+  r.fusion.act = Activation::Gelu;
+  r.fusion.bias = kind == GemmEpilogue::BiasActivation ? address(0x600002) : nullptr;
+  r.fusion.b2 = kind == GemmEpilogue::GatedSilu ? address(0x700000) : nullptr;
+  if (keep) {
+    r.fusion.aux = address(0x800000);
+    r.fusion.aux2 = kind == GemmEpilogue::GatedSilu ? address(0x900000) : nullptr;
+    r.fusion.ld_aux = n;
+  }
+  return r;
+}
+
+// Where the fused kernels do not run, no plan fuses: the op runs the product and the epilogue
+// apart (and launch_gemm refuses to run the request on an unfused plan).
+TEST(GemmRule, FusedEpilogueApart) {
+  const auto apart = [](const GemmRequest& r, const GemmDevice& dev) {
+    const GemmPlan p = plan_gemm(r, dev);
+    if (p.fused) return testing::AssertionFailure() << describe(p);
+    return testing::AssertionSuccess();
+  };
+  for (GemmEpilogue kind : {GemmEpilogue::BiasActivation, GemmEpilogue::GatedSilu}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    const GemmRequest good = fused(kind, DType::BFloat16, 4096, 4096, 4096, true);
+    ASSERT_TRUE(plan_gemm(good, kH100).fused);
+    EXPECT_TRUE(apart(good, kH100NoWgmma));
+    EXPECT_TRUE(apart(good, kA100));
+    for (DType t : {DType::Float32, DType::Float64}) {
+      GemmRequest r = fused(kind, t, 4096, 4096, 4096, true);
+      r.allow_tf32 = true;
+      EXPECT_TRUE(apart(r, kH100));
+    }
+    // Decode sizes: the small-M kernel has no fused epilogue.
+    EXPECT_TRUE(apart(fused(kind, DType::BFloat16, kSkinnyMaxTokens, 4096, 4096, false), kH100));
+    EXPECT_TRUE(
+        plan_gemm(fused(kind, DType::BFloat16, kSkinnyMaxTokens + 1, 4096, 4096, false), kH100)
+            .fused);
+    // c's rows not a whole number of 16 bytes apart (no TMA store); x m-major; a weight given
+    // n-major (b row-major); beta != 0.
+    EXPECT_TRUE(apart(fused(kind, DType::BFloat16, 1000, 300, 200, false), kH100));
+    EXPECT_TRUE(apart(transposed_a(good), kH100));
+    GemmRequest r = good;
+    r.b.stride0 = r.n, r.b.stride1 = 1;
+    EXPECT_TRUE(apart(r, kH100));
+    r = good;
+    r.beta = 1.0;
+    EXPECT_TRUE(apart(r, kH100));
+    // The kept products or the second weight not 16-byte aligned, or rows of the kept products
+    // not a whole number of 16 bytes apart.
+    r = good;
+    r.fusion.aux = address(0x800002);
+    EXPECT_TRUE(apart(r, kH100));
+    r = good;
+    r.fusion.ld_aux = r.n + 1;
+    EXPECT_TRUE(apart(r, kH100));
+    if (kind == GemmEpilogue::GatedSilu) {
+      r = good;
+      r.fusion.b2 = address(0x700008);
+      EXPECT_TRUE(apart(r, kH100));
+      r = good;
+      r.fusion.aux2 = nullptr;
+      EXPECT_TRUE(apart(r, kH100));
+    }
+    // An operand the planner would copy: the fused kernel reads operands in place only.
+    r = fused(kind, DType::BFloat16, 4096, 4096, 4097, false);
+    EXPECT_TRUE(apart(r, kH100));
+    EXPECT_STREQ(plan_gemm(r, kH100).rule, "FusedEpilogueApart");
+  }
+}
+
+// Elsewhere: the wgmma plan of the product with TMA stores, the dual GEMM's made for the 2n-wide
+// product (its tiles hold bn / 2 outputs of each weight) and never narrower than 128.
+TEST(GemmRule, FusedEpilogue) {
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{8192, 5632, 2048},
+                                {4096, 14336, 4096},
+                                {512, 768, 3072},
+                                {1000, 328, 200},
+                                {17, 4096, 4096},
+                                {16384, 2048, 5632}}) {
+    SCOPED_TRACE(testing::Message() << m << " x " << n << " x " << k);
+    for (DType t : {DType::BFloat16, DType::Float16}) {
+      // Bias and activation: the plain product's plan, fused.
+      const GemmRequest lin = fused(GemmEpilogue::BiasActivation, t, m, n, k, true);
+      GemmPlan p = plan_gemm(lin, kH100);
+      GemmRequest plain = lin;
+      plain.fusion = {};
+      GemmPlan q = plan_gemm(plain, kH100);
+      ASSERT_TRUE(p.fused) << describe(p);
+      ASSERT_EQ(p.kernel, GemmKernel::Wgmma);
+      EXPECT_TRUE(p.wgmma().tma_store);
+      EXPECT_EQ(p.n, n);
+      if (q.kernel == GemmKernel::Wgmma) {
+        EXPECT_EQ(p.wgmma().bm, q.wgmma().bm);
+        EXPECT_EQ(p.wgmma().bn, q.wgmma().bn);
+        EXPECT_EQ(p.wgmma().cluster_m, q.wgmma().cluster_m);
+        EXPECT_EQ(p.grid, q.grid);
+        EXPECT_STREQ(p.rule, q.rule);
+      }
+      // The dual GEMM: planned as the plain 2n-wide product, tiles at least 128 wide; the output
+      // is n wide.
+      const GemmRequest dual = fused(GemmEpilogue::GatedSilu, t, m, n, k, true);
+      p = plan_gemm(dual, kH100);
+      ASSERT_TRUE(p.fused) << describe(p);
+      EXPECT_TRUE(p.wgmma().tma_store);
+      EXPECT_GE(p.wgmma().bn, 128);
+      EXPECT_EQ(p.n, n);
+      const int64_t units =
+          (m + p.wgmma().bm - 1) / p.wgmma().bm * ((n + p.wgmma().bn / 2 - 1) / (p.wgmma().bn / 2));
+      EXPECT_LE(p.wgmma().tail_units, units);
+      EXPECT_LE(p.grid, std::max<int64_t>(units, 1) * p.wgmma().cluster_m);
+      plain.n = 2 * n, plain.b.stride1 = k, plain.c_stride0 = 2 * n;
+      q = plan_gemm(plain, kH100);
+      if (q.kernel == GemmKernel::Wgmma && q.wgmma().bn >= 128) {
+        EXPECT_EQ(p.wgmma().bn, q.wgmma().bn);
+        EXPECT_EQ(p.wgmma().bm, q.wgmma().bm);
+        EXPECT_EQ(p.grid, q.grid);
+      }
+    }
+  }
 }
 
 // c's short side at most 16 (tokens) with that side's operand k-contiguous: the small-M kernel,

@@ -222,6 +222,29 @@ def gemm_path(path):
         yield
 
 
+requires_hopper = pytest.mark.skipif(
+    not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0),
+    reason=NO_GPU_REASON if not HAS_CUDA else "the fused GEMM epilogues are sm_90a's (compute capability 9.0)")
+
+
+def cuda_kernels(fn):
+    """The names of the CUDA kernels fn() launches, in order (the profiler's record)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and "memset" not in e.name.lower() and "memcpy" not in e.name.lower()]
+
+
+def poison_allocator(nbytes=1 << 26):
+    """Fills a block of the caching allocator with NaN and frees it, so the next outputs it hands out
+    start as NaN: an element a kernel leaves unwritten shows (rel_error refuses NaN)."""
+    torch.full((nbytes // 4,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+
+
 def switch_on(name):
     """Whether the switch is on in this process (set in process or from the environment)."""
     return cuops.set_switch(name)

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import cuops
-from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
+from conftest import (DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, cuda_kernels, make, ops, poison_allocator,
+                      rel_error, requires_cuda, requires_hopper)
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -43,6 +44,36 @@ def test_linear_matches_float64(device, dtype, activation, with_bias):
     assert y.shape == (2, 3, 29) and y.dtype == dtype and y.device.type == device
     want, scale = reference(x, w, b, activation)
     assert rel_error(y, want.to(y.device), scale.to(y.device)) <= tolerance(dtype, device)
+
+
+# Products the fused kernel takes (rows > 16; K and N whole 16 bytes), with partial tiles in every
+# direction, from one tile to several waves of pairs: (rows, N, K).
+FUSED_SHAPES = [(17, 64, 64), (300, 328, 264), (1000, 1160, 136), (2048, 3072, 512)]
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=str)
+def test_linear_fused_kernel(dtype, activation, with_bias, shape):
+    """One kernel (the GEMM with the bias and activation in its epilogue) into NaN-poisoned outputs, against
+    float64; with the pre-activation kept (_linear_fwd) the same output and z; the same bits again."""
+    rows, n, k = shape
+    x, w = make((rows, k), dtype, "cuda"), make((n, k), dtype, "cuda")
+    b = make((n,), dtype, "cuda") if with_bias else None
+    poison_allocator()
+    out = []
+    names = cuda_kernels(lambda: out.append(cuops.linear(x, w, b, activation)))
+    assert len(names) == 1 and "gemm_wgmma_fused" in names[0], names
+    want, scale = reference(x, w, b, activation)
+    assert rel_error(out[0], want, scale) <= tolerance(dtype, "cuda")
+    poison_allocator()
+    y, z = ops._linear_fwd(x, w, b, activation)
+    assert torch.equal(y, out[0])
+    want_z, scale_z = reference(x, w, b, "none")
+    assert rel_error(z, want_z, scale_z) <= HALF_TOL[dtype]
+    assert torch.equal(cuops.linear(x, w, b, activation), out[0])
 
 
 @pytest.mark.parametrize("device", DEVICES)

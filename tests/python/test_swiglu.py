@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import cuops
-from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
+from conftest import (DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, cuda_kernels, make, ops, poison_allocator,
+                      rel_error, requires_cuda, requires_hopper)
 
 
 def reference(x, w_gate, w_up):
@@ -36,6 +37,57 @@ def test_swiglu_matches_float64(device, dtype):
     assert y.shape == (2, 3, 29) and y.dtype == dtype and y.device.type == device and y.is_contiguous()
     want, scale = reference(x, w_gate, w_up)
     assert rel_error(y, want.to(y.device), scale.to(y.device)) <= tolerance(dtype, device)
+
+
+# Products the dual GEMM takes (rows > 16; K and I whole 16 bytes), with partial tiles of outputs
+# (a tile holds 64 or 128 of each weight's), from one tile to several waves: (rows, I, K).
+FUSED_SHAPES = [(17, 64, 64), (300, 200, 264), (1000, 1160, 136), (2048, 2816, 512)]
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=str)
+def test_swiglu_dual_gemm(dtype, shape):
+    """One kernel (both products over one pass of x, silu(g) * u in the epilogue) into NaN-poisoned outputs,
+    against float64; with g and u kept (_swiglu_fwd) the same output, g and u; the same bits again."""
+    rows, inter, k = shape
+    x, w_gate, w_up = make((rows, k), dtype, "cuda"), make((inter, k), dtype, "cuda"), make((inter, k), dtype, "cuda")
+    poison_allocator()
+    out = []
+    names = cuda_kernels(lambda: out.append(cuops.swiglu(x, w_gate, w_up)))
+    assert len(names) == 1 and "gemm_wgmma_fused" in names[0], names
+    want, scale = reference(x, w_gate, w_up)
+    assert rel_error(out[0], want, scale) <= tolerance(dtype, "cuda")
+    poison_allocator()
+    y, g, u = ops._swiglu_fwd(x, w_gate, w_up)
+    assert torch.equal(y, out[0])
+    x64 = x.double()
+    for got, w in ((g, w_gate), (u, w_up)):
+        assert rel_error(got, x64 @ w.double().t(), x64.abs() @ w.double().abs().t()) <= HALF_TOL[dtype]
+    assert torch.equal(cuops.swiglu(x, w_gate, w_up), out[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swiglu_gate_backward(device, dtype):
+    """_swiglu_bwd: (dy * u * silu'(g), dy * silu(g)) against float64, over rows read with a leading stride
+    (sliced) and rows not a whole 16 bytes (the per-element path); the same bits again."""
+    for rows, inter, layout in ((70, 136, "contiguous"), (33, 29, "contiguous"), (40, 64, "sliced")):
+        dy, g, u = (make((rows, inter), dtype, device, layout) for _ in range(3))
+        dg, du = ops._swiglu_bwd(dy, g, u)
+        assert dg.is_contiguous() and du.is_contiguous() and dg.dtype == dtype
+        d64, g64, u64 = dy.double(), g.double(), u.double()
+        s = torch.sigmoid(g64)
+        want_dg, want_du = d64 * u64 * s * (1 + g64 * (1 - s)), d64 * g64 * s
+        tol = 4 * HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+        assert rel_error(dg, want_dg) <= tol and rel_error(du, want_du) <= tol
+        again = ops._swiglu_bwd(dy, g, u)
+        assert torch.equal(again[0], dg) and torch.equal(again[1], du)
+    empty = ops._swiglu_bwd(*(make((0, 5), torch.float32, device) for _ in range(3)))
+    assert all(t.shape == (0, 5) for t in empty)
+    with pytest.raises(RuntimeError, match=r"cuops::_swiglu_bwd: expected .*u"):
+        ops._swiglu_bwd(make((4, 5), torch.float32, device), make((4, 5), torch.float32, device),
+                        make((4, 6), torch.float32, device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,0 +1,135 @@
+"""The fused ops against the unfused torch code they replace (SPEC.md §3, "Fused ops"): linear with bias
+and gelu_tanh, and swiglu, forward and forward + backward, each against the torch code eager, the same
+code under torch.compile(mode="default"), torch._addmm_activation (linear's forward: cuBLASLt's GELU
+epilogue), and, for the report, the bare products alone (torch.mm: the GEMM time the epilogue rides on,
+the "frac" column). Sides alternate over rounds; L2 is flushed before every call (do_bench)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..context import Run
+from ..harness import DTYPES, guarded, log
+from .norm import allow_recompiles
+
+# (model, K, N): the shape suite's MLP shapes (GPT-2's c_fc; the width-2048 Llama of the end-to-end
+# rows; Llama-3-8B), tokens 512-16384 and decode.
+MODELS = (("gpt2", 768, 3072), ("llama-2048", 2048, 5632), ("llama3-8b", 4096, 14336))
+TOKENS = (512, 2048, 8192, 16384)
+DECODE = (1, 8)
+# Spot rows in the other dtypes: (model, tokens, dtype, float32 precision).
+SPOTS = (("llama-2048", 8192, "float16", None), ("llama-2048", 8192, "float32", "high"))
+ROUNDS = 3
+COMPILED = 'torch.compile(f, mode="default"), the token dim dynamic (one graph per model shape)'
+
+
+def linear_eager(x, w, b):
+    return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+
+def swiglu_eager(x, wg, wu):
+    return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+
+def addmm_act(x, w, b):
+    return torch._addmm_activation(b, x, w.t(), use_gelu=True)
+
+
+def bare_linear(x, w, b):
+    return torch.mm(x, w.t())
+
+
+def bare_swiglu(x, wg, wu):
+    return torch.mm(x, wg.t()), torch.mm(x, wu.t())
+
+
+def cuops_linear(x, w, b):
+    return torch.ops.cuops.linear(x, w, b, "gelu_tanh")
+
+
+def cuops_swiglu(x, wg, wu):
+    return torch.ops.cuops.swiglu(x, wg, wu)
+
+
+def with_backward(f, dy):
+    """f's forward and the gradients of every input (autograd.grad: nothing accumulates across calls)."""
+    def run(*args):
+        y = f(*args)
+        return torch.autograd.grad(y, args, dy)
+    return run
+
+
+def run(ctx: Run) -> None:
+    allow_recompiles()
+    compiled = {op: torch.compile(fn, mode="default") for op, fn in
+                (("linear", linear_eager), ("swiglu", swiglu_eager))}
+    saved = torch.get_float32_matmul_precision()
+    try:
+        for op in ("linear", "swiglu"):
+            for model, k, n in MODELS:
+                for t in TOKENS + DECODE:
+                    one_shape(ctx, op, compiled[op], model, t, k, n, "bfloat16", None)
+            for model, t, dname, precision in SPOTS:
+                k, n = next((k, n) for m, k, n in MODELS if m == model)
+                torch.set_float32_matmul_precision(precision or "highest")
+                one_shape(ctx, op, compiled[op], model, t, k, n, dname, precision)
+                torch.set_float32_matmul_precision(saved)
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
+def one_shape(ctx: Run, op: str, compiled, model: str, t: int, k: int, n: int, dname: str, precision) -> None:
+    bench, dtype = ctx.bench, DTYPES[dname]
+    started = time.perf_counter()
+    dev = bench.device
+    weights = 2 if op == "swiglu" else 1
+    x = torch.randn(t, k, device=dev, dtype=dtype)
+    ws = [torch.randn(n, k, device=dev, dtype=dtype) / k ** 0.5 for _ in range(weights)]
+    args = (x, *ws) if op == "swiglu" else (x, ws[0], torch.randn(n, device=dev, dtype=dtype))
+    torch._dynamo.mark_dynamic(x, 0)
+    cuops_fn = cuops_swiglu if op == "swiglu" else cuops_linear
+    eager_fn = swiglu_eager if op == "swiglu" else linear_eager
+    bare_fn = bare_swiglu if op == "swiglu" else bare_linear
+    passes = ("fwd",) if t in DECODE else ("fwd", "fwd+bwd")
+    for kind in passes:
+        row = {"family": "fused", "op": op if op == "swiglu" else "linear_gelu_tanh", "kind": kind, "dtype": dname,
+               "precision": precision, "model": model, "tokens": t, "size": f"{t}x{k}->{n}", "M": t, "K": k,
+               "N": n, "flops": 2 * t * k * n * weights * (3 if kind == "fwd+bwd" else 1),
+               "weight_bytes": weights * n * k * dtype.itemsize}
+        sides = {"cuops": cuops_fn, "eager": eager_fn, "compiled": compiled}
+        if kind == "fwd":
+            sides["mm"] = bare_fn
+            if op == "linear":
+                sides["addmm_act"] = addmm_act
+        else:
+            dy = torch.randn(t, n, device=dev, dtype=dtype)
+            grad_args = tuple(a.detach().requires_grad_() for a in args)
+            torch._dynamo.mark_dynamic(grad_args[0], 0)
+            sides = {key: with_backward(fn, dy) for key, fn in sides.items()}
+        call_args = args if kind == "fwd" else grad_args
+        guarded(ctx.rows, row, lambda r: time_sides(bench, r, sides, call_args))
+    log(f"fused {op} {dname} {model} {t} tokens: {time.perf_counter() - started:.1f}s")
+    bench.free_memory()
+
+
+def time_sides(bench, row: dict, sides: dict, args: tuple) -> None:
+    """Every side timed in ROUNDS rounds of alternating order; medians; ratios = side / cuops."""
+    fns = {key: (lambda f=fn: f(*args)) for key, fn in sides.items()}
+    runs = {key: [] for key in fns}
+    order = list(fns)
+    for i in range(ROUNDS):
+        for key in (order if i % 2 == 0 else order[::-1]):
+            runs[key].append(bench.measure(fns[key]))
+    ms = {key: statistics.median(t.ms for t in ts) for key, ts in runs.items()}
+    calls = {"eager": "the torch code as written", "compiled": COMPILED, "mm": "torch.mm of the product(s) alone",
+             "addmm_act": "torch._addmm_activation(b, x, w.t(), use_gelu=True)"}
+    row["baselines"] = {key: {"call": calls[key], "ms": ms[key], "runs_ms": [t.ms for t in runs[key]],
+                              "ratio": ms[key] / ms["cuops"]} for key in fns if key != "cuops"}
+    row.update(status="ok", cuops_ms=ms["cuops"], cuops_runs_ms=[t.ms for t in runs["cuops"]],
+               timer=f"{runs['cuops'][0].method}, median of {ROUNDS} rounds, sides alternating",
+               ratio=ms["eager"] / ms["cuops"], cuops_TFLOPs=row["flops"] / ms["cuops"] / 1e9)
+    if "mm" in ms:
+        row["fraction"] = ms["mm"] / ms["cuops"]  # of the bare GEMM's rate: what the epilogue costs

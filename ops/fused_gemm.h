@@ -1,0 +1,30 @@
+// The fused GEMM epilogues as the ops use them (kernels/gemm_plan.h's GemmFusion on torch tensors):
+// one entry, in ops/gemm.cpp beside the plain product's, so the plan, the workspace and the launch
+// are made one way for every op.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "kernels/kernels.h"
+
+namespace cuops::ops {
+
+// What follows x2 @ w^T: bias and activation (linear; z: the pre-activation kept), or the gated
+// product silu(x2 @ w^T) * (x2 @ w2^T) (swiglu; z and z2: the two products kept). Null: none.
+struct FusedEpilogue {
+  bool gated = false;
+  const at::Tensor* w2 = nullptr;
+  const at::Tensor* bias = nullptr;
+  kernels::Activation act = kernels::Activation::None;
+  const at::Tensor* z = nullptr;
+  const at::Tensor* z2 = nullptr;
+};
+
+// out [rows, n] (and the kept products, [rows, n] each) from x2 [rows, k] and w [n, k] (w2 the same
+// shape and strides), all of out's dtype and device, under the caller's device guard, on the
+// current stream. False, with nothing enqueued, where the planner does not fuse this product
+// (kernels/gemm_plan.cpp, FusedEpilogueApart): the caller runs it apart.
+bool run_fused_gemm(const at::Tensor& out, const at::Tensor& x2, const at::Tensor& w,
+                    const FusedEpilogue& e);
+
+}  // namespace cuops::ops
