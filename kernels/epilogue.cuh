@@ -173,13 +173,13 @@ struct BiasActivation {
       case Activation::None:
         return;
       case Activation::Relu:
-        return each<N>(v, [](float z) { return act_forward(Activation::Relu, z); });
+        return each<N>(v, [](float z) { return act_forward_fast(Activation::Relu, z); });
       case Activation::Gelu:
-        return each<N>(v, [](float z) { return act_forward(Activation::Gelu, z); });
+        return each<N>(v, [](float z) { return act_forward_fast(Activation::Gelu, z); });
       case Activation::GeluTanh:
-        return each<N>(v, [](float z) { return act_forward(Activation::GeluTanh, z); });
+        return each<N>(v, [](float z) { return act_forward_fast(Activation::GeluTanh, z); });
       case Activation::Silu:
-        return each<N>(v, [](float z) { return act_forward(Activation::Silu, z); });
+        return each<N>(v, [](float z) { return act_forward_fast(Activation::Silu, z); });
     }
   }
 
@@ -193,7 +193,7 @@ struct BiasActivation {
 // swiglu's epilogue (GemmEpilogue::GatedSilu): the gate and up products of one element combined.
 struct GatedSilu {
   static __device__ __forceinline__ float combine(float g, float u) {
-    return act_forward(Activation::Silu, g) * u;
+    return act_forward_fast(Activation::Silu, g) * u;
   }
 };
 

@@ -404,15 +404,28 @@ __device__ __forceinline__ void store_unit_fused(const CUtensorMap& map_c,
   if constexpr (E == GemmEpilogue::BiasActivation) {
     const int64_t col0 = tn * BN;
     const T* bias = static_cast<const T*>(f.bias);
+    // The lane's bias values, every load issued before the first is used (one latency, not one per
+    // column block): a 4-byte pair each where the bias allows (n even, its base 4-byte aligned).
+    float2 b[BN / 8];
+    const bool pairs = ((reinterpret_cast<uintptr_t>(bias) & 3) | (p.n & 1)) == 0;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const int64_t c = col0 + j * 8 + 2 * (lane % 4);
-      const float b0 = bias != nullptr && c < p.n ? to_acc(bias[c]) : 0.f;
-      const float b1 = bias != nullptr && c + 1 < p.n ? to_acc(bias[c + 1]) : 0.f;
-      d[4 * j] = fmaf(p.alpha, d[4 * j], b0);
-      d[4 * j + 1] = fmaf(p.alpha, d[4 * j + 1], b1);
-      d[4 * j + 2] = fmaf(p.alpha, d[4 * j + 2], b0);
-      d[4 * j + 3] = fmaf(p.alpha, d[4 * j + 3], b1);
+      b[j] = make_float2(0.f, 0.f);
+      if (bias == nullptr || c >= p.n) continue;
+      if (pairs) {
+        b[j] = unpack_pair(__ldg(reinterpret_cast<const unsigned*>(bias + c)), T{});
+      } else {
+        b[j].x = to_acc(bias[c]);
+        if (c + 1 < p.n) b[j].y = to_acc(bias[c + 1]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      d[4 * j] = fmaf(p.alpha, d[4 * j], b[j].x);
+      d[4 * j + 1] = fmaf(p.alpha, d[4 * j + 1], b[j].y);
+      d[4 * j + 2] = fmaf(p.alpha, d[4 * j + 2], b[j].x);
+      d[4 * j + 3] = fmaf(p.alpha, d[4 * j + 3], b[j].y);
     }
     if (f.keep)
       store_tile_tma<T, BM, BN, BN>(map_aux, mine, row, col0, cw, tid, warp, lane, packed(0));
