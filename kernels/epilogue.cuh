@@ -5,18 +5,18 @@
 // Kernels hand it their accumulators as pairs (two adjacent columns c, c + 1 of one row r of C, as
 // every mma fragment, SIMT tile and split-plane sum holds them; float, or double for float64) or
 // as single elements (the small-M kernel, a thread per output). An epilogue type has
-//   1. the per-element step: today alpha * acc + beta * old c; next, bias[c], an activation, or
-//      two accumulators combined (SwiGLU's dual GEMM: a pair from each of the two);
-//   2. loads: today the old c, only where beta != 0 (c may be NaN or unwritten); next, a
-//      pre-activation kept by the forward, for a backward;
-//   3. stores: today to c directly, to c transposed (TF32's C^T = B^T A^T) or packed into shared
-//      memory for a staged TMA store; next, to an auxiliary tensor too, or nothing;
-//   4. reductions across a tile: none today; next, a column sum (the bias gradient), each row's
-//      running max and sum of exponentials and its target's logit (the loss), combined in a fixed
-//      order with no float atomics, so the bits are the same on every run.
+//   1. the per-element step: alpha * acc + beta * old c (LinearCombination); a bias column and an
+//      activation (BiasActivation); two accumulators combined (GatedSilu, SwiGLU's dual GEMM);
+//   2. loads: the old c, only where beta != 0 (c may be NaN or unwritten); the bias;
+//   3. stores: to c directly, to c transposed (TF32's C^T = B^T A^T) or packed into shared memory
+//      for a staged TMA store; the fused ones also to the auxiliary tensors the backward keeps;
+//   4. reductions across a tile: none yet; next, each row's running max and sum of exponentials
+//      and its target's logit (the loss), combined in a fixed order with no float atomics, so the
+//      bits are the same on every run.
+// The fused epilogues run on the wgmma kernel (kernels/gemm_wgmma.cuh, store_unit_fused).
 // Members are static and __forceinline__, take the accumulators by value and keep the operation
-// order the kernels had inline: moving them here left every kernel's SASS as it was
-// (tools/sass_digest.py --diff). A pair member checks r < m and col < n itself (col even; col + 1
+// order the kernels had inline (moving them here left every kernel's SASS as it was:
+// tools/sass_digest.py --diff). A pair member checks r < m and col < n itself (col even; col + 1
 // may lie past n); the staged pair has no bounds (the TMA store skips what lies past the edges).
 #pragma once
 
