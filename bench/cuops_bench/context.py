@@ -66,6 +66,19 @@ class GptTrainBench:
     autocast: bool = True  # bf16 autocast (cuops registers AutocastCUDA only: the cpu run is float32)
 
 
+@dataclass(frozen=True)
+class FusedBench:
+    """The fused section: (model, K, N) MLP shapes (GPT-2's c_fc; the width-2048 Llama of the end-to-end
+    rows; Llama-3-8B), tokens 512-16384 and decode, bf16; spot rows (model, tokens, dtype, float32
+    precision) in the other dtypes; sides alternating over `rounds`; compiled: the torch.compile side."""
+    models: tuple = (("gpt2", 768, 3072), ("llama-2048", 2048, 5632), ("llama3-8b", 4096, 14336))
+    tokens: tuple = (512, 2048, 8192, 16384)
+    decode: tuple = (1, 8)
+    spots: tuple = (("llama-2048", 8192, "float16", None), ("llama-2048", 8192, "float32", "high"))
+    rounds: int = 3
+    compiled: bool = True
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -75,6 +88,7 @@ class Config:
     shapes: ShapeSuite = field(default_factory=ShapeSuite)
     llama: LlamaBench = field(default_factory=LlamaBench)
     gpt_train: GptTrainBench = field(default_factory=GptTrainBench)
+    fused: FusedBench = field(default_factory=FusedBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -94,7 +108,10 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
                               prefill_tokens=16, prompt=8, steps=4, batches=(1, 8), rounds=2),
              # eager only: inductor's C++ build of a training graph takes minutes on CI's 2 cores
              gpt_train=GptTrainBench(layers=2, width=64, heads=4, ffn=256, vocab=128, batch=2, seq=16, steps=2,
-                                     rounds=2, loss_steps=3, modes=("eager",), autocast=False))
+                                     rounds=2, loss_steps=3, modes=("eager",), autocast=False),
+             # float32 (the cpu has no half GEMMs worth timing), no compiled side (inductor's C++ build)
+             fused=FusedBench(models=(("tiny", 64, 224),), tokens=(32,), decode=(1,), spots=(), rounds=1,
+                              compiled=False))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,

@@ -4,7 +4,8 @@ length so that the decode step has static shapes and can be captured in a CUDA g
 
 q/k/v and gate/up are fused into one Linear each, as serving engines run them, so the products are
 the rows of the shape suite (shapes.py: qkv_proj, o_proj, gate_up_proj, down_proj; plus lm_head).
-`cuops_twin(model)` is the same model with every nn.Linear replaced by a CuopsLinear that holds the
+`cuops_twin(model)` is the same model with its MLPs on cuops.swiglu and every other nn.Linear replaced by a
+CuopsLinear that holds the
 very same weight tensor: the two models share every parameter and buffer, and differ only in which
 GEMM runs.
 """
@@ -200,11 +201,34 @@ class CuopsLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+class SwigluMlp(nn.Module):
+    """MLP's forward as one torch.ops.cuops.swiglu (the dual GEMM; its gate and up weights are the row
+    halves of gate_up_proj's weight, read in place) and a CuopsLinear down projection."""
+
+    def __init__(self, mlp: MLP):
+        super().__init__()
+        self.weight = mlp.gate_up_proj.weight
+        self.ffn = mlp.gate_up_proj.out_features // 2
+        self.down_proj = CuopsLinear(mlp.down_proj)
+
+    def forward(self, x):
+        w = self.weight
+        return self.down_proj(torch.ops.cuops.swiglu(x, w[:self.ffn], w[self.ffn:]))
+
+
+# The modules a cuops twin replaces whole: module class -> its twin's class (a fused op where torch runs
+# several). Sections add their models' MLPs (gpt_train's GeluMlp).
+FUSED_TWINS: dict = {MLP: SwigluMlp}
+
+
 def cuops_twin(module: nn.Module) -> nn.Module:
-    """The module tree again, every nn.Linear replaced by a CuopsLinear; every other parameter and
-    buffer is the same tensor object as in `module` (shallow copies of the containers only)."""
+    """The module tree again, every nn.Linear replaced by a CuopsLinear and every module of FUSED_TWINS by
+    its fused twin; every other parameter and buffer is the same tensor object as in `module` (shallow
+    copies of the containers only)."""
     if isinstance(module, nn.Linear):
         return CuopsLinear(module)
+    if type(module) in FUSED_TWINS:
+        return FUSED_TWINS[type(module)](module)
     twin = copy.copy(module)
     twin._parameters = dict(module._parameters)
     twin._buffers = dict(module._buffers)

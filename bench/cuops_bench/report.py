@@ -271,7 +271,7 @@ def llama_lines(results: dict) -> list[str]:
              f"{cfg.get('heads')}/{cfg.get('kv_heads')} "
              f"heads, FFN {cfg.get('ffn')}, vocab {cfg.get('vocab')}, bf16; decode after a {info.get('prompt')}-token "
              f"prompt{', CUDA graphs' if info.get('cuda_graphs') else ', eager (cpu)'}): ratio = nn.Linear time / "
-             "CuopsLinear time; tokens = the prefill's length or the decode's steps, decode times are per token step; "
+             "cuops twin time (MLPs on swiglu, other Linears on mm); tokens = the prefill's length or the decode's steps, decode times are per token step; "
              "argmax = teacher-forced agreement, max|dl| = largest logit difference / largest |logit|, prefix = "
              "least common prefix of the free-running tokens",
              LLAMA_HEAD, "-" * len(LLAMA_HEAD)]
@@ -305,7 +305,7 @@ def gpt_train_lines(results: dict) -> list[str]:
     lines = ["", f"gpt_train ({cfg.get('layers')} layers, width {cfg.get('width')}, FFN {cfg.get('ffn')}, vocab "
              f"{cfg.get('vocab')}, {cfg.get('batch')} x {cfg.get('seq')} tokens, "
              f"{'bf16 autocast' if cfg.get('autocast') else 'float32'}, AdamW): ratio = nn.Linear "
-             "step time / CuopsLinear step time; max dloss = largest |loss difference| / loss over the first "
+             "step time / cuops step time (MLP on linear(..., 'gelu'), other Linears on mm); max dloss = largest |loss difference| / loss over the first "
              f"{cfg.get('loss_steps')} steps from the same weights", GPT_HEAD, "-" * len(GPT_HEAD)]
     for r in rows:
         lead = f"{r['mode']:<8} {r['tokens']:>6}"
@@ -390,7 +390,7 @@ def plot(results: dict, out: Path, prefix: str = "") -> dict:
     written, errors = [], []
     title = f"{results['gpu']} · torch {results['torch']} · {str(results['git_commit'])[:10]}"
     for name, draw in (("bandwidth.png", bandwidth_figure), ("gemm_tflops.png", gemm_figure),
-                       ("gemm_shapes_bandwidth.png", shapes_bandwidth_figure)):
+                       ("gemm_shapes_bandwidth.png", shapes_bandwidth_figure), ("fused.png", fused_figure)):
         try:
             fig = draw(plt, results["rows"], title)
             if fig is None:  # no rows of that figure's section in this run
@@ -452,6 +452,42 @@ def gemm_figure(plt, rows: list, title: str):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"cuops GEMM vs cuBLAS\n{title}", fontsize=10)
+    return fig
+
+
+def fused_figure(plt, rows: list, title: str):
+    """The fused ops' rows of the main dtype: each baseline's time / cuops' against tokens, one panel per
+    (op, pass), one colour per model; solid eager, dashed compiled, dotted _addmm_activation."""
+    sel = [r for r in rows if r["family"] == "fused" and r.get("status") == "ok" and r["dtype"] in ("bfloat16",
+                                                                                                    "float32")]
+    sel = [r for r in sel if r["dtype"] == sel[0]["dtype"] and not r.get("precision")] if sel else []
+    if not sel:
+        return None
+    panels = sorted({(r["op"], r["kind"]) for r in sel})
+    models = sorted({r["model"] for r in sel})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False, sharey=True)
+    for ax, (op, kind) in zip(axes[0], panels):
+        for i, model in enumerate(models):
+            pts = sorted((r for r in sel if (r["op"], r["kind"], r["model"]) == (op, kind, model)),
+                         key=lambda r: r["tokens"])
+            for key, ls in (("eager", "-"), ("compiled", "--"), ("addmm_act", ":")):
+                xy = [(r["tokens"], r["baselines"][key]["ratio"]) for r in pts if key in r["baselines"]]
+                if xy:
+                    ax.plot(*zip(*xy), color=f"C{i % 10}", ls=ls, marker="o", ms=3, label=f"{model} vs {key}")
+        ax.axhline(1.0, color="k", lw=0.8, alpha=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)  # host-bound compiled calls at few tokens reach 4-8x
+        ax.set_xlabel("tokens")
+        ax.set_title(f"{op} {kind} ({sel[0]['dtype']})", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h), labels.append(lab)
+    axes[0][0].legend(handles, labels, fontsize=6)
+    axes[0][0].set_ylabel("baseline time / cuops time")
+    fig.suptitle(title, fontsize=9)
     return fig
 
 

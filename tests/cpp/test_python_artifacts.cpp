@@ -44,6 +44,20 @@ TEST_P(PythonArtifacts, AotInductorPackageReproducesPython) {
   EXPECT_TRUE(torch::allclose(out[1], io("norm"), 1e-5, 1e-5));
 }
 
+// The fused ops (linear with bias and gelu_tanh, then swiglu; bf16 on CUDA) exported to an
+// AOTInductor package: the same bits as the Python run (the same kernels on the same inputs).
+TEST_P(PythonArtifacts, AotInductorFusedMlpReproducesPython) {
+  torch::jit::Module io = torch::jit::load(kDir + "/io_mlp_" + GetParam() + ".pt");
+  std::vector<at::Tensor> args;
+  for (int i = 0; i < 5; ++i) args.push_back(io.attr("arg" + std::to_string(i)).toTensor());
+  torch::inductor::AOTIModelPackageLoader loader(kDir + "/mlp_" + GetParam() + ".pt2");
+  std::vector<at::Tensor> out = loader.run(args);
+  ASSERT_EQ(out.size(), 1u);
+  const at::Tensor want = io.attr("y").toTensor();
+  EXPECT_EQ(out[0].scalar_type(), want.scalar_type());
+  EXPECT_TRUE(torch::allclose(out[0].to(at::kFloat), want.to(at::kFloat), 1e-5, 1e-5));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, PythonArtifacts, ::testing::Values("cpu", "cuda"),
                          [](const auto& info) { return info.param; });
 

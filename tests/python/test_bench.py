@@ -42,10 +42,10 @@ def test_cpu_smoke_run(tmp_path):
                                      "the real run")
 def test_cpu_smoke_shapes_and_llama(tmp_path):
     """The sections a run measures only when named (the shape suite, the Llama-style model, the GPT
-    training step), at the cpu config's tiny sizes: every row runs, the class summary and the models'
-    agreement checks are filled."""
+    training step, the fused ops), at the cpu config's tiny sizes: every row runs, the class summary and
+    the models' agreement checks are filled."""
     library = str(LIBRARY.absolute())
-    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train", "--out", tmp_path],
+    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train,fused", "--out", tmp_path],
                tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
@@ -75,6 +75,16 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     assert [r["mode"] for r in train] == ["eager"] and train[0]["status"] == "ok", train
     assert train[0]["ratio"] > 0 and train[0]["check"]["max_rel_loss_diff"] < 1e-4, train[0]["check"]
     assert any(ln.startswith("eager ") for ln in lines), proc.stdout
+    # The fused ops: forward and forward + backward of both ops, decode forward only, each against eager
+    # (the cpu has no compiled side), with the bare products beside the forwards.
+    fused = {(r["op"], r["kind"], r["tokens"]): r for r in results["rows"] if r["family"] == "fused"}
+    assert set(fused) == {(op, kind, t) for op in ("linear_gelu_tanh", "swiglu") for kind, t in
+                          (("fwd", 32), ("fwd+bwd", 32), ("fwd", 1))}, sorted(fused)
+    for (op, kind, _), r in fused.items():
+        assert r["status"] == "ok" and r["baselines"]["eager"]["ratio"] > 0, r
+        assert ("mm" in r["baselines"]) == (kind == "fwd") and ("addmm_act" in r["baselines"]) == (
+            kind == "fwd" and op == "linear_gelu_tanh"), r
+    assert any(ln.startswith("swiglu ") for ln in lines), proc.stdout
 
 
 def test_check_reads_committed_results():

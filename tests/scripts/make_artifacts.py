@@ -1,7 +1,9 @@
 """Writes what the C++ demo and C++ tests load to prove Python -> C++ round trips:
   model.pt          a TorchScript module using cuops ops (scripted and saved here),
   model_<dev>.pt2   an AOTInductor package of the same module (torch.export + aoti_compile_and_package),
-  io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load.
+  io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load;
+  mlp_<dev>.pt2, io_mlp_<dev>.pt   the same for an MLP on the fused ops (linear with bias and gelu_tanh,
+                    then swiglu; bf16 on CUDA, where the fused GEMM epilogues run).
 Usage: python make_artifacts.py [OUT_DIR]   (default: artifacts/ beside the library; cpu always, cuda too
 when a GPU is visible)."""
 import pathlib
@@ -27,6 +29,14 @@ class Model(torch.nn.Module):
         return g, torch.ops.cuops.two_norm(g, h)
 
 
+class Mlp(torch.nn.Module):
+    """The fused ops: linear's bias and activation, then swiglu's gated product."""
+
+    def forward(self, x, w, b, w_gate, w_up):
+        h = torch.ops.cuops.linear(x, w, b, "gelu_tanh")
+        return torch.ops.cuops.swiglu(h, w_gate, w_up)
+
+
 class Holder(torch.nn.Module):
     def __init__(self, tensors):
         super().__init__()
@@ -45,7 +55,16 @@ def main(out):
         torch.jit.script(Holder({"a": a, "b": b, "w": w, "g": g, "norm": norm})).save(str(out / f"io_{dev}.pt"))
         program = torch.export.export(Model(), (a, b, w))
         torch._inductor.aoti_compile_and_package(program, package_path=str(out / f"model_{dev}.pt2"))
-        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt")
+        # 64 rows, K and N whole 16 bytes: on an H100 both ops run as single fused kernels.
+        dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+        args = tuple((torch.randn(s, generator=gen) / s[-1] ** 0.5).to(dev, dtype)
+                     for s in [(64, 32), (48, 32), (48,), (40, 48), (40, 48)])
+        y = Mlp()(*args)
+        torch.jit.script(Holder({**{f"arg{i}": t for i, t in enumerate(args)}, "y": y})).save(
+            str(out / f"io_mlp_{dev}.pt"))
+        torch._inductor.aoti_compile_and_package(torch.export.export(Mlp(), args),
+                                                 package_path=str(out / f"mlp_{dev}.pt2"))
+        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt, mlp_{dev}.pt2, io_mlp_{dev}.pt")
 
 
 if __name__ == "__main__":

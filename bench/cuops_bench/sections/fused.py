@@ -15,14 +15,6 @@ from ..context import Run
 from ..harness import DTYPES, guarded, log
 from .norm import allow_recompiles
 
-# (model, K, N): the shape suite's MLP shapes (GPT-2's c_fc; the width-2048 Llama of the end-to-end
-# rows; Llama-3-8B), tokens 512-16384 and decode.
-MODELS = (("gpt2", 768, 3072), ("llama-2048", 2048, 5632), ("llama3-8b", 4096, 14336))
-TOKENS = (512, 2048, 8192, 16384)
-DECODE = (1, 8)
-# Spot rows in the other dtypes: (model, tokens, dtype, float32 precision).
-SPOTS = (("llama-2048", 8192, "float16", None), ("llama-2048", 8192, "float32", "high"))
-ROUNDS = 3
 COMPILED = 'torch.compile(f, mode="default"), the token dim dynamic (one graph per model shape)'
 
 
@@ -64,18 +56,20 @@ def with_backward(f, dy):
 
 def run(ctx: Run) -> None:
     allow_recompiles()
-    compiled = {op: torch.compile(fn, mode="default") for op, fn in
+    cfg = ctx.cfg.fused
+    dname = "bfloat16" if ctx.bench.cuda else "float32"
+    compiled = {op: torch.compile(fn, mode="default") if cfg.compiled else None for op, fn in
                 (("linear", linear_eager), ("swiglu", swiglu_eager))}
     saved = torch.get_float32_matmul_precision()
     try:
         for op in ("linear", "swiglu"):
-            for model, k, n in MODELS:
-                for t in TOKENS + DECODE:
-                    one_shape(ctx, op, compiled[op], model, t, k, n, "bfloat16", None)
-            for model, t, dname, precision in SPOTS:
-                k, n = next((k, n) for m, k, n in MODELS if m == model)
+            for model, k, n in cfg.models:
+                for t in cfg.tokens + cfg.decode:
+                    one_shape(ctx, op, compiled[op], model, t, k, n, dname, None)
+            for model, t, spot, precision in cfg.spots:
+                k, n = next((k, n) for m, k, n in cfg.models if m == model)
                 torch.set_float32_matmul_precision(precision or "highest")
-                one_shape(ctx, op, compiled[op], model, t, k, n, dname, precision)
+                one_shape(ctx, op, compiled[op], model, t, k, n, spot, precision)
                 torch.set_float32_matmul_precision(saved)
     finally:
         torch.set_float32_matmul_precision(saved)
@@ -93,13 +87,15 @@ def one_shape(ctx: Run, op: str, compiled, model: str, t: int, k: int, n: int, d
     cuops_fn = cuops_swiglu if op == "swiglu" else cuops_linear
     eager_fn = swiglu_eager if op == "swiglu" else linear_eager
     bare_fn = bare_swiglu if op == "swiglu" else bare_linear
-    passes = ("fwd",) if t in DECODE else ("fwd", "fwd+bwd")
+    passes = ("fwd",) if t in ctx.cfg.fused.decode else ("fwd", "fwd+bwd")
     for kind in passes:
         row = {"family": "fused", "op": op if op == "swiglu" else "linear_gelu_tanh", "kind": kind, "dtype": dname,
                "precision": precision, "model": model, "tokens": t, "size": f"{t}x{k}->{n}", "M": t, "K": k,
                "N": n, "flops": 2 * t * k * n * weights * (3 if kind == "fwd+bwd" else 1),
                "weight_bytes": weights * n * k * dtype.itemsize}
-        sides = {"cuops": cuops_fn, "eager": eager_fn, "compiled": compiled}
+        sides = {"cuops": cuops_fn, "eager": eager_fn}
+        if compiled is not None:
+            sides["compiled"] = compiled
         if kind == "fwd":
             sides["mm"] = bare_fn
             if op == "linear":
@@ -110,17 +106,17 @@ def one_shape(ctx: Run, op: str, compiled, model: str, t: int, k: int, n: int, d
             torch._dynamo.mark_dynamic(grad_args[0], 0)
             sides = {key: with_backward(fn, dy) for key, fn in sides.items()}
         call_args = args if kind == "fwd" else grad_args
-        guarded(ctx.rows, row, lambda r: time_sides(bench, r, sides, call_args))
+        guarded(ctx.rows, row, lambda r: time_sides(bench, r, sides, call_args, ctx.cfg.fused.rounds))
     log(f"fused {op} {dname} {model} {t} tokens: {time.perf_counter() - started:.1f}s")
     bench.free_memory()
 
 
-def time_sides(bench, row: dict, sides: dict, args: tuple) -> None:
-    """Every side timed in ROUNDS rounds of alternating order; medians; ratios = side / cuops."""
+def time_sides(bench, row: dict, sides: dict, args: tuple, rounds: int) -> None:
+    """Every side timed in `rounds` rounds of alternating order; medians; ratios = side / cuops."""
     fns = {key: (lambda f=fn: f(*args)) for key, fn in sides.items()}
     runs = {key: [] for key in fns}
     order = list(fns)
-    for i in range(ROUNDS):
+    for i in range(rounds):
         for key in (order if i % 2 == 0 else order[::-1]):
             runs[key].append(bench.measure(fns[key]))
     ms = {key: statistics.median(t.ms for t in ts) for key, ts in runs.items()}
@@ -129,7 +125,7 @@ def time_sides(bench, row: dict, sides: dict, args: tuple) -> None:
     row["baselines"] = {key: {"call": calls[key], "ms": ms[key], "runs_ms": [t.ms for t in runs[key]],
                               "ratio": ms[key] / ms["cuops"]} for key in fns if key != "cuops"}
     row.update(status="ok", cuops_ms=ms["cuops"], cuops_runs_ms=[t.ms for t in runs["cuops"]],
-               timer=f"{runs['cuops'][0].method}, median of {ROUNDS} rounds, sides alternating",
+               timer=f"{runs['cuops'][0].method}, median of {rounds} rounds, sides alternating",
                ratio=ms["eager"] / ms["cuops"], cuops_TFLOPs=row["flops"] / ms["cuops"] / 1e9)
     if "mm" in ms:
         row["fraction"] = ms["mm"] / ms["cuops"]  # of the bare GEMM's rate: what the epilogue costs

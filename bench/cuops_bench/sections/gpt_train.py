@@ -1,6 +1,7 @@
-"""A GPT-style training step end to end (issue 24: >= 1.00x torch eager, >= 0.98x torch compiled): a
-decoder of nn.Linear layers against the same model with every Linear on torch.ops.cuops.mm
-(CuopsLinear), bf16 autocast, AdamW, cross-entropy over the next token.
+"""A GPT-style training step end to end (>= 1.00x torch eager, >= 0.98x torch compiled): a decoder of
+nn.Linear layers against the same model with its MLP's first Linear and gelu on torch.ops.cuops.linear
+(FusedGeluMlp) and every other Linear on torch.ops.cuops.mm (CuopsLinear), bf16 autocast, AdamW,
+cross-entropy over the next token.
 
 Both models start from the same weights (the cuops one a deep copy whose Linears are then swapped) and
 train on the same batches. Losses: the first loss_steps steps of both, from that common start; bf16
@@ -25,11 +26,11 @@ from torch import nn
 
 from ..context import GptTrainBench, Run
 from ..harness import Bench, BudgetSpent, guarded, log
-from ..llama_model import cuops_twin
+from ..llama_model import FUSED_TWINS, CuopsLinear, cuops_twin
 
 FAMILY = "gpt_train"
 SIDES = ("torch", "cuops")
-LABELS = {"torch": "nn.Linear", "cuops": "CuopsLinear"}
+LABELS = {"torch": "nn.Linear", "cuops": "CuopsLinear, MLP on cuops.linear(..., 'gelu')"}
 
 
 class Block(nn.Module):
@@ -40,15 +41,40 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(w), nn.LayerNorm(w)
         self.qkv = nn.Linear(w, 3 * w, bias=False)   # fused q/k/v, as shapes.py's gpt-1024 c_attn
         self.proj = nn.Linear(w, w, bias=False)
-        self.fc = nn.Linear(w, cfg.ffn, bias=False)
-        self.out = nn.Linear(cfg.ffn, w, bias=False)
+        self.mlp = GeluMlp(w, cfg.ffn)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(C, -1))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.mlp(self.ln2(x))
+
+
+class GeluMlp(nn.Module):
+    def __init__(self, width: int, ffn: int):
+        super().__init__()
+        self.fc = nn.Linear(width, ffn, bias=False)
+        self.out = nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x):
+        return self.out(F.gelu(self.fc(x)))
+
+
+class FusedGeluMlp(nn.Module):
+    """GeluMlp's forward with fc and its gelu as one torch.ops.cuops.linear (the activation in the GEMM's
+    epilogue) and a CuopsLinear out projection, on the same weight tensors."""
+
+    def __init__(self, mlp: GeluMlp):
+        super().__init__()
+        self.weight = mlp.fc.weight
+        self.out = CuopsLinear(mlp.out)
+
+    def forward(self, x):
+        return self.out(torch.ops.cuops.linear(x, self.weight, None, "gelu"))
+
+
+FUSED_TWINS[GeluMlp] = FusedGeluMlp
 
 
 class Gpt(nn.Module):

@@ -1,6 +1,7 @@
 """A Llama-style model end to end (SPEC §3: greedy decode under CUDA graphs >= 1.08x torch at batch 1
-and 8, prefill >= 1.00x): the model of llama_model.py with nn.Linear against the same model with
-CuopsLinear (torch.ops.cuops.mm on the same weight tensors).
+and 8, prefill >= 1.00x): the model of llama_model.py with nn.Linear against its cuops twin (each MLP's
+gate and up projections and their silu-gate as one torch.ops.cuops.swiglu, every other Linear on
+torch.ops.cuops.mm; the same weight tensors).
 
 Rows (family "llama"): prefill of one sequence of prefill_tokens (each call timed with CUDA events,
 median of the rounds), and greedy decode at each batch: one token step per sequence, captured once as
@@ -37,8 +38,8 @@ from ..llama_model import GreedyDecoder, Llama, cuops_twin
 
 FAMILY = "llama"
 DTYPE = torch.bfloat16
-SIDES = ("torch", "cuops")  # "torch": nn.Linear (cuBLAS through F.linear); "cuops": CuopsLinear
-LABELS = {"torch": "nn.Linear", "cuops": "CuopsLinear"}
+SIDES = ("torch", "cuops")  # "torch": nn.Linear (cuBLAS through F.linear); "cuops": cuops_twin's
+LABELS = {"torch": "nn.Linear", "cuops": "CuopsLinear, MLP on cuops.swiglu"}
 
 
 def sdpa_backends():
