@@ -10,12 +10,14 @@
 // comes from shared memory, an m-major one from registers (each consumer loads its fragments from the
 // swizzled m-major tile), and B must be k-major. The usual row-major a and b (B n-major) run as the
 // transposed problem C^T = B^T A^T, B^T from registers, with the epilogue storing the transpose: no
-// operand is copied. The epilogue applies alpha/beta and rounds once to the output type. The tile,
-// cluster, grid and epilogue come from the plan (gemm_plan.cpp says why).
+// operand is copied. The epilogue applies alpha/beta and rounds once to the output type; the fused
+// ops' epilogues (gemm_wgmma_fused: linear's bias and activation, swiglu's dual GEMM) apply theirs
+// (epilogue.cuh). The tile, cluster, grid and epilogue come from the plan (gemm_plan.cpp says why).
 // This header holds the kernel and its launch templates; each of gemm_wgmma_{bf16,f16,tf32}.cu
-// instantiates one dtype's (three compiler runs in parallel: the one file took 49 s on the H100
-// machine, the longest step of the build), gemm_wgmma.cu dispatches. Included only where CMake
-// compiles for compute_90a (CUOPS_WGMMA_BUILD).
+// instantiates one dtype's plain instances and gemm_wgmma_fused_{bf16,f16}.cu the fused ones
+// (compiler runs in parallel: the one file took 49 s on the H100 machine, the longest step of the
+// build), gemm_wgmma.cu dispatches. Included only where CMake compiles for compute_90a
+// (CUOPS_WGMMA_BUILD).
 #pragma once
 
 #include "gemm.cuh"
