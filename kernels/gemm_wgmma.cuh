@@ -384,19 +384,51 @@ __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const f
       });
 }
 
+// linear's bias at a lane's columns of a tile (kOn: the BiasActivation epilogue; elsewhere an
+// empty shell): load() issues every load before the k-loop and nothing reads them until the
+// epilogue, so their latency hides under the products. (Loaded at the epilogue, each load's value
+// converted as it came, ptxas waited on every one in turn: 32 L2 round trips a 128 x 256 tile,
+// +13-22 % of the kernel's time at 8192 tokens.) Zeros past n and without a bias; a 4-byte pair
+// each where the bias allows (n even, its base 4-byte aligned), else two 2-byte loads.
+template <typename T, int BN, bool kOn> struct LaneBias {
+  uint32_t raw[kOn ? BN / 8 : 1];
+  __device__ __forceinline__ void load(const FusedArgs& f, const GemmProblem& p, int64_t col0,
+                                       int lane) {
+    if constexpr (kOn) {
+      const T* bias = static_cast<const T*>(f.bias);
+      const int64_t c0 = col0 + 2 * (lane % 4), n = bias == nullptr ? 0 : p.n;
+      if (((reinterpret_cast<uintptr_t>(bias) & 3) | (p.n & 1)) == 0) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t c = c0 + j * 8;
+          raw[j] = c < n ? __ldg(reinterpret_cast<const unsigned*>(bias + c)) : 0u;
+        }
+      } else {
+        const unsigned short* bits = reinterpret_cast<const unsigned short*>(bias);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t c = c0 + j * 8;
+          const uint32_t lo = c < n ? __ldg(bits + c) : 0u,
+                         hi = c + 1 < n ? __ldg(bits + c + 1) : 0u;
+          raw[j] = lo | hi << 16;
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ float2 operator[](int j) const { return unpack_pair(raw[j], T{}); }
+};
+
 // The fused epilogues (FusedArgs), a consumer's 64 rows of the tile (tm, tn), by TMA stores.
-// BiasActivation: z = alpha * acc + bias[col] (the bias in float), kept in aux where f.keep; then
+// BiasActivation: z = alpha * acc + bias[col] (b, in float), kept in aux where f.keep; then
 // act(z) into c, rounded once. GatedSilu: the accumulator tile's columns are BN / 2 of the gate
 // product g (d[0 .. BN / 4)) then the same columns of the up product u (d[BN / 4 ..)): each lane
 // holds both halves of its columns, so y = silu(g) * u needs no exchange; g and u kept in aux and
 // aux2 where f.keep; the tile's outputs are its BN / 2 columns.
-template <typename T, int BM, int BN, GemmEpilogue E>
-__device__ __forceinline__ void store_unit_fused(const CUtensorMap& map_c,
-                                                 const CUtensorMap& map_aux,
-                                                 const CUtensorMap& map_aux2, const FusedArgs& f,
-                                                 const GemmProblem& p, float (&d)[BN / 2],
-                                                 uint32_t mine, int64_t tm, int64_t tn, int cw,
-                                                 int tid, int warp, int lane) {
+template <typename T, int BM, int BN, GemmEpilogue E, bool kBias>
+__device__ __forceinline__ void store_unit_fused(
+    const CUtensorMap& map_c, const CUtensorMap& map_aux, const CUtensorMap& map_aux2,
+    const FusedArgs& f, const GemmProblem& p, float (&d)[BN / 2], const LaneBias<T, BN, kBias>& b,
+    uint32_t mine, int64_t tm, int64_t tn, int cw, int tid, int warp, int lane) {
   const int64_t row = tm * BM + cw * 64;
   auto packed = [&](int base) {
     return [&, base](int j, int h) {
@@ -405,29 +437,13 @@ __device__ __forceinline__ void store_unit_fused(const CUtensorMap& map_c,
   };
   if constexpr (E == GemmEpilogue::BiasActivation) {
     const int64_t col0 = tn * BN;
-    const T* bias = static_cast<const T*>(f.bias);
-    // The lane's bias values, every load issued before the first is used (one latency, not one per
-    // column block): a 4-byte pair each where the bias allows (n even, its base 4-byte aligned).
-    float2 b[BN / 8];
-    const bool pairs = ((reinterpret_cast<uintptr_t>(bias) & 3) | (p.n & 1)) == 0;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-      const int64_t c = col0 + j * 8 + 2 * (lane % 4);
-      b[j] = make_float2(0.f, 0.f);
-      if (bias == nullptr || c >= p.n) continue;
-      if (pairs) {
-        b[j] = unpack_pair(__ldg(reinterpret_cast<const unsigned*>(bias + c)), T{});
-      } else {
-        b[j].x = to_acc(bias[c]);
-        if (c + 1 < p.n) b[j].y = to_acc(bias[c + 1]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      d[4 * j] = fmaf(p.alpha, d[4 * j], b[j].x);
-      d[4 * j + 1] = fmaf(p.alpha, d[4 * j + 1], b[j].y);
-      d[4 * j + 2] = fmaf(p.alpha, d[4 * j + 2], b[j].x);
-      d[4 * j + 3] = fmaf(p.alpha, d[4 * j + 3], b[j].y);
+      const float2 bj = b[j];
+      d[4 * j] = fmaf(p.alpha, d[4 * j], bj.x);
+      d[4 * j + 1] = fmaf(p.alpha, d[4 * j + 1], bj.y);
+      d[4 * j + 2] = fmaf(p.alpha, d[4 * j + 2], bj.x);
+      d[4 * j + 3] = fmaf(p.alpha, d[4 * j + 3], bj.y);
     }
     if (f.keep)
       store_tile_tma<T, BM, BN, BN>(map_aux, mine, row, col0, cw, tid, warp, lane, packed(0));
@@ -510,15 +526,16 @@ __device__ __forceinline__ void rs_offsets(int warp, int lane, uint32_t (&off)[2
 
 // A tile's epilogue, as the plan says: a fused one, the TMA store, or direct stores. mine: this
 // consumer's share of the shared output buffer.
-template <typename T, int BM, int BN, bool kRS, GemmEpilogue E>
+template <typename T, int BM, int BN, bool kRS, GemmEpilogue E, bool kBias>
 __device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUtensorMap* map_aux,
                                            const CUtensorMap* map_aux2, const FusedArgs& f,
-                                           const GemmProblem& p, float (&d)[BN / 2], uint32_t mine,
+                                           const GemmProblem& p, float (&d)[BN / 2],
+                                           const LaneBias<T, BN, kBias>& bias, uint32_t mine,
                                            bool tma_store, bool c_trans, int64_t tm, int64_t tn,
                                            int cw, int tid, int warp, int lane) {
   if constexpr (E != GemmEpilogue::Plain) {
-    store_unit_fused<T, BM, BN, E>(map_c, *map_aux, *map_aux2, f, p, d, mine, tm, tn, cw, tid, warp,
-                                   lane);
+    store_unit_fused<T, BM, BN, E>(map_c, *map_aux, *map_aux2, f, p, d, bias, mine, tm, tn, cw, tid,
+                                   warp, lane);
     return;
   }
   if constexpr (WgCfg<T, BM, BN>::kTmaStore) {
@@ -623,6 +640,8 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  int64_t um, tn;
                  tile_coords<8>(unit, units_m, tiles_n, um, tn);
                  const int64_t tm = um * kCM + rank;
+                 LaneBias<T, BN, E == GemmEpilogue::BiasActivation> bias;
+                 bias.load(f, p, tn * BN, lane);
                  float d[BN / 2];
 #pragma unroll
                  for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
@@ -641,7 +660,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                    if (part == WgPart::Head) tail_add<BM, BN>(tail, d, cw, tid);
                  }
                  store_unit<T, BM, BN, kRS, E>(
-                     map_c, map_aux, map_aux2, f, p, d,
+                     map_c, map_aux, map_aux2, f, p, d, bias,
                      smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers), tma_store, c_trans,
                      tm, tn, cw, tid, warp, lane);
                });

@@ -76,6 +76,21 @@ def test_linear_fused_kernel(dtype, activation, with_bias, shape):
     assert torch.equal(cuops.linear(x, w, b, activation), out[0])
 
 
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_linear_fused_kernel_unaligned_bias(dtype):
+    """A bias one element off 4-byte alignment (a slice) takes the fused kernel's 2-byte loads."""
+    rows, n, k = 300, 328, 264
+    x, w = make((rows, k), dtype, "cuda"), make((n, k), dtype, "cuda")
+    b = make((n + 1,), dtype, "cuda")[1:]
+    out = []
+    names = cuda_kernels(lambda: out.append(cuops.linear(x, w, b, "gelu_tanh")))
+    assert len(names) == 1 and "gemm_wgmma_fused" in names[0], names
+    want, scale = reference(x, w, b, "gelu_tanh")
+    assert rel_error(out[0], want, scale) <= tolerance(dtype, "cuda")
+    assert torch.equal(cuops.linear(x, w, b.clone(), "gelu_tanh"), out[0])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(0, 8, 5), (4, 0, 5), (4, 8, 0)], ids=["rows0", "k0", "n0"])
 def test_linear_empty_sizes(device, shape):
@@ -233,10 +248,13 @@ def test_linear_in_a_cuda_graph():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_activation_backward_and_bias_gradient(device, dtype, activation):
+@pytest.mark.parametrize("n", [37, 328])
+def test_activation_backward_and_bias_gradient(device, dtype, activation, n):
     """_linear_act_bwd: dz = dy * act'(pre) and dbias = dz summed over rows, against float64; rows over
-    several of the CUDA kernel's 256-row chunks, an odd N, dy every other row of a wider tensor."""
-    rows, n = 1000, 37
+    several of the CUDA kernel's 256-row chunks, dy every other row of a wider tensor; an odd N (one element
+    a load) and N whose rows take 16-byte loads, which must give the same bits as the element-wise path
+    (the same inputs one element off 16-byte alignment)."""
+    rows = 1000
     dy = make((2 * rows, n), dtype, device)[::2]
     pre = make((rows, n), dtype, device)
     dz, db = ops._linear_act_bwd(dy, pre, activation)
@@ -250,6 +268,10 @@ def test_activation_backward_and_bias_gradient(device, dtype, activation):
     if device == "cuda":
         again = ops._linear_act_bwd(dy, pre, activation)
         assert torch.equal(again[0], dz) and torch.equal(again[1], db)
+        shifted = torch.empty(rows * n + 1, dtype=dtype, device=device)[1:].view(rows, n)
+        shifted.copy_(pre)
+        narrow = ops._linear_act_bwd(dy, shifted, activation)
+        assert torch.equal(narrow[0], dz) and torch.equal(narrow[1], db)
 
 
 @pytest.mark.parametrize("device", DEVICES)
