@@ -32,13 +32,14 @@ template <typename T> __global__ void __launch_bounds__(kThreads)
   A s0 = A(0), s1 = A(0);
   for (int64_t r = chunk * kChunkRows + lane; r < r_end; r += kLanes) {
     if (c < n) {
-      const A d0 = to_acc(dy[r * ld_dy + c]) * act_derivative(act, to_acc(pre[r * ld_pre + c]));
+      const A d0 =
+          to_acc(dy[r * ld_dy + c]) * act_derivative_for<T>(act, to_acc(pre[r * ld_pre + c]));
       dz[r * n + c] = from_acc<T>(d0);
       s0 += d0;
     }
     if (c + 1 < n) {
-      const A d1 =
-          to_acc(dy[r * ld_dy + c + 1]) * act_derivative(act, to_acc(pre[r * ld_pre + c + 1]));
+      const A d1 = to_acc(dy[r * ld_dy + c + 1]) *
+                   act_derivative_for<T>(act, to_acc(pre[r * ld_pre + c + 1]));
       dz[r * n + c + 1] = from_acc<T>(d1);
       s1 += d1;
     }
@@ -78,7 +79,7 @@ template <typename T, int V> __global__ void __launch_bounds__(kThreads)
     T out[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
-      const A d = to_acc(g[i]) * act_derivative(act, to_acc(z[i]));
+      const A d = to_acc(g[i]) * act_derivative_for<T>(act, to_acc(z[i]));
       out[i] = from_acc<T>(d);
       s[i] += d;
     }
