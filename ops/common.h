@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -33,6 +34,17 @@ inline at::Tensor like_rows_of(const at::Tensor& t2, const at::Tensor& x, int64_
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   return t2.view(shape);
+}
+
+// Under CUDA autocast the product ops (mm, linear, swiglu, linear_cross_entropy) cast their floating
+// tensors as torch.mm and F.linear do: to the autocast dtype, a float32 master weight through
+// autocast's cache (one cast a step, not one a call).
+inline at::Tensor autocast_cuda(const at::Tensor& t) {
+  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(at::kCUDA), t,
+                                   c10::DeviceType::CUDA);
+}
+inline std::optional<at::Tensor> autocast_cuda(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(autocast_cuda(*t)) : std::nullopt;
 }
 
 }  // namespace cuops::ops

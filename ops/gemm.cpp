@@ -2,8 +2,6 @@
 // Autocast.
 #include "ops/common.h"
 
-#include <ATen/autocast_mode.h>
-
 #include "ops/fused_gemm.h"
 
 #include "kernels/gemm_plan.h"
@@ -248,9 +246,7 @@ at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b) { return MmFunc
 // Under CUDA autocast mm runs in the autocast dtype, like torch.mm.
 at::Tensor mm_autocast(const at::Tensor& a, const at::Tensor& b) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-  return cuops::mm(at::autocast::cached_cast(dtype, a, c10::DeviceType::CUDA),
-                   at::autocast::cached_cast(dtype, b, c10::DeviceType::CUDA));
+  return cuops::mm(autocast_cuda(a), autocast_cuda(b));
 }
 
 }  // namespace

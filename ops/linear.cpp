@@ -11,8 +11,6 @@
 // bias gradient are one pass over dy (kernels/linear.cu).
 #include "ops/common.h"
 
-#include <ATen/autocast_mode.h>
-
 #include "ops/fused_gemm.h"
 
 #include <array>
@@ -315,12 +313,7 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor linear_autocast(const at::Tensor& x, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, c10::string_view activation) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-  std::optional<at::Tensor> b;
-  if (bias.has_value()) b = at::autocast::cached_cast(dtype, *bias, c10::DeviceType::CUDA);
-  return cuops::linear(at::autocast::cached_cast(dtype, x, c10::DeviceType::CUDA),
-                       at::autocast::cached_cast(dtype, weight, c10::DeviceType::CUDA), b,
-                       activation);
+  return cuops::linear(autocast_cuda(x), autocast_cuda(weight), autocast_cuda(bias), activation);
 }
 
 }  // namespace

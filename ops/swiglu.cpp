@@ -10,8 +10,6 @@
 // dg and du in one pass (_swiglu_bwd, kernels/linear.cu).
 #include "ops/common.h"
 
-#include <ATen/autocast_mode.h>
-
 #include "ops/fused_gemm.h"
 
 namespace cuops::ops {
@@ -222,10 +220,7 @@ at::Tensor swiglu_autograd(const at::Tensor& x, const at::Tensor& w_gate, const 
 // through autocast's weight cache).
 at::Tensor swiglu_autocast(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  const auto dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-  return cuops::swiglu(at::autocast::cached_cast(dtype, x, c10::DeviceType::CUDA),
-                       at::autocast::cached_cast(dtype, w_gate, c10::DeviceType::CUDA),
-                       at::autocast::cached_cast(dtype, w_up, c10::DeviceType::CUDA));
+  return cuops::swiglu(autocast_cuda(x), autocast_cuda(w_gate), autocast_cuda(w_up));
 }
 
 }  // namespace

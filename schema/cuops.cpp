@@ -44,6 +44,24 @@ TORCH_LIBRARY(cuops, m) {
         gemm_tags);
   // (dy * u * silu'(g), dy * silu(g)) for dy, g, u [rows, I]: swiglu's backward (internal).
   m.def("_swiglu_bwd(Tensor dy, Tensor g, Tensor u) -> (Tensor, Tensor)", tags);
+  // The cross-entropy of softmax(x @ weight^T + bias) against target without the [T, V] logits: x
+  // [..., K], weight [V, K], target int64 [...]; reduction mean, sum or none
+  // (docs/ops.md#linear_cross_entropy).
+  m.def(
+      "linear_cross_entropy(Tensor x, Tensor weight, Tensor target, Tensor? bias=None, "
+      "int ignore_index=-100, str reduction=\"mean\") -> Tensor",
+      tags);
+  // linear_cross_entropy's loss and each token's log-sum-exp [T], for its backward (internal).
+  m.def(
+      "_linear_cross_entropy_fwd(Tensor x, Tensor weight, Tensor target, Tensor? bias, "
+      "int ignore_index, str reduction) -> (Tensor, Tensor)",
+      tags);
+  // The gradients of x, weight and bias from the loss's gradient (internal).
+  m.def(
+      "_linear_cross_entropy_bwd(Tensor grad, Tensor x, Tensor weight, Tensor target, Tensor? "
+      "bias, "
+      "Tensor lse, int ignore_index, str reduction) -> (Tensor, Tensor, Tensor)",
+      tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

@@ -79,6 +79,17 @@ class FusedBench:
     compiled: bool = True
 
 
+@dataclass(frozen=True)
+class CrossEntropyBench:
+    """The cross_entropy section: (T, K, V) LM heads (Llama-2-style V = 32000, Llama-3's 128256, and a
+    262144 vocabulary), forward + backward, sides alternating over `rounds`; compiled: the
+    torch.compile side."""
+    shapes: tuple = ((8192, 2048, 32000), (8192, 2048, 128256), (8192, 4096, 32000), (8192, 4096, 128256),
+                     (8192, 2048, 262144))
+    rounds: int = 3
+    compiled: bool = True
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -89,6 +100,7 @@ class Config:
     llama: LlamaBench = field(default_factory=LlamaBench)
     gpt_train: GptTrainBench = field(default_factory=GptTrainBench)
     fused: FusedBench = field(default_factory=FusedBench)
+    cross_entropy: CrossEntropyBench = field(default_factory=CrossEntropyBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -111,7 +123,8 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
                                      rounds=2, loss_steps=3, modes=("eager",), autocast=False),
              # float32 (the cpu has no half GEMMs worth timing), no compiled side (inductor's C++ build)
              fused=FusedBench(models=(("tiny", 64, 224),), tokens=(32,), decode=(1,), spots=(), rounds=1,
-                              compiled=False))
+                              compiled=False),
+             cross_entropy=CrossEntropyBench(shapes=((64, 32, 500),), rounds=1, compiled=False))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,

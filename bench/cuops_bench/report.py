@@ -174,6 +174,7 @@ def table_lines(results: dict) -> list[str]:
     lines += llama_lines(results)
     lines += gpt_train_lines(results)
     lines += fused_lines(results)
+    lines += cross_entropy_lines(results)
     return lines
 
 
@@ -353,6 +354,34 @@ def fused_lines(results: dict) -> list[str]:
                 parts.append(f"{key} {geo:.3f}x (worst {low:.3f}x at {worst['model']} {worst['tokens']})")
         if parts:
             lines.append(f"geomean {op} {kind} bf16, 512+ tokens: " + "; ".join(parts))
+    return lines
+
+
+LCE_HEAD = (f"{'T':>5} {'K':>5} {'V':>6} {'cuops':>9} {'eager':>7} {'compiled':>8} {'torch_lce':>9} "
+            f"{'cuops MB':>8} {'eager MB':>8} {'compiled MB':>11} {'1/8 f32 MB':>10}")
+
+
+def cross_entropy_lines(results: dict) -> list[str]:
+    """linear_cross_entropy's rows (sections/cross_entropy.py): forward + backward time, each baseline's
+    time / cuops', and the memory each side adds (MB) beside the bound, 1/8 of the float32 logits."""
+    rows = [r for r in results["rows"] if r["family"] == "cross_entropy"]
+    if not rows:
+        return []
+    lines = ["", "linear_cross_entropy, forward + backward: ratio = the torch code's time / cuops' (eager; compiled; "
+             "F.linear_cross_entropy); MB = what a side adds beyond its inputs and returned gradients", LCE_HEAD,
+             "-" * len(LCE_HEAD)]
+    mb = lambda b: "-" if b is None else f"{b / 1e6:.0f}"  # noqa: E731
+    for r in rows:
+        lead = f"{r['tokens']:>5} {r['K']:>5} {r['V']:>6}"
+        if r.get("status") != "ok":
+            lines.append(not_run_line(lead, r))
+            continue
+        b = r["baselines"]
+        ratio = lambda key: fmt_ratio((b.get(key) or {}).get("ratio"))  # noqa: E731
+        added = lambda key: mb((b.get(key) or {}).get("added_bytes"))  # noqa: E731
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {ratio('eager'):>7} {ratio('compiled'):>8} "
+                     f"{ratio('torch_lce'):>9} {mb(r.get('cuops_added_bytes')):>8} {added('eager'):>8} "
+                     f"{added('compiled'):>11} {mb(r['logits_f32_bytes'] / 8):>10}")
     return lines
 
 

@@ -136,6 +136,43 @@ inline std::tuple<at::Tensor, at::Tensor> _swiglu_bwd(const at::Tensor& dy, cons
   return handle.call(dy, g, u);
 }
 
+// The cross-entropy of softmax(x @ weight^T + bias) against target, without the [T, V] logits: x
+// [..., K], weight [V, K], target int64 shaped like x's leading dims, bias [V]; reduction "mean" (over
+// the tokens whose target is not ignore_index), "sum" or "none" (per token); float32 for half inputs.
+// Differentiable in x, weight and bias.
+inline at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
+                                       const at::Tensor& target,
+                                       const std::optional<at::Tensor>& bias = std::nullopt,
+                                       int64_t ignore_index = -100,
+                                       std::string_view reduction = "mean") {
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, int64_t, std::string_view)>(
+          "cuops::linear_cross_entropy");
+  return handle.call(x, weight, target, bias, ignore_index, reduction);
+}
+
+// linear_cross_entropy's pieces (internal; their schemas may change): the loss and each token's
+// log-sum-exp [T]; the gradients of x, weight and bias from the loss's gradient.
+inline std::tuple<at::Tensor, at::Tensor> _linear_cross_entropy_fwd(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      int64_t, std::string_view)>("cuops::_linear_cross_entropy_fwd");
+  return handle.call(x, weight, target, bias, ignore_index, reduction);
+}
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_bwd(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias, const at::Tensor& lse, int64_t ignore_index,
+    std::string_view reduction) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const std::optional<at::Tensor>&, const at::Tensor&, int64_t, std::string_view)>(
+      "cuops::_linear_cross_entropy_bwd");
+  return handle.call(grad, x, weight, target, bias, lse, ignore_index, reduction);
+}
+
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
 inline std::string build_info() {
   static const auto handle = detail::op<std::string()>("cuops::build_info");

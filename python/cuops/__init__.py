@@ -57,6 +57,7 @@ __all__ = [
     "mm",
     "linear",
     "swiglu",
+    "linear_cross_entropy",
     "build_info",
     "set_switch",
     "switch",
@@ -304,6 +305,42 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
     Calls torch.ops.cuops.swiglu.
     """
     return torch.ops.cuops.swiglu(x, w_gate, w_up)
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                         reduction: str = "mean") -> torch.Tensor:
+    """F.cross_entropy(F.linear(x, weight, bias).float(), target): a language model's loss without its
+    [T, V] logits (docs/ops.md#linear_cross_entropy).
+
+    Args:
+        x: the [..., K] hidden states (leading dimensions are flattened into tokens).
+        weight: the [V, K] output projection (an LM head's weight, as nn.Linear keeps it).
+        target: int64 token ids shaped like x's leading dimensions.
+        bias: an optional [V] bias.
+        ignore_index: a target value whose token adds nothing to the loss or the gradients.
+        reduction: "mean" (over the tokens not ignored; NaN when all are, as torch), "sum" or "none"
+            (a loss per token, shaped like target).
+
+    Returns:
+        The loss: float32 for float16 / bfloat16 inputs, else x's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16 (x, weight and bias one dtype); the softmax runs in
+    float32 for half types. Under CUDA autocast x, weight and bias are cast to the autocast dtype as
+    F.linear does (a float32 master weight through autocast's cache). Memory: the logits are made a
+    vocabulary chunk at a time and never held whole.
+
+    Autograd: differentiable in x, weight and bias; the backward keeps the inputs and each token's
+    log-sum-exp, not the logits.
+
+    Raises:
+        RuntimeError: "cuops::linear_cross_entropy: ..." for a bad shape, dtype or device, a
+            reduction not in the list, or (on the CPU) a target outside [0, V) that is not
+            ignore_index; on CUDA such a token's loss is NaN (no device assert, no host sync).
+
+    Calls torch.ops.cuops.linear_cross_entropy.
+    """
+    return torch.ops.cuops.linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
 
 
 def build_info() -> dict[str, Any]:

@@ -253,8 +253,8 @@ INSTANTIATE_TEST_SUITE_P(Devices, Ops, ::testing::Values("cpu", "cuda"),
                          [](const auto& info) { return info.param; });
 
 TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
-  for (const char* name :
-       {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu"}) {
+  for (const char* name : {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm",
+                           "linear", "swiglu", "linear_cross_entropy"}) {
     SCOPED_TRACE(name);
     auto op = c10::Dispatcher::singleton().findSchema({std::string("cuops::") + name, ""});
     ASSERT_TRUE(op.has_value());

@@ -42,11 +42,11 @@ def test_cpu_smoke_run(tmp_path):
                                      "the real run")
 def test_cpu_smoke_shapes_and_llama(tmp_path):
     """The sections a run measures only when named (the shape suite, the Llama-style model, the GPT
-    training step, the fused ops), at the cpu config's tiny sizes: every row runs, the class summary and
+    training step, the fused ops, the LM-head loss), at the cpu config's tiny sizes: every row runs, the class summary and
     the models' agreement checks are filled."""
     library = str(LIBRARY.absolute())
-    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train,fused", "--out", tmp_path],
-               tmp_path, CUOPS_LIBRARY=library)
+    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train,fused,cross_entropy",
+                "--out", tmp_path], tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
     assert "section_errors" not in results, results["section_errors"]
@@ -85,6 +85,12 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
         assert ("mm" in r["baselines"]) == (kind == "fwd") and ("addmm_act" in r["baselines"]) == (
             kind == "fwd" and op == "linear_gelu_tanh"), r
     assert any(ln.startswith("swiglu ") for ln in lines), proc.stdout
+    # The LM-head loss: forward + backward against eager (no compiled side, no memory figures on the cpu).
+    lce = [r for r in results["rows"] if r["family"] == "cross_entropy"]
+    assert [(r["tokens"], r["K"], r["V"]) for r in lce] == [(64, 32, 500)], lce
+    assert lce[0]["status"] == "ok" and lce[0]["baselines"]["eager"]["ratio"] > 0, lce[0]
+    assert lce[0]["cuops_added_bytes"] is None and "compiled" not in lce[0]["baselines"], lce[0]
+    assert any(ln.startswith("   64    32    500") for ln in lines), proc.stdout
 
 
 def test_check_reads_committed_results():

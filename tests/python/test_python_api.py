@@ -22,11 +22,13 @@ from conftest import DEVICES, DTYPES, LIBRARY, ROOT, make, ops
 import cuops
 from cuops import _library
 
-TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu"]
+TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu",
+              "linear_cross_entropy"]
 # Ops whose names start with "_" are internal (an op's pieces for its backward): no typed function.
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
-PY_TYPE = {"Tensor": torch.Tensor, "float": float, "str": str, "Optional[Tensor]": typing.Optional[torch.Tensor]}
+PY_TYPE = {"Tensor": torch.Tensor, "float": float, "int": int, "str": str,
+           "Optional[Tensor]": typing.Optional[torch.Tensor]}
 
 
 def test_help_mm_shows_the_signature_and_the_contract():
@@ -125,7 +127,9 @@ class TypedModel(torch.nn.Module):
         h = cuops.mm(cuops.square(cuops.vector_add(c, b)), w)
         g = torch.empty(h.shape[0], w.shape[1], dtype=h.dtype, device=h.device)
         cuops.gemm(g, cuops.scale(h, 0.25), w)
-        return cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h)
+        target = torch.arange(g.shape[0], device=g.device) % w.shape[0]
+        return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h),
+                cuops.linear_cross_entropy(g, w, target))
 
 
 def model_inputs(device):
@@ -164,7 +168,9 @@ def scripted_every_op(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor):
     h = cuops.mm(cuops.square(cuops.vector_add(c, b)), w)
     g = torch.empty([h.shape[0], w.shape[1]], dtype=h.dtype, device=h.device)
     cuops.gemm(g, cuops.scale(h, 0.25), w)
-    return cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h)
+    target = torch.arange(g.shape[0], device=g.device) % w.shape[0]
+    return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h),
+            cuops.linear_cross_entropy(g, w, target))
 
 
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")

@@ -1,6 +1,6 @@
 """The sections a run can choose with --only, in the order they run. Adding one is a module with
 run(ctx: context.Run) and a line here."""
-from . import elementwise, fused, gemm_shapes, gemm_squares, gpt_train, llama, norm, overhead
+from . import cross_entropy, elementwise, fused, gemm_shapes, gemm_squares, gpt_train, llama, norm, overhead
 
 SECTIONS = {
     "elementwise": elementwise.run,
@@ -11,9 +11,11 @@ SECTIONS = {
     "llama": llama.run,
     "gpt_train": gpt_train.run,
     "fused": fused.run,
+    "cross_entropy": cross_entropy.run,
 }
 # What a run without --only measures: the sections that fit the bench's slot on the GPU machine (one
 # 10-minute device call, tools/gpu_check.sh). The shape suite (tens of minutes over every class and
-# dtype, more with compiled baselines), the models and the fused ops (~5 minutes, compiling their torch
-# baselines) run when named: --only gemm_shapes,llama,gpt_train,fused (or all).
+# dtype, more with compiled baselines), the models, the fused ops (~5 minutes, compiling their torch
+# baselines) and the LM-head loss run when named: --only gemm_shapes,llama,gpt_train,fused,cross_entropy
+# (or all).
 DEFAULT = ("elementwise", "norm", "gemm", "overhead")
