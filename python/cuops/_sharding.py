@@ -128,6 +128,40 @@ def register() -> bool:
         # Elementwise over [rows, I]: any one sharding of all three, kept by both gradients.
         return [([p, p], [p, p, p]) for p in (Replicate(), Shard(0), Shard(1))]
 
+    # linear_cross_entropy: replicated, or the tokens sharded (x's rows with target's; the weight and
+    # bias whole): a loss per token keeps the tokens' sharding, a sum is a partial sum. A mean divides
+    # by the count of tokens not ignored over all shards, which a local mean does not know: it takes
+    # the replicated entry (DTensor gathers the tokens). Rows: x 2-D, so x's rows, target and the
+    # per-token log-sum-exp [T] are sharded alike.
+    def lce_entries(x, bias, reduction, outputs):
+        tail = [Replicate() if bias is not None else None]
+        rules = [([Replicate()] * len(outputs), [Replicate(), Replicate(), Replicate()] + tail)]
+        if reduction != "mean" and x.ndim == 2:
+            token = [Shard(0) if o == "token" else Partial() if reduction == "sum" else Shard(0)
+                     for o in outputs]
+            rules.append((token, [Shard(0), Replicate(), Shard(0)] + tail))
+        return [(out, ins + [None, None]) for out, ins in rules]
+
+    @register_sharding(ops.linear_cross_entropy.default)
+    def lce_rule(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
+        return lce_entries(x, bias, reduction, ["loss"])
+
+    @register_sharding(ops._linear_cross_entropy_fwd.default)
+    def lce_fwd_rule(x, weight, target, bias, ignore_index, reduction):
+        return lce_entries(x, bias, reduction, ["loss", "token"])  # (loss, lse [T])
+
+    @register_sharding(ops._linear_cross_entropy_bwd.default)
+    def lce_bwd_rule(grad, x, weight, target, bias, lse, ignore_index, reduction):
+        # The tokens sharded: dx keeps them, dweight and dbias are partial sums over them; the loss's
+        # gradient is per token ("none": sharded alike) or one value (replicated).
+        tail = [Replicate() if bias is not None else None]
+        rules = [([Replicate()] * 3, [Replicate()] * 4 + tail + [Replicate(), None, None])]
+        if reduction != "mean" and x.ndim == 2:
+            g = Shard(0) if reduction == "none" else Replicate()
+            rules.append(([Shard(0), Partial(), Partial()],
+                          [g, Shard(0), Replicate(), Shard(0)] + tail + [Shard(0), None, None]))
+        return rules
+
     try:
         from torch.distributed.tensor._ops._math_ops import _NormPartial
     except ImportError:

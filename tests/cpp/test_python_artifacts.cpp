@@ -44,18 +44,23 @@ TEST_P(PythonArtifacts, AotInductorPackageReproducesPython) {
   EXPECT_TRUE(torch::allclose(out[1], io("norm"), 1e-5, 1e-5));
 }
 
-// The fused ops (linear with bias and gelu_tanh, then swiglu; bf16 on CUDA) exported to an
-// AOTInductor package: the same bits as the Python run (the same kernels on the same inputs).
-TEST_P(PythonArtifacts, AotInductorFusedMlpReproducesPython) {
-  torch::jit::Module io = torch::jit::load(kDir + "/io_mlp_" + GetParam() + ".pt");
+// The fused ops (linear with bias and gelu_tanh, then swiglu, then linear_cross_entropy's loss over
+// an LM head; bf16 on CUDA) exported to an AOTInductor package: the Python run's values (the same
+// kernels on the same inputs).
+TEST_P(PythonArtifacts, AotInductorFusedOpsReproducePython) {
+  torch::jit::Module io = torch::jit::load(kDir + "/io_fused_" + GetParam() + ".pt");
   std::vector<at::Tensor> args;
-  for (int i = 0; i < 5; ++i) args.push_back(io.attr("arg" + std::to_string(i)).toTensor());
-  torch::inductor::AOTIModelPackageLoader loader(kDir + "/mlp_" + GetParam() + ".pt2");
+  for (int i = 0; i < 7; ++i) args.push_back(io.attr("arg" + std::to_string(i)).toTensor());
+  torch::inductor::AOTIModelPackageLoader loader(kDir + "/fused_" + GetParam() + ".pt2");
   std::vector<at::Tensor> out = loader.run(args);
-  ASSERT_EQ(out.size(), 1u);
-  const at::Tensor want = io.attr("y").toTensor();
-  EXPECT_EQ(out[0].scalar_type(), want.scalar_type());
-  EXPECT_TRUE(torch::allclose(out[0].to(at::kFloat), want.to(at::kFloat), 1e-5, 1e-5));
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& [got, name] : {std::pair{out[0], "y"}, std::pair{out[1], "loss"}}) {
+    SCOPED_TRACE(name);
+    const at::Tensor want = io.attr(name).toTensor();
+    EXPECT_EQ(got.scalar_type(), want.scalar_type());
+    EXPECT_EQ(got.sizes(), want.sizes());
+    EXPECT_TRUE(torch::allclose(got.to(at::kFloat), want.to(at::kFloat), 1e-5, 1e-5));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, PythonArtifacts, ::testing::Values("cpu", "cuda"),

@@ -197,6 +197,24 @@ def check_ops(rank, world, port, device, backend):
             cuops.linear(*sharded, "gelu_tanh").full_tensor().sum().backward()
             for piece, whole in zip(sharded, leaves):
                 torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
+        # linear_cross_entropy: the tokens sharded (a per-token loss sharded alike, a sum partial, a mean
+        # gathered first), forward and backward; replicated inputs, replicated results.
+        vocab, vbias = randn(gen, 7, 10, device=dev), randn(gen, 7, device=dev)
+        target = torch.tensor([0, 6, -100, 3, 3, 1], device=dev)
+        for reduction, out in (("none", Shard(0)), ("sum", Partial()), ("mean", Replicate())):
+            leaves = [t.clone().requires_grad_() for t in (a, vocab, vbias)]
+            whole_loss = cuops.linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], reduction=reduction)
+            whole_loss.sum().backward()
+            for px in (Shard(0), Replicate()):
+                sharded = [dt(a, px).requires_grad_(), dt(vocab, Replicate()).requires_grad_(),
+                           dt(vbias, Replicate()).requires_grad_()]
+                got = cuops.linear_cross_entropy(sharded[0], sharded[1], dt(target, px), sharded[2],
+                                                 reduction=reduction)
+                assert got.placements == ((out if px == Shard(0) else Replicate()),), (reduction, got.placements)
+                torch.testing.assert_close(got.full_tensor(), whole_loss, rtol=1e-12, atol=1e-12)
+                got.full_tensor().sum().backward()
+                for piece, whole in zip(sharded, leaves):
+                    torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)

@@ -2,8 +2,9 @@
   model.pt          a TorchScript module using cuops ops (scripted and saved here),
   model_<dev>.pt2   an AOTInductor package of the same module (torch.export + aoti_compile_and_package),
   io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load;
-  mlp_<dev>.pt2, io_mlp_<dev>.pt   the same for an MLP on the fused ops (linear with bias and gelu_tanh,
-                    then swiglu; bf16 on CUDA, where the fused GEMM epilogues run).
+  fused_<dev>.pt2, io_fused_<dev>.pt   the same for a model of the fused ops (linear with bias and
+                    gelu_tanh, then swiglu, then an LM head's linear_cross_entropy; bf16 on CUDA, where
+                    the fused GEMM epilogues run).
 Usage: python make_artifacts.py [OUT_DIR]   (default: artifacts/ beside the library; cpu always, cuda too
 when a GPU is visible)."""
 import pathlib
@@ -29,12 +30,13 @@ class Model(torch.nn.Module):
         return g, torch.ops.cuops.two_norm(g, h)
 
 
-class Mlp(torch.nn.Module):
-    """The fused ops: linear's bias and activation, then swiglu's gated product."""
+class FusedModel(torch.nn.Module):
+    """The fused ops: linear's bias and activation, swiglu's gated product, and the loss of an LM head
+    over it (ignore_index -100 on one token): the MLP's output and the loss."""
 
-    def forward(self, x, w, b, w_gate, w_up):
-        h = torch.ops.cuops.linear(x, w, b, "gelu_tanh")
-        return torch.ops.cuops.swiglu(h, w_gate, w_up)
+    def forward(self, x, w, b, w_gate, w_up, w_head, target):
+        h = torch.ops.cuops.swiglu(torch.ops.cuops.linear(x, w, b, "gelu_tanh"), w_gate, w_up)
+        return h, torch.ops.cuops.linear_cross_entropy(h, w_head, target, None, -100, "mean")
 
 
 class Holder(torch.nn.Module):
@@ -58,13 +60,16 @@ def main(out):
         # 64 rows, K and N whole 16 bytes: on an H100 both ops run as single fused kernels.
         dtype = torch.bfloat16 if dev == "cuda" else torch.float32
         args = tuple((torch.randn(s, generator=gen) / s[-1] ** 0.5).to(dev, dtype)
-                     for s in [(64, 32), (48, 32), (48,), (40, 48), (40, 48)])
-        y = Mlp()(*args)
-        torch.jit.script(Holder({**{f"arg{i}": t for i, t in enumerate(args)}, "y": y})).save(
-            str(out / f"io_mlp_{dev}.pt"))
-        torch._inductor.aoti_compile_and_package(torch.export.export(Mlp(), args),
-                                                 package_path=str(out / f"mlp_{dev}.pt2"))
-        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt, mlp_{dev}.pt2, io_mlp_{dev}.pt")
+                     for s in [(64, 32), (48, 32), (48,), (40, 48), (40, 48), (100, 40)])
+        target = torch.randint(0, 100, (64,), generator=gen)
+        target[5] = -100
+        args += (target.to(dev),)
+        y, loss = FusedModel()(*args)
+        torch.jit.script(Holder({**{f"arg{i}": t for i, t in enumerate(args)}, "y": y, "loss": loss})).save(
+            str(out / f"io_fused_{dev}.pt"))
+        torch._inductor.aoti_compile_and_package(torch.export.export(FusedModel(), args),
+                                                 package_path=str(out / f"fused_{dev}.pt2"))
+        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt, fused_{dev}.pt2, io_fused_{dev}.pt")
 
 
 if __name__ == "__main__":
