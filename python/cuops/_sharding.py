@@ -133,7 +133,13 @@ def register() -> bool:
     # by the count of tokens not ignored over all shards, which a local mean does not know: it takes
     # the replicated entry (DTensor gathers the tokens). Rows: x 2-D, so x's rows, target and the
     # per-token log-sum-exp [T] are sharded alike.
-    def lce_entries(x, bias, reduction, outputs):
+    def lce_entries(x, weight, bias, reduction, outputs):
+        # A weight sharded along the vocabulary would need the softmax's statistics combined across
+        # processes (vocabulary-parallel cross-entropy), which these ops do not do; gathering it
+        # would hold the whole head on every process: refused, as SPEC §1b says.
+        if any(isinstance(p, Shard) and p.dim == 0 for p in getattr(weight, "placements", ())):
+            raise RuntimeError("cuops::linear_cross_entropy: expected weight replicated or sharded along K, "
+                               "got a vocabulary-sharded weight (Shard(0)): gather it, or shard the tokens")
         tail = [Replicate() if bias is not None else None]
         rules = [([Replicate()] * len(outputs), [Replicate(), Replicate(), Replicate()] + tail)]
         if reduction != "mean" and x.ndim == 2:
@@ -144,11 +150,11 @@ def register() -> bool:
 
     @register_sharding(ops.linear_cross_entropy.default)
     def lce_rule(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
-        return lce_entries(x, bias, reduction, ["loss"])
+        return lce_entries(x, weight, bias, reduction, ["loss"])
 
     @register_sharding(ops._linear_cross_entropy_fwd.default)
     def lce_fwd_rule(x, weight, target, bias, ignore_index, reduction):
-        return lce_entries(x, bias, reduction, ["loss", "token"])  # (loss, lse [T])
+        return lce_entries(x, weight, bias, reduction, ["loss", "token"])  # (loss, lse [T])
 
     @register_sharding(ops._linear_cross_entropy_bwd.default)
     def lce_bwd_rule(grad, x, weight, target, bias, lse, ignore_index, reduction):

@@ -215,6 +215,9 @@ def check_ops(rank, world, port, device, backend):
                 got.full_tensor().sum().backward()
                 for piece, whole in zip(sharded, leaves):
                     torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
+        with pytest.raises(RuntimeError, match=r"cuops::linear_cross_entropy: expected weight replicated or "
+                                               r"sharded along K, got a vocabulary-sharded weight"):
+            cuops.linear_cross_entropy(dt(a, Shard(0)), dt(vocab, Shard(0)), dt(target, Shard(0)))
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)
