@@ -36,6 +36,13 @@ inline at::Tensor like_rows_of(const at::Tensor& t2, const at::Tensor& x, int64_
   return t2.view(shape);
 }
 
+// The accumulation type of t's dtype: float32 for float16 and bfloat16 (their products, sums and
+// activations run in it and are rounded once), else the dtype itself.
+inline at::ScalarType acc_type(const at::Tensor& t) {
+  const auto d = t.scalar_type();
+  return d == at::kHalf || d == at::kBFloat16 ? at::kFloat : d;
+}
+
 // Under CUDA autocast the product ops (mm, linear, swiglu, linear_cross_entropy) cast their floating
 // tensors as torch.mm and F.linear do: to the autocast dtype, a float32 master weight through
 // autocast's cache (one cast a step, not one a call).

@@ -37,13 +37,6 @@ Reduction parse_reduction(const char* op, c10::string_view name) {
   return Reduction::Mean;
 }
 
-bool is_half(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
-
-// The loss's dtype and the softmax's: float32 for the half types, else x's own.
-at::ScalarType acc_type(const at::Tensor& x) { return is_half(x) ? at::kFloat : x.scalar_type(); }
-
 // x [..., K], weight [V, K], target int64 shaped like x's leading dims, bias [V]; x, weight and
 // bias of one dtype, everything on one device.
 Reduction check_lce(const char* op, const at::Tensor& x, const at::Tensor& weight,

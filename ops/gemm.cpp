@@ -43,9 +43,7 @@ void check_mm(const at::Tensor& a, const at::Tensor& b) {
 // ---- CPU reference: half types are multiplied in float32 (the accumulation type) and rounded once.
 
 at::Tensor product_cpu(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)
-    return at::mm(a.to(at::kFloat), b.to(at::kFloat));
-  return at::mm(a, b);
+  return at::mm(a.to(acc_type(a)), b.to(acc_type(a)));
 }
 
 void gemm_cpu(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double alpha,

@@ -85,8 +85,7 @@ at::Tensor activate(const at::Tensor& z, Act act) {
 
 std::pair<at::Tensor, at::Tensor> linear_reference(const at::Tensor& x, const at::Tensor& weight,
                                                    const std::optional<at::Tensor>& bias, Act act) {
-  const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
-  const auto acc = half ? at::kFloat : x.scalar_type();
+  const auto acc = acc_type(x);
   at::Tensor z = at::matmul(x.to(acc), weight.to(acc).t());
   if (bias.has_value()) z = z + bias->to(acc);
   return {activate(z, act).to(x.scalar_type()).contiguous(), z.to(x.scalar_type()).contiguous()};
@@ -202,9 +201,8 @@ std::tuple<at::Tensor, at::Tensor> linear_act_bwd_cpu(const at::Tensor& dy, cons
       dz = at::silu_backward(dy, z);
       break;
   }
-  const bool half = dz.scalar_type() == at::kHalf || dz.scalar_type() == at::kBFloat16;
-  at::Tensor dbias = half ? at::sum(dz, at::IntArrayRef{0}, false, at::kFloat).to(dz.scalar_type())
-                          : at::sum(dz, at::IntArrayRef{0});
+  const at::Tensor dbias =
+      at::sum(dz, at::IntArrayRef{0}, false, acc_type(dz)).to(dz.scalar_type());
   return {dz.contiguous(), dbias};
 }
 

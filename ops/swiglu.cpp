@@ -34,17 +34,13 @@ std::vector<c10::SymInt> out_shape(const at::Tensor& x, const at::Tensor& w_gate
   return shape;
 }
 
-bool is_half(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
-
 // ---- CPU reference: both products and silu(g) * u in the accumulation type (float32 for half
 // types, float64 for float64), rounded once to x's dtype; g and u rounded likewise.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_reference(const at::Tensor& x,
                                                                 const at::Tensor& w_gate,
                                                                 const at::Tensor& w_up) {
-  const auto acc = is_half(x) ? at::kFloat : x.scalar_type();
+  const auto acc = acc_type(x);
   const at::Tensor xa = x.to(acc);
   const at::Tensor g = at::matmul(xa, w_gate.to(acc).t());
   const at::Tensor u = at::matmul(xa, w_up.to(acc).t());
@@ -143,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor> swiglu_bwd_cpu(const at::Tensor& dy, const at
                                                   const at::Tensor& u) {
   check_swiglu_bwd(dy, g, u);
   const auto dtype = dy.scalar_type();
-  const auto acc = is_half(dy) ? at::kFloat : dtype;
+  const auto acc = acc_type(dy);
   const at::Tensor dya = dy.to(acc), ga = g.to(acc), ua = u.to(acc);
   return {at::silu_backward(dya * ua, ga).to(dtype).contiguous(),
           (dya * at::silu(ga)).to(dtype).contiguous()};
