@@ -19,6 +19,14 @@ template <typename T> struct ScaleOp {
   acc_t<T> alpha;
   __device__ __forceinline__ acc_t<T> operator()(acc_t<T> x, acc_t<T>) const { return alpha * x; }
 };
+// alpha read on the device (a gradient's scale, never on the host: no sync); one read-only load a
+// thread's element, from L1 after the first.
+template <typename T> struct ScaleByOp {
+  const acc_t<T>* alpha;
+  __device__ __forceinline__ acc_t<T> operator()(acc_t<T> x, acc_t<T>) const {
+    return __ldg(alpha) * x;
+  }
+};
 struct SquareOp {
   template <typename A> __device__ __forceinline__ A operator()(A x, A) const { return x * x; }
 };
@@ -115,6 +123,16 @@ cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, in
     return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x),
                                     static_cast<const T*>(x), n,
                                     ScaleOp<T>{static_cast<acc_t<T>>(alpha)}, stream);
+  });
+}
+
+cudaError_t launch_scale_by(DType dtype, void* out, const void* x, const void* alpha, int64_t n,
+                            cudaStream_t stream) {
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x),
+                                    static_cast<const T*>(x), n,
+                                    ScaleByOp<T>{static_cast<const acc_t<T>*>(alpha)}, stream);
   });
 }
 

@@ -109,8 +109,9 @@ struct LinearCombination {
     if (col + 1 < p.n) put_pair(p, dst + p.ldc, v01, v11);
   }
 
-  // alpha * (v0, v1) rounded to T (bfloat16 / float16) and packed, for a staged TMA store (which
-  // has no beta: the plan stages only where beta == 0).
+  // alpha * (v0, v1) rounded to T (bfloat16 / float16) and packed, for a staged TMA store: over c
+  // (beta == 0), or added to c by TMA's reduce-add (beta == 1: c + the rounded pair, rounded again
+  // in L2); the plan stages no other beta.
   template <typename T>
   static __device__ __forceinline__ uint32_t staged(float alpha, float v0, float v1) {
     return pack_pair(alpha * v0, alpha * v1, T{});

@@ -122,7 +122,12 @@
 // |                           |   most that fit                   |   share goes to the others'   |
 // |                           |                                   |   clock (0-1 %)               |
 // | WgmmaTmaStore             | 16-bit c, beta = 0, TMA describes | direct stores cost 10-13 % at |
-// |                           |   c: the output by TMA store      |   4096^3-8192^3               |
+// |                           |   c: the output by TMA store;     |   4096^3-8192^3; beta = 1's   |
+// |                           |   beta = 1: by TMA's reduce-add   |   loads of c, 0.65x the       |
+// |                           |   (in L2: c + the rounded         |   product's time at 128256 x  |
+// |                           |   product, rounded)               |   2048 x 1920 (a weight       |
+// |                           |                                   |   gradient summed over chunks |
+// |                           |                                   |   of tokens)                  |
 // | WgmmaDependentLaunch      | a programmatic dependent launch,  | the prologue overlaps the     |
 // |                           |   except after the split tail's   |   previous kernel's tail; the |
 // |                           |   memset                          |   tail's flags must be zero   |
@@ -298,14 +303,15 @@ void set_tail(GemmPlan& p, int bn, int64_t grid, int64_t units, int split) {
   p.workspace_bytes = tail_workspace_bytes(grid, kWgmmaBM, bn);
 }
 
-// The launch choices made once the tile is: 16-bit outputs leave by TMA store where beta is 0 and
-// TMA describes c (WgmmaTmaStore); a programmatic dependent launch except after the split tail's
+// The launch choices made once the tile is: 16-bit outputs leave by TMA store where beta is 0 (or
+// 1: TMA's reduce-add) and TMA describes c (WgmmaTmaStore); a programmatic dependent launch except after the split tail's
 // memset (WgmmaDependentLaunch).
 void wgmma_launch(GemmPlan& p) {
   const GemmRequest& r = p.req;
   WgmmaParams& w = p.wgmma();
-  w.tma_store = r.dtype != DType::Float32 && static_cast<float>(r.beta) == 0.f &&
-                aligned(r.c, 16) && (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
+  const float beta = static_cast<float>(r.beta);
+  w.tma_store = r.dtype != DType::Float32 && (beta == 0.f || beta == 1.f) && aligned(r.c, 16) &&
+                (p.ldc * 2) % 16 == 0 && tma_describes(p.n, p.m, p.ldc);
   w.pdl = w.tail_units == 0;
 }
 

@@ -339,10 +339,11 @@ template <int BM, int BN, typename Release> __device__ __forceinline__ void mma_
 // buffer holds (BN / 64 / kCSplit boxes) one after the other, each written once the last stores
 // have read the buffer. pack(j, h): the packed pair of fragment column block j (columns 8j + 2
 // (lane % 4) + {0, 1}) in the lane's row (h = 0) or the row 8 below (h = 1).
+// add: the boxes are added to c (beta = 1), not written over it.
 template <typename T, int BM, int BN, int NC, typename Pack>
 __device__ __forceinline__ void store_tile_tma(const CUtensorMap& map, uint32_t mine, int64_t row,
                                                int64_t col0, int cw, int tid, int warp, int lane,
-                                               Pack&& pack) {
+                                               Pack&& pack, bool add = false) {
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kBufBoxes = BN / 64 / Cfg::kCSplit, kBoxes = NC / 64;
   static_assert(NC % 64 == 0 && (kBoxes <= kBufBoxes || kBoxes % kBufBoxes == 0), "whole parts");
@@ -366,22 +367,28 @@ __device__ __forceinline__ void store_tile_tma(const CUtensorMap& map, uint32_t 
 #pragma unroll
       for (int b = 0; b < kPartBoxes; ++b) {
         const int col = static_cast<int>(col0) + 64 * (part * kPartBoxes + b);
-        wg::tma_store(&map, mine + b * 8192, col, static_cast<int>(row));
+        if (add)
+          wg::tma_store_add(&map, mine + b * 8192, col, static_cast<int>(row));
+        else
+          wg::tma_store(&map, mine + b * 8192, col, static_cast<int>(row));
       }
       wg::bulk_commit();
     }
   }
 }
 
-// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded (the plain epilogue).
+// A consumer's 64 x BN rows of the tile (tm, tn), alpha applied and rounded (the plain epilogue),
+// written over c (beta = 0) or added to it (beta = 1: the plan stages no other beta).
 template <typename T, int BM, int BN>
 __device__ __forceinline__ void store_unit_tma(const CUtensorMap& map_c, const float (&d)[BN / 2],
-                                               uint32_t mine, float alpha, int64_t tm, int64_t tn,
-                                               int cw, int tid, int warp, int lane) {
+                                               uint32_t mine, const GemmProblem& p, int64_t tm,
+                                               int64_t tn, int cw, int tid, int warp, int lane) {
   store_tile_tma<T, BM, BN, BN>(
-      map_c, mine, tm * BM + cw * 64, tn * BN, cw, tid, warp, lane, [&](int j, int h) {
-        return Epilogue::staged<T>(alpha, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-      });
+      map_c, mine, tm * BM + cw * 64, tn * BN, cw, tid, warp, lane,
+      [&](int j, int h) {
+        return Epilogue::staged<T>(p.alpha, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+      },
+      p.beta != 0.f);
 }
 
 // linear's bias at a lane's columns of a tile (kOn: the BiasActivation epilogue; elsewhere an
@@ -540,7 +547,7 @@ __device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUten
   }
   if constexpr (WgCfg<T, BM, BN>::kTmaStore) {
     if (tma_store) {
-      store_unit_tma<T, BM, BN>(map_c, d, mine, p.alpha, tm, tn, cw, tid, warp, lane);
+      store_unit_tma<T, BM, BN>(map_c, d, mine, p, tm, tn, cw, tid, warp, lane);
       return;
     }
   }

@@ -19,6 +19,11 @@ cudaError_t launch_add(DType dtype, void* out, const void* a, const void* b, int
 cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, int64_t n,
                          cudaStream_t stream);
 
+// out[i] = alpha[0] * x[i], alpha a device pointer to one value of the accumulation type (float
+// for the half types), computed in it and rounded once. out may equal x.
+cudaError_t launch_scale_by(DType dtype, void* out, const void* x, const void* alpha, int64_t n,
+                            cudaStream_t stream);
+
 // out[i] = x[i] * x[i]. out may equal x.
 cudaError_t launch_square(DType dtype, void* out, const void* x, int64_t n, cudaStream_t stream);
 
@@ -60,5 +65,18 @@ cudaError_t launch_act_bwd(DType dtype, Activation act, const void* dy, int64_t 
 cudaError_t launch_swiglu_bwd(DType dtype, const void* dy, int64_t ld_dy, const void* g,
                               int64_t ld_g, const void* u, int64_t ld_u, int64_t rows, int64_t n,
                               void* dg, void* du, cudaStream_t stream);
+
+// linear_cross_entropy's pass over a chunk of logits [rows, vocab] (row-major, ld apart; 16-byte
+// aligned rows), of which the row's target (int64 [rows]) picks one; bias (16-byte aligned, [vocab])
+// or null is added to every row. stats: lse[r] = log sum_j e^(logit[r][j]) and, where loss is not
+// null, loss[r] = lse[r] - logit[r][target[r]], 0 where target is ignore_index and NaN where it is
+// outside [0, vocab). grad: the logits are overwritten by scale_r * (softmax - one-hot) from lse
+// (this pass's, or the one given when !stats), scale_r = scale[r * scale_stride], 0 for an ignored
+// row, NaN for an out-of-range one. lse, loss, scale: the accumulation type (float for the half types).
+// The same bits on every run; `multiprocessors` sizes the grid.
+cudaError_t launch_ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
+                           const void* bias, const int64_t* target, int64_t ignore_index, void* lse,
+                           void* loss, const void* scale, int64_t scale_stride, bool stats,
+                           bool grad, int multiprocessors, cudaStream_t stream);
 
 }  // namespace cuops::kernels

@@ -45,6 +45,16 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, 
       "r"(c0), "r"(c1), "r"(src)
       : "memory");
 }
+// The same box added to what the tensor holds (TMA's reduce-add, done in L2 in the tensor map's
+// element type): c += box, each element once, in the order the stores are issued.
+__device__ __forceinline__ void tma_store_add(const CUtensorMap* map, uint32_t src, int c0,
+                                              int c1) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], "
+      "[%3];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -62,6 +62,12 @@ TORCH_LIBRARY(cuops, m) {
       "bias, "
       "Tensor lse, int ignore_index, str reduction) -> (Tensor, Tensor, Tensor)",
       tags);
+  // A loss of one value (mean, sum) and its gradients of x, weight and bias for a gradient of 1,
+  // made in one walk over the logits; the backward scales them (internal).
+  m.def(
+      "_linear_cross_entropy_fwd_grad(Tensor x, Tensor weight, Tensor target, Tensor? bias, "
+      "int ignore_index, str reduction) -> (Tensor, Tensor, Tensor, Tensor)",
+      tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

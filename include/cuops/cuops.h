@@ -153,7 +153,8 @@ inline at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& we
 }
 
 // linear_cross_entropy's pieces (internal; their schemas may change): the loss and each token's
-// log-sum-exp [T]; the gradients of x, weight and bias from the loss's gradient.
+// log-sum-exp [T]; the gradients of x, weight and bias from the loss's gradient; a loss of one value
+// with its gradients for a gradient of 1.
 inline std::tuple<at::Tensor, at::Tensor> _linear_cross_entropy_fwd(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction) {
@@ -171,6 +172,14 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_bwd(
       const std::optional<at::Tensor>&, const at::Tensor&, int64_t, std::string_view)>(
       "cuops::_linear_cross_entropy_bwd");
   return handle.call(grad, x, weight, target, bias, lse, ignore_index, reduction);
+}
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_fwd_grad(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      int64_t, std::string_view)>("cuops::_linear_cross_entropy_fwd_grad");
+  return handle.call(x, weight, target, bias, ignore_index, reduction);
 }
 
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.

@@ -1274,8 +1274,9 @@ TEST(GemmRule, WgmmaGrid) {
   EXPECT_EQ(plan_gemm(w, kH100).grid, 132);
 }
 
-// 16-bit c, beta 0 (as the kernel sees it: a float) and c TMA describes (16-byte aligned base and
-// rows): the output leaves by TMA store (direct stores cost 10-13 % at 4096^3-8192^3).
+// 16-bit c, beta 0 (as the kernel sees it: a float) or 1 (TMA's reduce-add) and c TMA describes
+// (16-byte aligned base and rows): the output leaves by TMA store (direct stores cost 10-13 % at
+// 4096^3-8192^3).
 TEST(GemmRule, WgmmaTmaStore) {
   for (DType t : {DType::BFloat16, DType::Float16}) {
     EXPECT_TRUE(plan_gemm(row_major(t, 8192, 8192, 8192), kH100).wgmma().tma_store);
@@ -1287,6 +1288,8 @@ TEST(GemmRule, WgmmaTmaStore) {
   // A beta that rounds to 0 in float is 0 for the kernel, which then never reads c.
   r = row_major(DType::BFloat16, 4096, 4096, 4096);
   r.beta = 1e-60;
+  EXPECT_TRUE(plan_gemm(r, kH100).wgmma().tma_store);
+  r.beta = 1.0;
   EXPECT_TRUE(plan_gemm(r, kH100).wgmma().tma_store);
   // Just outside: beta, c's rows 8200 bytes apart (stored pair by pair), its base 2 bytes off 16,
   // float32 outputs (stored directly).

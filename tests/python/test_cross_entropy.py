@@ -142,6 +142,13 @@ def test_empty_sizes(device):
     t = torch.tensor([0, 5, 2], device=device)
     want = F.cross_entropy(b.expand(3, 6), t)
     assert rel_error(cuops.linear_cross_entropy(xk, wk, t, b), want) <= 1e-6
+    # V = 0: only ignored targets are valid; a sum over them is 0 with zero gradients.
+    xv, wv = make((3, 5), torch.float32, device).requires_grad_(), make((0, 5), torch.float32, device)
+    ignored = torch.full((3,), -100, device=device)
+    loss = cuops.linear_cross_entropy(xv, wv.requires_grad_(), ignored, reduction="sum")
+    dx, dw = torch.autograd.grad(loss, [xv, wv])
+    assert loss.item() == 0 and torch.equal(dx, torch.zeros_like(xv)) and dw.shape == (0, 5)
+    assert torch.equal(cuops.linear_cross_entropy(xv, wv, ignored, reduction="none"), torch.zeros(3, device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,6 +183,45 @@ def test_same_bits_on_every_run(device):
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
 
+@requires_cuda
+def test_several_token_chunks_on_cuda():
+    """CUDA walks the tokens in chunks whose logits fit 480 MiB: V = 65539 (rows padded to 65544 for
+    16-byte vectors) holds 3840 bf16 rows, so 4100 tokens take two chunks, the second partial; dweight
+    adds the second's share to the first's. Forward with gradients (mean, sum) and the backward that
+    makes the logits again (none), with a bias and ignored tokens, against float64."""
+    tokens, k, vocab = 4100, 40, 65539
+    x = make((tokens, k), torch.bfloat16, "cuda").requires_grad_()
+    w = make((vocab, k), torch.bfloat16, "cuda", scale=k ** -0.5).requires_grad_()
+    b = make((vocab,), torch.bfloat16, "cuda").requires_grad_()
+    t = targets((tokens,), vocab, "cuda", ignored=300)
+    tol = tolerance(torch.bfloat16, "cuda")
+    for reduction in REDUCTIONS:
+        loss = cuops.linear_cross_entropy(x, w, t, b, reduction=reduction)
+        want, grads = reference(x, w, t, b, reduction=reduction)
+        assert rel_error(loss, want) <= tol, reduction
+        for g, r in zip(torch.autograd.grad(loss.sum(), [x, w, b]), grads):
+            assert rel_error(g, r) <= 2 * tol, reduction
+        del want, grads
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_twice_through_a_kept_graph(device):
+    """The gradients made in the forward are scaled in place only where the graph is not kept: a
+    retained graph gives the same gradients to every backward, for any gradient of the loss."""
+    x = make((9, 12), torch.float32, device).requires_grad_()
+    w = make((20, 12), torch.float32, device).requires_grad_()
+    t = targets((9,), 20, device, ignored=2)
+    loss = cuops.linear_cross_entropy(x, w, t)
+    first = torch.autograd.grad(loss, [x, w], retain_graph=True)
+    twice = torch.autograd.grad(loss, [x, w], grad_outputs=torch.tensor(2.0, device=device), retain_graph=True)
+    last = torch.autograd.grad(loss, [x, w])
+    _, grads = reference(x, w, t)
+    for f, s2, l, r in zip(first, twice, last, grads):
+        assert torch.equal(f, l) and torch.equal(2 * f, s2)
+        assert rel_error(f, r) <= tolerance(torch.float32, device)
+
+
 def test_meta_shapes_and_dtypes():
     x, w = torch.empty(2, 3, 5, device="meta", dtype=torch.bfloat16), torch.empty(7, 5, device="meta",
                                                                                  dtype=torch.bfloat16)
@@ -187,6 +233,11 @@ def test_meta_shapes_and_dtypes():
     assert lse.shape == (6,) and lse.dtype == torch.float32
     dx, dw, db = ops._linear_cross_entropy_bwd(loss, x, w, t, None, lse, -100, "sum")
     assert dx.shape == x.shape and dw.shape == w.shape and db.shape == (7,) and dx.dtype == torch.bfloat16
+    loss, dx, dw, db = ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "mean")
+    assert loss.shape == () and loss.dtype == torch.float32 and dx.shape == x.shape and dw.shape == w.shape
+    assert db.shape == (7,) and dw.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="_linear_cross_entropy_fwd_grad: expected reduction mean or sum"):
+        ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "none")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -199,6 +250,8 @@ def test_opcheck(device, dtype):
     loss, lse = ops._linear_cross_entropy_fwd(x.detach(), w, t, b, -100, "mean")
     torch.library.opcheck(ops._linear_cross_entropy_fwd, (x.detach(), w, t, b, -100, "mean"))
     torch.library.opcheck(ops._linear_cross_entropy_bwd, (loss, x.detach(), w, t, b, lse, -100, "mean"))
+    for reduction in ("mean", "sum"):
+        torch.library.opcheck(ops._linear_cross_entropy_fwd_grad, (x.detach(), w, t, b, -100, reduction))
 
 
 @pytest.mark.parametrize("device", DEVICES)
