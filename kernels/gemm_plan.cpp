@@ -304,8 +304,8 @@ void set_tail(GemmPlan& p, int bn, int64_t grid, int64_t units, int split) {
 }
 
 // The launch choices made once the tile is: 16-bit outputs leave by TMA store where beta is 0 (or
-// 1: TMA's reduce-add) and TMA describes c (WgmmaTmaStore); a programmatic dependent launch except after the split tail's
-// memset (WgmmaDependentLaunch).
+// 1: TMA's reduce-add) and TMA describes c (WgmmaTmaStore); a programmatic dependent launch except
+// after the split tail's memset (WgmmaDependentLaunch).
 void wgmma_launch(GemmPlan& p) {
   const GemmRequest& r = p.req;
   WgmmaParams& w = p.wgmma();
