@@ -108,14 +108,32 @@ template <typename T> struct RowsArgs {
   bool stats, grad;
 };
 
+// 16 bytes by the streaming forms (ld.global.cs, st.global.cs: evict first). The gradient pass's
+// reads are the row's last and its writes are not read again here: marked so, they leave L2 to the
+// rows whose second read is still to come.
+template <typename VecT> __device__ __forceinline__ VecT load_last(const VecT* p) {
+  static_assert(sizeof(VecT) == 16, "16-byte vectors");
+  const int4 w = __ldcs(reinterpret_cast<const int4*>(p));
+  VecT v;
+  __builtin_memcpy(&v, &w, 16);
+  return v;
+}
+template <typename VecT> __device__ __forceinline__ void store_streaming(VecT* p, const VecT& v) {
+  int4 w;
+  __builtin_memcpy(&w, &v, 16);
+  __stcs(reinterpret_cast<int4*>(p), w);
+}
+
 // Row r's logits v[j] (+ bias[j]) for j in [0, vocab): V-element vectors, then a scalar tail.
-template <typename T, int V>
+// kLast: the row's last read.
+template <typename T, int V, bool kLast = false>
 __device__ __forceinline__ void load_group(const RowsArgs<T>& a, const Vec<T, V>* row, int64_t i,
                                            int64_t step, acc_t<T> (*v)[V]) {
   using VecT = Vec<T, V>;
   VecT x[kUnroll];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) x[u] = row[i + u * step];
+  for (int u = 0; u < kUnroll; ++u)
+    x[u] = kLast ? load_last(row + i + u * step) : row[i + u * step];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) widen<T, V>(x[u], v[u]);
   if (a.bias != nullptr) {
@@ -183,20 +201,20 @@ template <typename T, int V> __device__ void row_grad(const RowsArgs<T>& a, T* r
   int64_t i = threadIdx.x;
   for (; i + (kUnroll - 1) * kThreads < nvec; i += kUnroll * kThreads) {
     A v[kUnroll][V];
-    load_group<T, V>(a, vrow, i, kThreads, v);
+    load_group<T, V, true>(a, vrow, i, kThreads, v);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int e = 0; e < V; ++e) v[u][e] = grad(v[u][e], (i + u * kThreads) * V + e);
-      vrow[i + u * kThreads] = narrow<T, V>(v[u]);
+      store_streaming(vrow + i + u * kThreads, narrow<T, V>(v[u]));
     }
   }
   for (; i < nvec; i += kThreads) {
     A v[V];
-    widen<T, V>(vrow[i], v);
+    widen<T, V>(load_last(vrow + i), v);
     for (int e = 0; e < V; ++e)
       v[e] = grad(v[e] + (a.bias != nullptr ? to_acc(a.bias[i * V + e]) : A(0)), i * V + e);
-    vrow[i] = narrow<T, V>(v);
+    store_streaming(vrow + i, narrow<T, V>(v));
   }
   for (int64_t j = nvec * V + threadIdx.x; j < a.vocab; j += kThreads)
     row[j] = from_acc<T>(grad(logit(a, row, j), j));

@@ -12,22 +12,31 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 
 // The ops work on accumulation-type values (float for the half types); map_vec converts.
+// kSkippable: whether the op may find on the device that it has nothing to do (skippable()), and
+// every thread returns at once.
 struct AddOp {
+  static constexpr bool kSkippable = false;
   template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
 };
 template <typename T> struct ScaleOp {
+  static constexpr bool kSkippable = false;
   acc_t<T> alpha;
   __device__ __forceinline__ acc_t<T> operator()(acc_t<T> x, acc_t<T>) const { return alpha * x; }
 };
 // alpha read on the device (a gradient's scale, never on the host: no sync); one read-only load a
-// thread's element, from L1 after the first.
+// thread's element, from L1 after the first. In place with alpha 1 (a loss's usual gradient) there
+// is nothing to write: the pass is skipped, not run at the bus's rate.
 template <typename T> struct ScaleByOp {
+  static constexpr bool kSkippable = true;
   const acc_t<T>* alpha;
+  bool in_place;
+  __device__ __forceinline__ bool skippable() const { return in_place && __ldg(alpha) == 1; }
   __device__ __forceinline__ acc_t<T> operator()(acc_t<T> x, acc_t<T>) const {
     return __ldg(alpha) * x;
   }
 };
 struct SquareOp {
+  static constexpr bool kSkippable = false;
   template <typename A> __device__ __forceinline__ A operator()(A x, A) const { return x * x; }
 };
 
@@ -62,6 +71,9 @@ template <typename T, int V, int NIN, typename Op> __global__ void __launch_boun
     elementwise_kernel(T* out, const T* in0, const T* in1, int64_t head, int64_t n_vec, int64_t n,
                        Op op) {
   using VecT = Vec<T, V>;
+  if constexpr (Op::kSkippable) {
+    if (op.skippable()) return;
+  }
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   const VecT* a = reinterpret_cast<const VecT*>(in0 + head);
   const VecT* b = reinterpret_cast<const VecT*>(in1 + head);
@@ -130,9 +142,9 @@ cudaError_t launch_scale_by(DType dtype, void* out, const void* x, const void* a
                             cudaStream_t stream) {
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return launch_elementwise<T, 1>(static_cast<T*>(out), static_cast<const T*>(x),
-                                    static_cast<const T*>(x), n,
-                                    ScaleByOp<T>{static_cast<const acc_t<T>*>(alpha)}, stream);
+    return launch_elementwise<T, 1>(
+        static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(x), n,
+        ScaleByOp<T>{static_cast<const acc_t<T>*>(alpha), out == x}, stream);
   });
 }
 

@@ -20,7 +20,8 @@ cudaError_t launch_scale(DType dtype, void* out, const void* x, double alpha, in
                          cudaStream_t stream);
 
 // out[i] = alpha[0] * x[i], alpha a device pointer to one value of the accumulation type (float
-// for the half types), computed in it and rounded once. out may equal x.
+// for the half types), computed in it and rounded once. out may equal x (in place with alpha 1
+// nothing is written).
 cudaError_t launch_scale_by(DType dtype, void* out, const void* x, const void* alpha, int64_t n,
                             cudaStream_t stream);
 

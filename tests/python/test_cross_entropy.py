@@ -220,6 +220,10 @@ def test_backward_twice_through_a_kept_graph(device):
     for f, s2, l, r in zip(first, twice, last, grads):
         assert torch.equal(f, l) and torch.equal(2 * f, s2)
         assert rel_error(f, r) <= tolerance(torch.float32, device)
+    # Scaled in place (the graph not kept) by a gradient other than 1.
+    half = torch.autograd.grad(cuops.linear_cross_entropy(x, w, t) * 0.5, [x, w])
+    for f, h in zip(first, half):
+        assert torch.equal(0.5 * f, h)
 
 
 def test_meta_shapes_and_dtypes():
