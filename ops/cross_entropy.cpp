@@ -219,15 +219,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad, c
   return {dx.to(x.scalar_type()).view(x.sizes()), dweight, dbias};
 }
 
+// A gradient fwd_grad's output_mask leaves out: an empty [0] of its dtype.
+at::Tensor left_out(const at::Tensor& like) { return at::empty({0}, like.options()); }
+
 // The loss and its gradients for a gradient of 1 (mean and sum): the forward and the backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cpu(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction) {
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction,
+    std::array<bool, 3> output_mask) {
   check_lce_fwd_grad(x, weight, target, bias, reduction);
   auto [loss, lse] = fwd_cpu(x, weight, target, bias, ignore_index, reduction);
   auto [dx, dweight, dbias] =
       bwd_cpu(at::ones_like(loss), x, weight, target, bias, lse, ignore_index, reduction);
-  return {loss, dx, dweight, dbias};
+  return {loss, output_mask[0] ? dx : left_out(x), output_mask[1] ? dweight : left_out(weight),
+          output_mask[2] ? dbias : left_out(weight)};
 }
 
 // ---- CUDA: the tokens in chunks. A chunk's logits [rows, V] are made once by the GEMM (in x's
@@ -251,8 +256,8 @@ int64_t token_chunk(int64_t rows, int64_t ld, int64_t element_bytes) {
 }
 
 // What a walk over the token chunks makes: lse [T] (computed when `stats`, else read), each token's
-// loss [T] (when defined), and, where dx is defined, the gradients from `scale` (one value a token,
-// or one for all when scale_stride is 0).
+// loss [T] (when defined), and, where scale is defined, the gradient of the logits from it (one
+// value a token, or one for all when scale_stride is 0) and from that the gradients defined here.
 struct ChunkWalk {
   bool stats = true;
   at::Tensor lse, loss;
@@ -264,15 +269,15 @@ struct ChunkWalk {
 void walk_token_chunks(const at::Tensor& x2, const at::Tensor& weight, const at::Tensor& t,
                        const std::optional<at::Tensor>& bias, int64_t ignore_index, ChunkWalk& w) {
   const int64_t rows = x2.size(0), vocab = weight.size(0), esize = x2.element_size();
-  const bool grad = w.dx.defined();
+  const bool grad = w.scale.defined();
   const auto acc = acc_type(x2);
-  if (grad && rows == 0) w.dweight.zero_();
+  if (w.dweight.defined() && rows == 0) w.dweight.zero_();
   if (rows == 0) return;
   if (vocab == 0) {  // no logits: lse = log 0; a target is ignored (loss 0) or out of range (NaN)
     if (w.stats) w.lse.fill_(-std::numeric_limits<double>::infinity());
     if (w.stats && w.loss.defined())
       w.loss.copy_(at::where(t == ignore_index, 0, std::numeric_limits<double>::quiet_NaN()));
-    if (grad) w.dx.zero_();
+    if (w.dx.defined()) w.dx.zero_();
     return;
   }
   const int64_t per_vector = 16 / esize, ld = (vocab + per_vector - 1) / per_vector * per_vector;
@@ -298,20 +303,21 @@ void walk_token_chunks(const at::Tensor& x2, const at::Tensor& weight, const at:
         kernel_dtype(x2.scalar_type()), l.data_ptr(), n, vocab, ld, b ? b->data_ptr() : nullptr,
         t.narrow(0, r0, n).data_ptr<int64_t>(), ignore_index, ptr(w.lse, r0, n), ptr(w.loss, r0, n),
         scale, w.scale_stride, w.stats, grad, sms, current_stream(x2)));
-    if (!grad) continue;
-    cuops::gemm(w.dx.narrow(0, r0, n), l, weight, 1.0, 0.0);
-    cuops::gemm(w.dweight, l.t(), xc, 1.0, r0 == 0 ? 0.0 : 1.0);
+    if (w.dx.defined()) cuops::gemm(w.dx.narrow(0, r0, n), l, weight, 1.0, 0.0);
+    if (w.dweight.defined()) cuops::gemm(w.dweight, l.t(), xc, 1.0, r0 == 0 ? 0.0 : 1.0);
     if (w.dbias.defined()) w.dbias.add_(l.sum({0}, false, acc));
   }
 }
 
-// The gradients' tensors of a walk that makes them: dx [T, K] and dweight like x and weight,
-// dbias's accumulator [V] where there is a bias.
+// The gradients' tensors of a walk that makes them, as `mask` asks: dx [T, K] and dweight like x
+// and weight, dbias's accumulator [V] where there is a bias. A product nobody asks for is not run
+// (a frozen head's weight gradient: a third of the work and its bytes).
 void gradients_for(ChunkWalk& w, const at::Tensor& x2, const at::Tensor& weight,
-                   const std::optional<at::Tensor>& bias) {
-  w.dx = at::empty_like(x2, at::MemoryFormat::Contiguous);
-  w.dweight = at::empty_like(weight, at::MemoryFormat::Contiguous);
-  if (bias.has_value()) w.dbias = at::zeros({weight.size(0)}, x2.options().dtype(acc_type(x2)));
+                   const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
+  if (mask[0]) w.dx = at::empty_like(x2, at::MemoryFormat::Contiguous);
+  if (mask[1]) w.dweight = at::empty_like(weight, at::MemoryFormat::Contiguous);
+  if (mask[2] && bias.has_value())
+    w.dbias = at::zeros({weight.size(0)}, x2.options().dtype(acc_type(x2)));
 }
 
 at::Tensor dbias_of(const ChunkWalk& w, const at::Tensor& weight) {
@@ -346,14 +352,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, 
   w.stats = false;
   w.lse = lse.contiguous();
   std::tie(w.scale, w.scale_stride) = grad_scale(grad, t != ignore_index, r, acc_type(x));
-  gradients_for(w, x2, weight, bias);
+  gradients_for(w, x2, weight, bias, {true, true, true});
   walk_token_chunks(x2, weight, t, bias, ignore_index, w);
   return {w.dx.view(x.sizes()), w.dweight, dbias_of(w, weight)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cuda(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction) {
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction,
+    std::array<bool, 3> output_mask) {
   const Reduction r = check_lce_fwd_grad(x, weight, target, bias, reduction);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = as_rows(x), t = target.reshape({-1}).contiguous();
@@ -363,10 +370,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cuda(
   w.loss = at::empty_like(w.lse);
   std::tie(w.scale, w.scale_stride) =
       grad_scale(at::ones({}, w.lse.options()), valid, r, acc_type(x));
-  gradients_for(w, x2, weight, bias);
+  gradients_for(w, x2, weight, bias, output_mask);
   walk_token_chunks(x2, weight, t, bias, ignore_index, w);
-  return {reduce_loss(w.loss, valid, r, target), w.dx.view(x.sizes()), w.dweight,
-          dbias_of(w, weight)};
+  return {reduce_loss(w.loss, valid, r, target),
+          output_mask[0] ? w.dx.view(x.sizes()) : left_out(x),
+          output_mask[1] ? w.dweight : left_out(weight),
+          output_mask[2] ? dbias_of(w, weight) : left_out(weight)};
 }
 
 // ---- Meta
@@ -394,12 +403,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lce_bwd_meta(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lce_fwd_grad_meta(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction) {
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction,
+    std::array<bool, 3> output_mask) {
   check_lce_fwd_grad(x, weight, target, bias, reduction);
-  return {at::empty({}, x.options().dtype(acc_type(x))),
-          at::empty_symint(x.sym_sizes(), x.options()),
-          at::empty_symint(weight.sym_sizes(), weight.options()),
-          at::empty_symint({weight.sym_size(0)}, weight.options())};
+  return {
+      at::empty({}, x.options().dtype(acc_type(x))),
+      output_mask[0] ? at::empty_symint(x.sym_sizes(), x.options()) : left_out(x),
+      output_mask[1] ? at::empty_symint(weight.sym_sizes(), weight.options()) : left_out(weight),
+      output_mask[2] ? at::empty_symint({weight.sym_size(0)}, weight.options()) : left_out(weight)};
 }
 
 at::Tensor lce(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
@@ -444,10 +455,12 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = std::string(reduction.data(), reduction.size());
     ctx->saved_data["has_bias"] = bias.has_value();
+    const std::array<bool, 3> mask = {x.requires_grad(), weight.requires_grad(),
+                                      bias.has_value() && bias->requires_grad()};
     at::AutoDispatchBelowADInplaceOrView guard;
     if (made) {
-      auto [loss, dx, dweight, dbias] =
-          cuops::_linear_cross_entropy_fwd_grad(x, weight, target, bias, ignore_index, reduction);
+      auto [loss, dx, dweight, dbias] = cuops::_linear_cross_entropy_fwd_grad(
+          x, weight, target, bias, ignore_index, reduction, mask);
       ctx->save_for_backward({dx, dweight, dbias});
       return loss;
     }

@@ -63,10 +63,11 @@ TORCH_LIBRARY(cuops, m) {
       "Tensor lse, int ignore_index, str reduction) -> (Tensor, Tensor, Tensor)",
       tags);
   // A loss of one value (mean, sum) and its gradients of x, weight and bias for a gradient of 1,
-  // made in one walk over the logits; the backward scales them (internal).
+  // made in one walk over the logits, those output_mask leaves out as empty [0] tensors; the
+  // backward scales them (internal).
   m.def(
       "_linear_cross_entropy_fwd_grad(Tensor x, Tensor weight, Tensor target, Tensor? bias, "
-      "int ignore_index, str reduction) -> (Tensor, Tensor, Tensor, Tensor)",
+      "int ignore_index, str reduction, bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
       tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);

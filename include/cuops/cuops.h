@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -175,11 +176,12 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_bwd(
 }
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_fwd_grad(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction) {
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction,
+    std::array<bool, 3> output_mask = {true, true, true}) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-      int64_t, std::string_view)>("cuops::_linear_cross_entropy_fwd_grad");
-  return handle.call(x, weight, target, bias, ignore_index, reduction);
+      int64_t, std::string_view, std::array<bool, 3>)>("cuops::_linear_cross_entropy_fwd_grad");
+  return handle.call(x, weight, target, bias, ignore_index, reduction, output_mask);
 }
 
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.

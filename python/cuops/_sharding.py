@@ -157,14 +157,14 @@ def register() -> bool:
         return lce_entries(x, weight, bias, reduction, ["loss", "token"])  # (loss, lse [T])
 
     @register_sharding(ops._linear_cross_entropy_fwd_grad.default)
-    def lce_fwd_grad_rule(x, weight, target, bias, ignore_index, reduction):
+    def lce_fwd_grad_rule(x, weight, target, bias, ignore_index, reduction, output_mask):
         # (loss, dx, dweight, dbias) of a sum over sharded tokens: dx keeps them, the rest are partial
         # sums over them; a mean takes the replicated entry (see lce_entries).
         tail = [Replicate() if bias is not None else None]
-        rules = [([Replicate()] * 4, [Replicate()] * 3 + tail + [None, None])]
+        rules = [([Replicate()] * 4, [Replicate()] * 3 + tail + [None, None, None])]
         if reduction == "sum" and x.ndim == 2:
             rules.append(([Partial(), Shard(0), Partial(), Partial()],
-                          [Shard(0), Replicate(), Shard(0)] + tail + [None, None]))
+                          [Shard(0), Replicate(), Shard(0)] + tail + [None, None, None]))
         return rules
 
     @register_sharding(ops._linear_cross_entropy_bwd.default)

@@ -226,6 +226,26 @@ def test_backward_twice_through_a_kept_graph(device):
         assert torch.equal(0.5 * f, h)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_frozen_input_gets_no_gradient_made(device):
+    """The forward makes only the gradients asked for: a frozen head (weight without grad) gives dx and
+    the bias's gradient alone, a frozen x the weight's; each matches float64."""
+    x = make((33, 24), torch.bfloat16, device)
+    w = make((70, 24), torch.bfloat16, device, scale=24 ** -0.5)
+    b = make((70,), torch.bfloat16, device)
+    t = targets((33,), 70, device)
+    _, grads = reference(x, w, t, b, reduction="sum")
+    tol = 2 * tolerance(torch.bfloat16, device)
+    inputs = (x, w, b)
+    for wanted in ((0, 2), (1,), (0,)):
+        for i, v in enumerate(inputs):
+            v.requires_grad_(i in wanted)
+        loss = cuops.linear_cross_entropy(x, w, t, b, reduction="sum")
+        got = torch.autograd.grad(loss, [inputs[i] for i in wanted])
+        for g, i in zip(got, wanted):
+            assert rel_error(g, grads[i]) <= tol, wanted
+
+
 def test_meta_shapes_and_dtypes():
     x, w = torch.empty(2, 3, 5, device="meta", dtype=torch.bfloat16), torch.empty(7, 5, device="meta",
                                                                                  dtype=torch.bfloat16)
@@ -237,11 +257,13 @@ def test_meta_shapes_and_dtypes():
     assert lse.shape == (6,) and lse.dtype == torch.float32
     dx, dw, db = ops._linear_cross_entropy_bwd(loss, x, w, t, None, lse, -100, "sum")
     assert dx.shape == x.shape and dw.shape == w.shape and db.shape == (7,) and dx.dtype == torch.bfloat16
-    loss, dx, dw, db = ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "mean")
+    loss, dx, dw, db = ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "mean", [True, True, True])
     assert loss.shape == () and loss.dtype == torch.float32 and dx.shape == x.shape and dw.shape == w.shape
     assert db.shape == (7,) and dw.dtype == torch.bfloat16
+    _, dx, dw, db = ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "sum", [True, False, False])
+    assert dx.shape == x.shape and dw.shape == db.shape == (0,)
     with pytest.raises(RuntimeError, match="_linear_cross_entropy_fwd_grad: expected reduction mean or sum"):
-        ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "none")
+        ops._linear_cross_entropy_fwd_grad(x, w, t, None, -100, "none", [True, True, True])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -254,8 +276,8 @@ def test_opcheck(device, dtype):
     loss, lse = ops._linear_cross_entropy_fwd(x.detach(), w, t, b, -100, "mean")
     torch.library.opcheck(ops._linear_cross_entropy_fwd, (x.detach(), w, t, b, -100, "mean"))
     torch.library.opcheck(ops._linear_cross_entropy_bwd, (loss, x.detach(), w, t, b, lse, -100, "mean"))
-    for reduction in ("mean", "sum"):
-        torch.library.opcheck(ops._linear_cross_entropy_fwd_grad, (x.detach(), w, t, b, -100, reduction))
+    for reduction, mask in (("mean", [True, True, True]), ("sum", [False, True, False])):
+        torch.library.opcheck(ops._linear_cross_entropy_fwd_grad, (x.detach(), w, t, b, -100, reduction, mask))
 
 
 @pytest.mark.parametrize("device", DEVICES)
