@@ -10,9 +10,10 @@
 //   2. loads: the old c, only where beta != 0 (c may be NaN or unwritten); the bias;
 //   3. stores: to c directly, to c transposed (TF32's C^T = B^T A^T) or packed into shared memory
 //      for a staged TMA store; the fused ones also to the auxiliary tensors the backward keeps;
-//   4. reductions across a tile: none yet; next, each row's running max and sum of exponentials
-//      and its target's logit (the loss), combined in a fixed order with no float atomics, so the
-//      bits are the same on every run.
+//   4. reductions across a tile: none yet. linear_cross_entropy's row statistics (running max and
+//      sum of exponentials, the target's logit) run in their own pass over each chunk of logits
+//      (kernels/cross_entropy.cu); here, combined in a fixed order with no float atomics, they
+//      would save that pass one read of the chunk.
 // The fused epilogues run on the wgmma kernel (kernels/gemm_wgmma.cuh, store_unit_fused).
 // Members are static and __forceinline__, take the accumulators by value and keep the operation
 // order the kernels had inline (moving them here left every kernel's SASS as it was:

@@ -239,9 +239,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cpu(
 // dtype, rounded as F.linear rounds them) into one buffer; kernels/cross_entropy.cu's pass takes
 // each row's log-sum-exp and loss from them and, where gradients are made, overwrites them with
 // the gradient g = scale_t (softmax - one-hot), from which two more products give dx's rows of the
-// chunk and add the chunk's share to dweight (beta = 1 after the first chunk). Three products
-// (6TVK), each logit written once and read three times, and no [T, V] buffer: the chunk's rows are
-// the most whose logits fit kLogitsChunkBytes, in whole 128-row tiles.
+// chunk and add the chunk's share to dweight (beta = 1 after the first chunk: TMA's reduce-add).
+// Three products (6TVK) and no [T, V] buffer; the chunk is written by the GEMM, read and
+// overwritten by the pass, read by the two products. Its rows are the most whose logits fit
+// kLogitsChunkBytes, in whole 128-row tiles.
 //
 // 480 MiB: with the products' workspace (a split tail's, <= 17 MB) and the [T] vectors, what the op
 // adds stays under SPEC §1b's 526 MB (1/8 of the float32 logits at T = 8192, V = 128256), where the
