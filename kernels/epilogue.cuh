@@ -170,6 +170,16 @@ using Epilogue = LinearCombination;
 // the activation over a consumer's accumulators, chosen once per tile (the activation is uniform),
 // so each case is a straight run of its math.
 struct BiasActivation {
+  // One element (the small-M kernel, 16-bit T): z = alpha * acc + bias, kept in *aux where aux is
+  // set, act(z) into *dst, each rounded once.
+  template <typename T> static __device__ __forceinline__ void one(Activation act, float alpha,
+                                                                   const T* bias, T* dst, T* aux,
+                                                                   float acc) {
+    const float z = bias != nullptr ? fmaf(alpha, acc, to_acc(*bias)) : alpha * acc;
+    if (aux != nullptr) *aux = from_acc<T>(z);
+    *dst = from_acc<T>(act_forward_fast(act, z));
+  }
+
   template <int N> static __device__ __forceinline__ void activate(Activation act, float (&v)[N]) {
     switch (act) {
       case Activation::None:
@@ -196,6 +206,16 @@ struct BiasActivation {
 struct GatedSilu {
   static __device__ __forceinline__ float combine(float g, float u) {
     return act_forward_fast(Activation::Silu, g) * u;
+  }
+  // One element (the small-M kernel, 16-bit T): g and u scaled by alpha, kept in *aux / *aux2 where
+  // set, silu(g) * u into *dst, each rounded once.
+  template <typename T> static __device__ __forceinline__ void one(float alpha, T* dst, T* aux,
+                                                                   T* aux2, float g, float u) {
+    g *= alpha;
+    u *= alpha;
+    if (aux != nullptr) *aux = from_acc<T>(g);
+    if (aux2 != nullptr) *aux2 = from_acc<T>(u);
+    *dst = from_acc<T>(combine(g, u));
   }
 };
 

@@ -37,13 +37,21 @@
 // |                           |   pay its copy): general          |                               |
 // | FusedEpilogueApart        | a fused request (bias and         | the fused epilogues ride the  |
 // |                           |   activation; the dual GEMM) not  |   wgmma kernel's TMA stores   |
-// |                           |   16-bit on a wgmma device, <= 16 |   and read nn.Linear's        |
-// |                           |   rows, x not k-major or a weight |   layout; the small-M kernel  |
-// |                           |   not [n, k] row-major in place,  |   has no fused epilogue yet,  |
-// |                           |   beta != 0, or aux / b2 not      |   and its product plus a pass |
-// |                           |   16-byte aligned: no plan; the   |   beat 128-row wgmma tiles    |
-// |                           |   op runs the product and the     |   there                       |
-// |                           |   epilogue apart                  |                               |
+// |                           |   16-bit on a wgmma device, x not |   or the small-M streaming    |
+// |                           |   k-major or a weight not [n, k]  |   form's, and read            |
+// |                           |   row-major in place, beta != 0,  |   nn.Linear's layout          |
+// |                           |   aux / b2 not 16-byte aligned    |                               |
+// |                           |   (> 16 rows), or <= 16 rows the  |                               |
+// |                           |   streaming form does not take:   |                               |
+// |                           |   no plan; the op runs the        |                               |
+// |                           |   product and the epilogue apart  |                               |
+// | SmallMFused               | a fused request of <= 16 rows:    | one launch where the product  |
+// |                           |   the small-M streaming form      |   and a pass made two; the    |
+// |                           |   (SmallMStream's rows; the dual  |   weights' stream sets the    |
+// |                           |   GEMM as the 2n-wide product,    |   time, the epilogue is a few |
+// |                           |   32 outputs of each weight a     |   hundred elements a CTA      |
+// |                           |   CTA), the epilogue in its       |                               |
+// |                           |   stores                          |                               |
 // | FusedEpilogue             | a fused request elsewhere: the    | the epilogue costs the        |
 // |                           |   wgmma plan of its product (the  |   product's time where it is  |
 // |                           |   rows below; the dual GEMM's as  |   done (docs/performance.md,  |
@@ -409,35 +417,6 @@ bool plan_wgmma(GemmPlan& p, const GemmDevice& dev, int64_t narrowest = 64) {
   return true;
 }
 
-// A fused request (FusedEpilogueApart, FusedEpilogue): the wgmma plan of its product, with TMA
-// stores, where the fused kernels take it; false where the op must run the product and the
-// epilogue apart.
-bool plan_fused(GemmPlan& p, const GemmDevice& dev) {
-  const GemmRequest& r = p.req;
-  const GemmFusion& f = r.fusion;
-  const bool dual = f.kind == GemmEpilogue::GatedSilu;
-  const bool half = r.dtype == DType::BFloat16 || r.dtype == DType::Float16;
-  const bool aux =
-      f.aux == nullptr || (aligned(f.aux, 16) && f.ld_aux >= r.n && (f.ld_aux * 2) % 16 == 0 &&
-                           (!dual || (f.aux2 != nullptr && aligned(f.aux2, 16))));
-  const bool copies = p.copy_a.layout != CopyLayout::None || p.copy_b.layout != CopyLayout::None;
-  if (!half || !dev.wgmma || r.m <= kSkinnyMaxTokens || p.swap_ab || !p.a_kmajor || p.b_nmajor ||
-      copies || r.beta != 0.0 || !aux || (dual && !aligned(f.b2, 16))) {
-    return false;
-  }
-  // The dual GEMM's work is the 2n-wide product's: its tiles of bn hold bn / 2 outputs of each
-  // weight, so they count as cdiv(2n, bn) == cdiv(n, bn / 2) per tile row.
-  GemmPlan w = p;
-  if (dual) w.n = 2 * r.n;
-  if (!plan_wgmma(w, dev, dual ? 128 : 64)) return false;
-  w.n = r.n;
-  wgmma_launch(w);
-  if (!w.wgmma().tma_store) return false;
-  w.fused = true;
-  p = w;
-  return true;
-}
-
 SkinnyGeometry skinny_geometry(DType dtype, bool w_kmajor) {
   if (dtype == DType::Float32) return w_kmajor ? kSkinnyFloatK : kSkinnyFloatN;
   return w_kmajor ? kSkinnyHalfK : kSkinnyHalfN;
@@ -590,6 +569,51 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
     return true;
   }
   skinny_streamed(p, dev);
+  return true;
+}
+
+// A fused request (FusedEpilogueApart, FusedEpilogue): the wgmma plan of its product, with TMA
+// stores, where the fused kernels take it; false where the op must run the product and the
+// epilogue apart.
+bool plan_fused(GemmPlan& p, const GemmDevice& dev) {
+  const GemmRequest& r = p.req;
+  const GemmFusion& f = r.fusion;
+  const bool dual = f.kind == GemmEpilogue::GatedSilu;
+  const bool half = r.dtype == DType::BFloat16 || r.dtype == DType::Float16;
+  const bool copies = p.copy_a.layout != CopyLayout::None || p.copy_b.layout != CopyLayout::None;
+  if (!half || !dev.wgmma || p.swap_ab || !p.a_kmajor || p.b_nmajor || copies || r.beta != 0.0 ||
+      (dual && !aligned(f.b2, 16))) {
+    return false;
+  }
+  // The dual GEMM's work is the 2n-wide product's (either kernel reads both weights' rows in one
+  // tile), so it is planned as that product.
+  GemmPlan w = p;
+  if (dual) w.n = 2 * r.n;
+  if (r.m <= kSkinnyMaxTokens) {
+    // SmallMFused: the small-M kernel's streaming form, the epilogue in its stores (element by
+    // element, so the kept products need only their element's alignment).
+    const bool aux = f.aux == nullptr || (f.ld_aux >= r.n && (!dual || f.aux2 != nullptr));
+    if (!aux || !plan_skinny(w, dev) || !w.skinny().tma || !w.skinny().tokens_m ||
+        !w.skinny().w_kmajor) {
+      return false;
+    }
+    w.n = r.n;
+    w.fused = true;
+    w.rule = "SmallMFused";
+    p = w;
+    return true;
+  }
+  const bool aux =
+      f.aux == nullptr || (aligned(f.aux, 16) && f.ld_aux >= r.n && (f.ld_aux * 2) % 16 == 0 &&
+                           (!dual || (f.aux2 != nullptr && aligned(f.aux2, 16))));
+  if (!aux) return false;
+  // Its tiles of bn hold bn / 2 outputs of each weight: cdiv(2n, bn) == cdiv(n, bn / 2) per row.
+  if (!plan_wgmma(w, dev, dual ? 128 : 64)) return false;
+  w.n = r.n;
+  wgmma_launch(w);
+  if (!w.wgmma().tma_store) return false;
+  w.fused = true;
+  p = w;
   return true;
 }
 

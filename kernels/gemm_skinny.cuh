@@ -48,6 +48,16 @@ struct Skinny {
   double alpha64, beta64;  // the same scalars unrounded, for float64
   int64_t slice;
   int rw, kw;
+  // The fused epilogues (plan.fused: 16-bit, the streaming form, the weight k-contiguous; the
+  // kernel's E names which): bias [outputs] or null and act (BiasActivation); w2, the second weight
+  // (GatedSilu: ldw as w; a CTA's 64 rows are 32 outputs of each weight); aux / aux2 the kept
+  // products [tokens, ld_aux] or null.
+  const void* bias;
+  Activation act;
+  const void* w2;
+  void* aux;
+  void* aux2;
+  int64_t ld_aux;
 };
 
 // The plan's form for its dtype: the per-lane forms (gemm_skinny_lanes.cu) and the streaming form
@@ -102,11 +112,14 @@ __device__ __forceinline__ double ld_cluster(const double* local, int rank) {
 }
 #endif
 
-// Writes the block's outputs [blockIdx.x * outs, + outs) for every token: alpha times the sum that
-// sum_at(t, o) points to in this CTA's shared memory (all of them written before the call), plus beta
-// times out. With a cluster along k (gridDim.y CTAs), each CTA stores a share and every output's sum
-// is taken over the cluster in rank order, whichever CTA finishes it. All threads of the block call.
-template <typename T, int MT, typename SumAt>
+// Writes the block's outputs for every token from the sums that sum_at(t, o) points to in this CTA's
+// shared memory (all of them written before the call), o < outs: with E Plain, outputs
+// [blockIdx.x * outs, + outs), alpha times the sum plus beta times out; with a fused E, the
+// epilogue's (epilogue.cuh's `one` members; GatedSilu: outputs [blockIdx.x * outs / 2, + outs / 2),
+// the gate's sum at o and the up product's at o + outs / 2). With a cluster along k (gridDim.y
+// CTAs), each CTA stores a share and every output's sum is taken over the cluster in rank order,
+// whichever CTA finishes it. All threads of the block call.
+template <typename T, int MT, GemmEpilogue E = GemmEpilogue::Plain, typename SumAt>
 __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at) {
   const int split = static_cast<int>(gridDim.y);
   int rank = 0;
@@ -120,26 +133,39 @@ __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&&
     __trap();  // the planner splits over clusters only where they exist (GemmDevice::clusters)
 #endif
   __syncthreads();
-  // Output element e: token e / outs, output e % outs (consecutive threads along o).
+  // Output element e: token e / stored, output e % stored (consecutive threads along o).
   const int threads = static_cast<int>(blockDim.x);
-  for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * outs;
+  const int stored = E == GemmEpilogue::GatedSilu ? outs / 2 : outs;
+  for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * stored;
        e += threads * split) {
-    const int t = e / outs, o = e % outs;
-    const int64_t og = int64_t{blockIdx.x} * outs + o;
+    const int t = e / stored, o = e % stored;
+    const int64_t og = int64_t{blockIdx.x} * stored + o;
     if (t >= s.tokens || og >= s.outputs) continue;
-    const acc_t<T>* sum = sum_at(t, o);
-    acc_t<T> v = *sum;
+    auto total = [&](int oo) {
+      const acc_t<T>* sum = sum_at(t, oo);
+      acc_t<T> v = *sum;
 #if __CUDA_ARCH__ >= 900
-    if (split > 1) {
-      v = ld_cluster(sum, 0);
-      for (int c = 1; c < split; ++c) v += ld_cluster(sum, c);
-    }
+      if (split > 1) {
+        v = ld_cluster(sum, 0);
+        for (int c = 1; c < split; ++c) v += ld_cluster(sum, c);
+      }
 #endif
+      return v;
+    };
     T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
-    if constexpr (std::is_same_v<T, double>) {
-      Epilogue::one(s.alpha64, s.beta64, dst, v);
+    if constexpr (E == GemmEpilogue::BiasActivation) {
+      T* aux = s.aux != nullptr ? static_cast<T*>(s.aux) + t * s.ld_aux + og : nullptr;
+      const T* bias = s.bias != nullptr ? static_cast<const T*>(s.bias) + og : nullptr;
+      BiasActivation::one(s.act, s.alpha, bias, dst, aux, total(o));
+    } else if constexpr (E == GemmEpilogue::GatedSilu) {
+      const int64_t at = t * s.ld_aux + og;
+      T* aux = s.aux != nullptr ? static_cast<T*>(s.aux) + at : nullptr;
+      T* aux2 = s.aux2 != nullptr ? static_cast<T*>(s.aux2) + at : nullptr;
+      GatedSilu::one(s.alpha, dst, aux, aux2, total(o), total(o + stored));
+    } else if constexpr (std::is_same_v<T, double>) {
+      Epilogue::one(s.alpha64, s.beta64, dst, total(o));
     } else {
-      Epilogue::one(s.alpha, s.beta, dst, v);
+      Epilogue::one(s.alpha, s.beta, dst, total(o));
     }
   }
 #if __CUDA_ARCH__ >= 900

@@ -350,11 +350,17 @@ __device__ __forceinline__ void mma_consume(uint32_t base, int stage_bytes, int 
 
 #endif
 
-template <typename T, int MT, bool WK, bool FMA>
+// E: the epilogue (gemm_skinny.cuh's store_outputs). GatedSilu (k-contiguous weights only) reads
+// a stage's 64 weight rows as 32 outputs of the gate (map mw) over 32 of the up weight (map mw2),
+// boxes of 32 rows each: the consumers multiply them as one 64-row tile and the epilogue finds g and
+// u of one output 32 sums apart. Elsewhere mw2 is unused.
+template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E = GemmEpilogue::Plain>
 __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
-    gemm_skinny_tma(const __grid_constant__ CUtensorMap mw, const __grid_constant__ CUtensorMap mx,
-                    Skinny s, int stages, int chunk) {
+    gemm_skinny_tma(const __grid_constant__ CUtensorMap mw, const __grid_constant__ CUtensorMap mw2,
+                    const __grid_constant__ CUtensorMap mx, Skinny s, int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
+  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  static_assert(!kDual || WK, "the dual product reads nn.Linear's k-contiguous weights");
   constexpr int kOut = kSkinnyTma.outputs;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;  // a box row is 128 bytes: kBoxK elements
   using Acc = acc_t<T>;
@@ -368,6 +374,7 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     prefetch_map(&mw);
+    if constexpr (kDual) prefetch_map(&mw2);
     prefetch_map(&mx);
     for (int i = 0; i < stages; ++i) {
       mbar_init(bars + i, 1);
@@ -377,7 +384,7 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
   }
   end_dependent_prologue();  // launched as a programmatic dependent (plan.skinny().pdl)
   __syncthreads();
-  const int row0 = static_cast<int>(blockIdx.x) * kOut;
+  const int row0 = static_cast<int>(blockIdx.x) * (kDual ? kOut / 2 : kOut);
   const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);
   const int n = static_cast<int>((ke - kb + chunk - 1) / chunk);
   if (warp == kSkinnyWarps) {
@@ -393,7 +400,12 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
             tma_load(wt + b * chunk * 128, &mw, row0 + b * kBoxK, k, bar);
         }
         for (int b = 0; b < chunk / kBoxK; ++b) {
-          if constexpr (WK) tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
+          if constexpr (kDual) {
+            tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
+            tma_load(wt + b * kOut * 128 + kOut / 2 * 128, &mw2, k + b * kBoxK, row0, bar);
+          } else if constexpr (WK) {
+            tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
+          }
           tma_load(xt + b * MT * 128, &mx, k + b * kBoxK, 0, bar);
         }
       }
@@ -408,13 +420,13 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
     mma_consume<T, MT, WK>(base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane,
                            part);
   }
-  store_outputs<T, MT>(s, kOut, [&](int t, int o) { return part + t * kOut + o; });
+  store_outputs<T, MT, E>(s, kOut, [&](int t, int o) { return part + t * kOut + o; });
 #else
   __trap();  // the planner streams only where the sm_90 code runs (GemmDevice::skinny_tma)
 #endif
 }
 
-template <typename T, int MT, bool WK, bool FMA>
+template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E = GemmEpilogue::Plain>
 cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
   const int stages = plan.skinny().stages, chunk = plan.skinny().chunk, split = plan.skinny().split;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
@@ -425,12 +437,16 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
       !grid_fits(plan.grid)) {
     return cudaErrorInvalidValue;
   }
-  CUtensorMap mw, mx;
-  const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kBoxK, kSkinnyTma.outputs)
+  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr uint32_t kRows = kDual ? kSkinnyTma.outputs / 2 : kSkinnyTma.outputs;
+  CUtensorMap mw, mw2, mx;
+  const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kBoxK, kRows)
                         : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kBoxK, chunk)) &&
+                    (!kDual || make_map<T>(mw2, s.w2, s.k, s.outputs, s.ldw, kBoxK, kRows)) &&
                     make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kBoxK, MT);
   if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
-  constexpr auto kernel = gemm_skinny_tma<T, MT, WK, FMA>;
+  if constexpr (!kDual) mw2 = mw;
+  constexpr auto kernel = gemm_skinny_tma<T, MT, WK, FMA, E>;
   // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -438,12 +454,33 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split)),
                              dim3(1, static_cast<unsigned>(split)), kTmaThreads, smem, stream,
                              plan.skinny().pdl);
-  return cudaLaunchKernelEx(&launch.cfg, kernel, mw, mx, s, stages, chunk);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, mw, mw2, mx, s, stages, chunk);
+}
+
+// A fused plan's kernel (16-bit, the weight k-contiguous: the planner's SmallMFused).
+template <typename T>
+cudaError_t launch_tma_fused(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  const GemmEpilogue e = plan.req.fusion.kind;
+  const int mt = plan.skinny().mt;
+  if (!plan.skinny().w_kmajor || (mt != 8 && mt != 16)) return cudaErrorInvalidValue;
+  if (e == GemmEpilogue::BiasActivation) {
+    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::BiasActivation>(plan, s, stream)
+                   : launch_tma<T, 16, true, false, GemmEpilogue::BiasActivation>(plan, s, stream);
+  }
+  if (e == GemmEpilogue::GatedSilu) {
+    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::GatedSilu>(plan, s, stream)
+                   : launch_tma<T, 16, true, false, GemmEpilogue::GatedSilu>(plan, s, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // FMA: float32 "highest" (true FP32 FMAs, fma_consume) rather than the tensor cores.
 template <typename T, bool FMA = false>
 cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
+    if (plan.fused) return launch_tma_fused<T>(plan, s, stream);
+  }
+  if (plan.fused) return cudaErrorInvalidValue;  // the planner fuses only 16-bit products
   const bool k = plan.skinny().w_kmajor;
   if (plan.skinny().mt == 8)
     return k ? launch_tma<T, 8, true, FMA>(plan, s, stream)

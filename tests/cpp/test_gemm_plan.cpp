@@ -519,8 +519,10 @@ TEST(GemmRule, FusedEpilogueApart) {
       r.allow_tf32 = true;
       EXPECT_TRUE(apart(r, kH100));
     }
-    // Decode sizes: the small-M kernel has no fused epilogue.
-    EXPECT_TRUE(apart(fused(kind, DType::BFloat16, kSkinnyMaxTokens, 4096, 4096, false), kH100));
+    // Decode sizes fuse only on the small-M streaming form.
+    const GemmRequest decode = fused(kind, DType::BFloat16, kSkinnyMaxTokens, 4096, 4096, false);
+    ASSERT_TRUE(plan_gemm(decode, kH100).fused);
+    EXPECT_TRUE(apart(decode, kH100Lanes));
     EXPECT_TRUE(
         plan_gemm(fused(kind, DType::BFloat16, kSkinnyMaxTokens + 1, 4096, 4096, false), kH100)
             .fused);
@@ -554,6 +556,42 @@ TEST(GemmRule, FusedEpilogueApart) {
     r = fused(kind, DType::BFloat16, 4096, 4096, 4097, false);
     EXPECT_TRUE(apart(r, kH100));
     EXPECT_STREQ(plan_gemm(r, kH100).rule, "FusedEpilogueApart");
+  }
+}
+
+// Decode sizes (SmallMFused): the plain product's streaming plan, the dual GEMM's made for the
+// 2n-wide product (a CTA holds 32 outputs of each weight); its stores need no alignment beyond an
+// element's; a weight given n-major stays apart.
+TEST(GemmRule, SmallMFused) {
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 14336, 4096},
+                                {8, 3072, 768},
+                                {16, 5632, 2048},
+                                {5, 1000, 264}}) {
+    SCOPED_TRACE(testing::Message() << m << " x " << n << " x " << k);
+    for (DType t : {DType::BFloat16, DType::Float16}) {
+      for (GemmEpilogue kind : {GemmEpilogue::BiasActivation, GemmEpilogue::GatedSilu}) {
+        const bool dual = kind == GemmEpilogue::GatedSilu;
+        GemmRequest r = fused(kind, t, m, n, k, true);
+        r.fusion.aux = address(0x800002);
+        const GemmPlan p = plan_gemm(r, kH100);
+        ASSERT_TRUE(p.fused) << describe(p);
+        EXPECT_STREQ(p.rule, "SmallMFused");
+        ASSERT_EQ(p.kernel, GemmKernel::Skinny);
+        EXPECT_TRUE(p.skinny().tma && p.skinny().tokens_m && p.skinny().w_kmajor);
+        EXPECT_EQ(p.n, n);
+        GemmRequest plain = linear_forward(t, m, dual ? 2 * n : n, k);
+        const GemmPlan q = plan_gemm(plain, kH100);
+        ASSERT_EQ(q.kernel, GemmKernel::Skinny);
+        EXPECT_EQ(p.grid, q.grid);
+        EXPECT_EQ(p.grid, (n + (dual ? 31 : 63)) / (dual ? 32 : 64));
+        EXPECT_EQ(p.skinny().stages, q.skinny().stages);
+        EXPECT_EQ(p.skinny().chunk, q.skinny().chunk);
+        EXPECT_EQ(p.skinny().split, q.skinny().split);
+        EXPECT_EQ(p.skinny().mt, q.skinny().mt);
+        r.b.stride0 = r.n, r.b.stride1 = 1;
+        EXPECT_FALSE(plan_gemm(r, kH100).fused);
+      }
+    }
   }
 }
 

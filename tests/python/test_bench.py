@@ -84,6 +84,8 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
         assert r["status"] == "ok" and r["baselines"]["eager"]["ratio"] > 0, r
         assert ("mm" in r["baselines"]) == (kind == "fwd") and ("addmm_act" in r["baselines"]) == (
             kind == "fwd" and op == "linear_gelu_tanh"), r
+        # The decode row's weights against the copy rate at their bytes.
+        assert (r.get("copy_fraction", 0) > 0) == (r["tokens"] == 1), r
     assert any(ln.startswith("swiglu ") for ln in lines), proc.stdout
     # The LM-head loss: forward + backward against eager (no compiled side, no memory figures on the cpu).
     lce = [r for r in results["rows"] if r["family"] == "cross_entropy"]

@@ -76,6 +76,40 @@ def test_linear_fused_kernel(dtype, activation, with_bias, shape):
     assert torch.equal(cuops.linear(x, w, b, activation), out[0])
 
 
+# Decode sizes (rows <= 16) the small-M kernel's streaming form fuses: one token to 16, outputs not a
+# whole group of 64 and k not a whole stage, k split over a cluster (few outputs), x's rows padded (a
+# slice of wider rows): (rows, N, K, layout).
+SMALL_M_SHAPES = [(1, 3072, 768, "contiguous"), (5, 1000, 264, "contiguous"), (8, 200, 4096, "padded"),
+                  (16, 1160, 136, "contiguous")]
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("shape", SMALL_M_SHAPES, ids=str)
+def test_linear_fused_small_m(dtype, activation, shape):
+    """At decode sizes one launch of the small-M kernel with the bias and activation in its stores, into
+    NaN-poisoned outputs, against float64, with and without a bias; with z kept (_linear_fwd, a z one
+    element off 16-byte alignment included) the same output and z; the same bits again."""
+    rows, n, k, layout = shape
+    x, w = make((rows, k), dtype, "cuda", layout), make((n, k), dtype, "cuda")
+    for b in (make((n,), dtype, "cuda"), make((n + 1,), dtype, "cuda")[1:], None):
+        poison_allocator()
+        out = []
+        names = cuda_kernels(lambda: out.append(cuops.linear(x, w, b, activation)))
+        assert len(names) == 1 and "gemm_skinny_tma" in names[0], names
+        want, scale = reference(x, w, b, activation)
+        assert rel_error(out[0], want, scale) <= tolerance(dtype, "cuda")
+        poison_allocator()
+        names = cuda_kernels(lambda: out.append(ops._linear_fwd(x, w, b, activation)))
+        assert len(names) == 1 and "gemm_skinny_tma" in names[0], names
+        y, z = out[1]
+        assert torch.equal(y, out[0])
+        want_z, scale_z = reference(x, w, b, "none")
+        assert rel_error(z, want_z, scale_z) <= HALF_TOL[dtype]
+        assert torch.equal(cuops.linear(x, w, b, activation), out[0])
+
+
 @requires_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_linear_fused_kernel_unaligned_bias(dtype):

@@ -67,6 +67,39 @@ def test_swiglu_dual_gemm(dtype, shape):
     assert torch.equal(cuops.swiglu(x, w_gate, w_up), out[0])
 
 
+# Decode sizes (rows <= 16): the small-M kernel's streaming form with 32 outputs of each weight a CTA,
+# partial groups of them, k split over a cluster (few outputs), x's rows padded: (rows, I, K, layout).
+SMALL_M_SHAPES = [(1, 5632, 2048, "contiguous"), (3, 1000, 264, "padded"), (8, 200, 4096, "contiguous"),
+                  (16, 1160, 136, "contiguous")]
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SMALL_M_SHAPES, ids=str)
+def test_swiglu_small_m_one_launch(dtype, shape):
+    """At decode sizes one launch (both weights streamed, silu(g) * u in the stores) into NaN-poisoned
+    outputs, against float64; with g and u kept the same output, g and u, one launch too; the same bits
+    again."""
+    rows, inter, k, layout = shape
+    x = make((rows, k), dtype, "cuda", layout)
+    w_gate, w_up = make((inter, k), dtype, "cuda"), make((inter, k), dtype, "cuda")
+    poison_allocator()
+    out = []
+    names = cuda_kernels(lambda: out.append(cuops.swiglu(x, w_gate, w_up)))
+    assert len(names) == 1 and "gemm_skinny_tma" in names[0], names
+    want, scale = reference(x, w_gate, w_up)
+    assert rel_error(out[0], want, scale) <= tolerance(dtype, "cuda")
+    poison_allocator()
+    names = cuda_kernels(lambda: out.append(ops._swiglu_fwd(x, w_gate, w_up)))
+    assert len(names) == 1 and "gemm_skinny_tma" in names[0], names
+    y, g, u = out[1]
+    assert torch.equal(y, out[0])
+    x64 = x.double()
+    for got, w in ((g, w_gate), (u, w_up)):
+        assert rel_error(got, x64 @ w.double().t(), x64.abs() @ w.double().abs().t()) <= HALF_TOL[dtype]
+    assert torch.equal(cuops.swiglu(x, w_gate, w_up), out[0])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_swiglu_gate_backward(device, dtype):

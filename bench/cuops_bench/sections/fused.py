@@ -2,7 +2,8 @@
 and gelu_tanh, and swiglu, forward and forward + backward, each against the torch code eager, the same
 code under torch.compile(mode="default"), torch._addmm_activation (linear's forward: cuBLASLt's GELU
 epilogue), and, for the report, the bare products alone (torch.mm: the GEMM time the epilogue rides on,
-the "frac" column). Sides alternate over rounds; L2 is flushed before every call (do_bench)."""
+the "frac mm" column); decode rows also the weights' bytes read per second in steady state against the copy
+rate at the same bytes ("frac copy", weight_rates). Sides alternate over rounds; L2 is flushed before every call (do_bench)."""
 from __future__ import annotations
 
 import statistics
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..context import Run
-from ..harness import DTYPES, guarded, log
+from ..harness import DTYPES, SteadyLoop, guarded, log, steady_pool_count
 from .norm import allow_recompiles
 
 COMPILED = 'torch.compile(f, mode="default"), the token dim dynamic (one graph per model shape)'
@@ -87,7 +88,8 @@ def one_shape(ctx: Run, op: str, compiled, model: str, t: int, k: int, n: int, d
     cuops_fn = cuops_swiglu if op == "swiglu" else cuops_linear
     eager_fn = swiglu_eager if op == "swiglu" else linear_eager
     bare_fn = bare_swiglu if op == "swiglu" else bare_linear
-    passes = ("fwd",) if t in ctx.cfg.fused.decode else ("fwd", "fwd+bwd")
+    decode = t in ctx.cfg.fused.decode
+    passes = ("fwd",) if decode else ("fwd", "fwd+bwd")
     for kind in passes:
         row = {"family": "fused", "op": op if op == "swiglu" else "linear_gelu_tanh", "kind": kind, "dtype": dname,
                "precision": precision, "model": model, "tokens": t, "size": f"{t}x{k}->{n}", "M": t, "K": k,
@@ -107,8 +109,38 @@ def one_shape(ctx: Run, op: str, compiled, model: str, t: int, k: int, n: int, d
             sides = {key: with_backward(fn, dy) for key, fn in sides.items()}
         call_args = args if kind == "fwd" else grad_args
         guarded(ctx.rows, row, lambda r: time_sides(bench, r, sides, call_args, ctx.cfg.fused.rounds))
+        if decode and row.get("status") == "ok":
+            guarded(ctx.rows, row, lambda r: weight_rates(ctx, r, {"cuops": cuops_fn, "eager": eager_fn}, args))
     log(f"fused {op} {dname} {model} {t} tokens: {time.perf_counter() - started:.1f}s")
     bench.free_memory()
+
+
+def weight_rates(ctx: Run, row: dict, sides: dict, args: tuple) -> None:
+    """A decode row's weights read per second (SPEC §3), as a decode step reads them: each side one CUDA
+    graph over a pool of input sets larger than L2, calls back to back (SteadyLoop), against the copy
+    timed the same way at the same bytes ("frac copy"); and the flushed figure (the row's do_bench time,
+    whose zeroing flush leaves dirty L2 lines to write back inside the call) against do_bench's copy."""
+    bench, weight = ctx.bench, row["weight_bytes"]
+    copy = ctx.ceiling.graph_at(weight)
+    count = steady_pool_count(weight, bench.pool_bytes)
+    pool = [args] + [tuple(a.clone() for a in args) for _ in range(count - 1)]
+    steady = {}
+    for key, fn in sides.items():
+        loop = SteadyLoop(bench, fn, pool)
+        try:
+            steady[key] = statistics.median(loop.time().ms for _ in range(3))
+        finally:
+            loop.close()
+    del pool
+    bench.free_memory()
+    gbps = weight / steady["cuops"] / 1e6
+    row.update(steady_ms=steady["cuops"], weight_GBps=gbps, copy_graph_GBps=copy.get("graph_GBps"),
+               flushed_weight_GBps=weight / row["cuops_ms"] / 1e6, copy_GBps=copy.get("GBps"))
+    if copy.get("graph_GBps"):
+        row["copy_fraction"] = gbps / copy["graph_GBps"]
+    if copy.get("GBps"):
+        row["flushed_copy_fraction"] = row["flushed_weight_GBps"] / copy["GBps"]
+    row["baselines"]["eager"].update(steady_ms=steady["eager"], steady_ratio=steady["eager"] / steady["cuops"])
 
 
 def time_sides(bench, row: dict, sides: dict, args: tuple, rounds: int) -> None:
