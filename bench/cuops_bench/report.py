@@ -362,10 +362,11 @@ def fused_lines(results: dict) -> list[str]:
         if sel:
             low = min(sel, key=lambda r: r["copy_fraction"])
             flushed = min(r.get("flushed_copy_fraction") or 0 for r in sel)
-            steady = [r["baselines"]["eager"].get("steady_ratio") or 0 for r in sel]
+            steady = {key: [r["baselines"][key].get("steady_ratio") or 0 for r in sel] for key in ("eager", "mm")}
             lines.append(f"decode {op} ({len(sel)} rows of >= 64 MB of weights): frac copy "
                          f"{low['copy_fraction']:.2f} at the worst ({low['dtype']} {low['model']} {low['tokens']}); "
-                         f"flushed {flushed:.2f}; steady eager / cuops {min(steady):.3f}-{max(steady):.3f}")
+                         f"flushed {flushed:.2f}; steady eager / cuops {min(steady['eager']):.3f}-"
+                         f"{max(steady['eager']):.3f}, mm / cuops {min(steady['mm']):.3f}-{max(steady['mm']):.3f}")
     return lines
 
 

@@ -78,6 +78,7 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     # The fused ops: forward and forward + backward of both ops, decode forward only, each against eager
     # (the cpu has no compiled side), with the bare products beside the forwards.
     fused = {(r["op"], r["kind"], r["tokens"]): r for r in results["rows"] if r["family"] == "fused"}
+    assert len(fused) == sum(r["family"] == "fused" for r in results["rows"]), "a fused row recorded twice"
     assert set(fused) == {(op, kind, t) for op in ("linear_gelu_tanh", "swiglu") for kind, t in
                           (("fwd", 32), ("fwd+bwd", 32), ("fwd", 1))}, sorted(fused)
     for (op, kind, _), r in fused.items():

@@ -108,9 +108,11 @@ def one_shape(ctx: Run, op: str, compiled, model: str, t: int, k: int, n: int, d
             torch._dynamo.mark_dynamic(grad_args[0], 0)
             sides = {key: with_backward(fn, dy) for key, fn in sides.items()}
         call_args = args if kind == "fwd" else grad_args
-        guarded(ctx.rows, row, lambda r: time_sides(bench, r, sides, call_args, ctx.cfg.fused.rounds))
-        if decode and row.get("status") == "ok":
-            guarded(ctx.rows, row, lambda r: weight_rates(ctx, r, {"cuops": cuops_fn, "eager": eager_fn}, args))
+        def measure(r, sides=sides, call_args=call_args):
+            time_sides(bench, r, sides, call_args, ctx.cfg.fused.rounds)
+            if decode:
+                weight_rates(ctx, r, {"cuops": cuops_fn, "eager": eager_fn, "mm": bare_fn}, args)
+        guarded(ctx.rows, row, measure)
     log(f"fused {op} {dname} {model} {t} tokens: {time.perf_counter() - started:.1f}s")
     bench.free_memory()
 
@@ -140,7 +142,8 @@ def weight_rates(ctx: Run, row: dict, sides: dict, args: tuple) -> None:
         row["copy_fraction"] = gbps / copy["graph_GBps"]
     if copy.get("GBps"):
         row["flushed_copy_fraction"] = row["flushed_weight_GBps"] / copy["GBps"]
-    row["baselines"]["eager"].update(steady_ms=steady["eager"], steady_ratio=steady["eager"] / steady["cuops"])
+    for key in ("eager", "mm"):
+        row["baselines"][key].update(steady_ms=steady[key], steady_ratio=steady[key] / steady["cuops"])
 
 
 def time_sides(bench, row: dict, sides: dict, args: tuple, rounds: int) -> None:
