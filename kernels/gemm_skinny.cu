@@ -23,13 +23,13 @@ cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaS
     s.x = p.b, s.ldx = p.ldb, s.w = p.a, s.ldw = p.lda;
     s.ldo_t = 1, s.ldo_n = p.ldc;
   }
+  SkinnyFusion f{};
   if (plan.fused) {  // the streaming form's (gemm_plan.cpp, SmallMFused)
-    const GemmFusion& f = plan.req.fusion;
+    const GemmFusion& e = plan.req.fusion;
     if (!plan.skinny().tma || !plan.skinny().tokens_m) return cudaErrorInvalidValue;
-    s.bias = f.bias, s.act = f.act, s.w2 = f.b2;
-    s.aux = f.aux, s.aux2 = f.aux2, s.ld_aux = f.ld_aux;
+    f = SkinnyFusion{e.bias, e.act, e.b2, e.aux, e.aux2, e.ld_aux};
   }
-  return plan.skinny().tma ? launch_skinny_tma(plan, s, stream)
+  return plan.skinny().tma ? launch_skinny_tma(plan, s, f, stream)
                            : launch_skinny_lanes(plan, s, stream);
 }
 

@@ -48,10 +48,13 @@ struct Skinny {
   double alpha64, beta64;  // the same scalars unrounded, for float64
   int64_t slice;
   int rw, kw;
-  // The fused epilogues (plan.fused: 16-bit, the streaming form, the weight k-contiguous; the
-  // kernel's E names which): bias [outputs] or null and act (BiasActivation); w2, the second weight
-  // (GatedSilu: ldw as w; a CTA's 64 rows are 32 outputs of each weight); aux / aux2 the kept
-  // products [tokens, ld_aux] or null.
+};
+
+// A fused epilogue's operands (plan.fused: 16-bit, the streaming form, the weight k-contiguous; the
+// kernel's E names which), apart from Skinny so the plain kernels' parameters stay as they were:
+// bias [outputs] or null and act (BiasActivation); w2, the second weight (GatedSilu: ldw as w; a
+// CTA's 64 rows are 32 outputs of each weight); aux / aux2 the kept products [tokens, ld_aux] or null.
+struct SkinnyFusion {
   const void* bias;
   Activation act;
   const void* w2;
@@ -61,9 +64,11 @@ struct Skinny {
 };
 
 // The plan's form for its dtype: the per-lane forms (gemm_skinny_lanes.cu) and the streaming form
-// (gemm_skinny_tma.cu). cudaErrorInvalidValue for a plan neither instance takes.
+// (gemm_skinny_tma.cu, which also runs the fused plans, f their operands). cudaErrorInvalidValue for
+// a plan neither instance takes.
 cudaError_t launch_skinny_lanes(const GemmPlan& plan, const Skinny& s, cudaStream_t stream);
-cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream);
+cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, const SkinnyFusion& f,
+                              cudaStream_t stream);
 
 namespace {
 
@@ -120,7 +125,8 @@ __device__ __forceinline__ double ld_cluster(const double* local, int rank) {
 // CTAs), each CTA stores a share and every output's sum is taken over the cluster in rank order,
 // whichever CTA finishes it. All threads of the block call.
 template <typename T, int MT, GemmEpilogue E = GemmEpilogue::Plain, typename SumAt>
-__device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at) {
+__device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at,
+                                              const SkinnyFusion* f = nullptr) {
   const int split = static_cast<int>(gridDim.y);
   int rank = 0;
 #if __CUDA_ARCH__ >= 900
@@ -152,20 +158,26 @@ __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&&
 #endif
       return v;
     };
+    if constexpr (E == GemmEpilogue::Plain) {
+      const acc_t<T> v = total(o);
+      T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
+      if constexpr (std::is_same_v<T, double>) {
+        Epilogue::one(s.alpha64, s.beta64, dst, v);
+      } else {
+        Epilogue::one(s.alpha, s.beta, dst, v);
+      }
+      continue;
+    }
     T* dst = static_cast<T*>(s.out) + t * s.ldo_t + og * s.ldo_n;
     if constexpr (E == GemmEpilogue::BiasActivation) {
-      T* aux = s.aux != nullptr ? static_cast<T*>(s.aux) + t * s.ld_aux + og : nullptr;
-      const T* bias = s.bias != nullptr ? static_cast<const T*>(s.bias) + og : nullptr;
-      BiasActivation::one(s.act, s.alpha, bias, dst, aux, total(o));
+      T* aux = f->aux != nullptr ? static_cast<T*>(f->aux) + t * f->ld_aux + og : nullptr;
+      const T* bias = f->bias != nullptr ? static_cast<const T*>(f->bias) + og : nullptr;
+      BiasActivation::one(f->act, s.alpha, bias, dst, aux, total(o));
     } else if constexpr (E == GemmEpilogue::GatedSilu) {
-      const int64_t at = t * s.ld_aux + og;
-      T* aux = s.aux != nullptr ? static_cast<T*>(s.aux) + at : nullptr;
-      T* aux2 = s.aux2 != nullptr ? static_cast<T*>(s.aux2) + at : nullptr;
+      const int64_t at = t * f->ld_aux + og;
+      T* aux = f->aux != nullptr ? static_cast<T*>(f->aux) + at : nullptr;
+      T* aux2 = f->aux2 != nullptr ? static_cast<T*>(f->aux2) + at : nullptr;
       GatedSilu::one(s.alpha, dst, aux, aux2, total(o), total(o + stored));
-    } else if constexpr (std::is_same_v<T, double>) {
-      Epilogue::one(s.alpha64, s.beta64, dst, total(o));
-    } else {
-      Epilogue::one(s.alpha, s.beta, dst, total(o));
     }
   }
 #if __CUDA_ARCH__ >= 900

@@ -350,14 +350,14 @@ __device__ __forceinline__ void mma_consume(uint32_t base, int stage_bytes, int 
 
 #endif
 
-// E: the epilogue (gemm_skinny.cuh's store_outputs). GatedSilu (k-contiguous weights only) reads
-// a stage's 64 weight rows as 32 outputs of the gate (map mw) over 32 of the up weight (map mw2),
-// boxes of 32 rows each: the consumers multiply them as one 64-row tile and the epilogue finds g and
-// u of one output 32 sums apart. Elsewhere mw2 is unused.
-template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E = GemmEpilogue::Plain>
-__global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
-    gemm_skinny_tma(const __grid_constant__ CUtensorMap mw, const __grid_constant__ CUtensorMap mw2,
-                    const __grid_constant__ CUtensorMap mx, Skinny s, int stages, int chunk) {
+// The kernels' body. E: the epilogue (gemm_skinny.cuh's store_outputs). GatedSilu (k-contiguous
+// weights only) reads a stage's 64 weight rows as 32 outputs of the gate (map mw) over 32 of the up
+// weight (map mw2), boxes of 32 rows each: the consumers multiply them as one 64-row tile and the
+// epilogue finds g and u of one output 32 sums apart. Elsewhere mw2 is not read.
+template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E>
+__device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUtensorMap& mw2,
+                                                const CUtensorMap& mx, const Skinny& s,
+                                                const SkinnyFusion* f, int stages, int chunk) {
 #if __CUDA_ARCH__ >= 900
   constexpr bool kDual = E == GemmEpilogue::GatedSilu;
   static_assert(!kDual || WK, "the dual product reads nn.Linear's k-contiguous weights");
@@ -420,14 +420,33 @@ __global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
     mma_consume<T, MT, WK>(base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane,
                            part);
   }
-  store_outputs<T, MT, E>(s, kOut, [&](int t, int o) { return part + t * kOut + o; });
+  store_outputs<T, MT, E>(s, kOut, [&](int t, int o) { return part + t * kOut + o; }, f);
 #else
   __trap();  // the planner streams only where the sm_90 code runs (GemmDevice::skinny_tma)
 #endif
 }
 
+// The product (mm, gemm).
+template <typename T, int MT, bool WK, bool FMA>
+__global__ void __launch_bounds__(kTmaThreads, FMA ? 2 : 1)
+    gemm_skinny_tma(const __grid_constant__ CUtensorMap mw, const __grid_constant__ CUtensorMap mx,
+                    Skinny s, int stages, int chunk) {
+  skinny_tma_body<T, MT, WK, FMA, GemmEpilogue::Plain>(mw, mw, mx, s, nullptr, stages, chunk);
+}
+
+// The product with a fused epilogue E: bias and activation (one weight map), or the dual product
+// (swiglu; mw2 the up weight's).
+template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(kTmaThreads, 1)
+    gemm_skinny_tma_fused(const __grid_constant__ CUtensorMap mw,
+                          const __grid_constant__ CUtensorMap mw2,
+                          const __grid_constant__ CUtensorMap mx, Skinny s, SkinnyFusion f,
+                          int stages, int chunk) {
+  skinny_tma_body<T, MT, true, false, E>(mw, mw2, mx, s, &f, stages, chunk);
+}
+
 template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E = GemmEpilogue::Plain>
-cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, const SkinnyFusion& f,
+                       cudaStream_t stream) {
   const int stages = plan.skinny().stages, chunk = plan.skinny().chunk, split = plan.skinny().split;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
   const int smem = tma_smem(kElem, MT, stages, chunk);
@@ -442,68 +461,78 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t strea
   CUtensorMap mw, mw2, mx;
   const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kBoxK, kRows)
                         : make_map<T>(mw, s.w, s.outputs, s.k, s.ldw, kBoxK, chunk)) &&
-                    (!kDual || make_map<T>(mw2, s.w2, s.k, s.outputs, s.ldw, kBoxK, kRows)) &&
+                    (!kDual || make_map<T>(mw2, f.w2, s.k, s.outputs, s.ldw, kBoxK, kRows)) &&
                     make_map<T>(mx, s.x, s.k, s.tokens, s.ldx, kBoxK, MT);
   if (!maps) return cudaErrorInvalidValue;  // the planner asked tma_describes first
-  if constexpr (!kDual) mw2 = mw;
-  constexpr auto kernel = gemm_skinny_tma<T, MT, WK, FMA, E>;
-  // Per device, so set on every launch (one cheap driver call), as the wgmma launch does.
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
   const ClusterLaunch launch(dim3(static_cast<unsigned>(plan.grid), static_cast<unsigned>(split)),
                              dim3(1, static_cast<unsigned>(split)), kTmaThreads, smem, stream,
                              plan.skinny().pdl);
-  return cudaLaunchKernelEx(&launch.cfg, kernel, mw, mw2, mx, s, stages, chunk);
+  // The attribute per device, so set on every launch (one cheap driver call), as the wgmma launch
+  // does.
+  auto run = [&](auto kernel, auto... args) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    return cudaLaunchKernelEx(&launch.cfg, kernel, args..., stages, chunk);
+  };
+  if constexpr (E != GemmEpilogue::Plain) {
+    static_assert(WK && !FMA, "the fused products: 16-bit, k-contiguous weights");
+    return run(gemm_skinny_tma_fused<T, MT, E>, mw, kDual ? mw2 : mw, mx, s, f);
+  } else {
+    return run(gemm_skinny_tma<T, MT, WK, FMA>, mw, mx, s);
+  }
 }
 
 // A fused plan's kernel (16-bit, the weight k-contiguous: the planner's SmallMFused).
-template <typename T>
-cudaError_t launch_tma_fused(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+template <typename T> cudaError_t launch_tma_fused(const GemmPlan& plan, const Skinny& s,
+                                                   const SkinnyFusion& f, cudaStream_t stream) {
   const GemmEpilogue e = plan.req.fusion.kind;
   const int mt = plan.skinny().mt;
   if (!plan.skinny().w_kmajor || (mt != 8 && mt != 16)) return cudaErrorInvalidValue;
   if (e == GemmEpilogue::BiasActivation) {
-    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::BiasActivation>(plan, s, stream)
-                   : launch_tma<T, 16, true, false, GemmEpilogue::BiasActivation>(plan, s, stream);
+    return mt == 8
+               ? launch_tma<T, 8, true, false, GemmEpilogue::BiasActivation>(plan, s, f, stream)
+               : launch_tma<T, 16, true, false, GemmEpilogue::BiasActivation>(plan, s, f, stream);
   }
   if (e == GemmEpilogue::GatedSilu) {
-    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::GatedSilu>(plan, s, stream)
-                   : launch_tma<T, 16, true, false, GemmEpilogue::GatedSilu>(plan, s, stream);
+    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::GatedSilu>(plan, s, f, stream)
+                   : launch_tma<T, 16, true, false, GemmEpilogue::GatedSilu>(plan, s, f, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 // FMA: float32 "highest" (true FP32 FMAs, fma_consume) rather than the tensor cores.
 template <typename T, bool FMA = false>
-cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+cudaError_t launch_tma_typed(const GemmPlan& plan, const Skinny& s, const SkinnyFusion& f,
+                             cudaStream_t stream) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
-    if (plan.fused) return launch_tma_fused<T>(plan, s, stream);
+    if (plan.fused) return launch_tma_fused<T>(plan, s, f, stream);
   }
   if (plan.fused) return cudaErrorInvalidValue;  // the planner fuses only 16-bit products
   const bool k = plan.skinny().w_kmajor;
   if (plan.skinny().mt == 8)
-    return k ? launch_tma<T, 8, true, FMA>(plan, s, stream)
-             : launch_tma<T, 8, false, FMA>(plan, s, stream);
+    return k ? launch_tma<T, 8, true, FMA>(plan, s, f, stream)
+             : launch_tma<T, 8, false, FMA>(plan, s, f, stream);
   if (plan.skinny().mt == 16)
-    return k ? launch_tma<T, 16, true, FMA>(plan, s, stream)
-             : launch_tma<T, 16, false, FMA>(plan, s, stream);
+    return k ? launch_tma<T, 16, true, FMA>(plan, s, f, stream)
+             : launch_tma<T, 16, false, FMA>(plan, s, f, stream);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
-cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, cudaStream_t stream) {
+cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, const SkinnyFusion& f,
+                              cudaStream_t stream) {
   switch (plan.req.dtype) {
     case DType::BFloat16:
-      return launch_tma_typed<__nv_bfloat16>(plan, s, stream);
+      return launch_tma_typed<__nv_bfloat16>(plan, s, f, stream);
     case DType::Float16:
-      return launch_tma_typed<__half>(plan, s, stream);
+      return launch_tma_typed<__half>(plan, s, f, stream);
     case DType::Float32:
-      return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, stream)
-                                 : launch_tma_typed<float, true>(plan, s, stream);
+      return plan.req.allow_tf32 ? launch_tma_typed<float>(plan, s, f, stream)
+                                 : launch_tma_typed<float, true>(plan, s, f, stream);
     case DType::Float64:
-      return launch_tma_typed<double>(plan, s, stream);
+      return launch_tma_typed<double>(plan, s, f, stream);
     default:
       return cudaErrorInvalidValue;
   }
