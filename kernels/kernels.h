@@ -46,6 +46,53 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
 cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld,
                                  float* dst, int64_t ld_dst, cudaStream_t stream);
 
+// RMSNorm over rows of d elements (kernels/rms_norm.cu), float32 math (float64 for float64):
+// s = x (+ res, rounded to s's dtype and stored in sum), y = s / sqrt(mean(s^2) + eps) * w, and
+// rstd = 1 / sqrt(mean(s^2) + eps) [rows] in the accumulation type where rstd is set. dtype is x's;
+// res is float32 where s_f32 (half x), else x's dtype; w float32 where w_f32, else x's dtype; y
+// float32 where s_f32 or w_f32, else x's dtype. x, res rows ld_x, ld_res apart (unit element
+// stride); y, sum [rows, d] contiguous; w [d].
+struct RmsNormArgs {
+  DType dtype;
+  bool s_f32, w_f32;
+  int64_t rows, d;
+  const void* x;
+  int64_t ld_x;
+  const void* res;  // null: no residual (rms_norm)
+  int64_t ld_res;
+  const void* w;
+  double eps;
+  void* y;
+  void* sum;
+  void* rstd;
+};
+// The backward: ds = rstd (dy w - s rstd^2 mean(dy w s)) (+ dsum where set) [rows, d] in s's dtype,
+// and, where dweight is set, dweight = the column sums of dy s rstd in w's dtype, added in a fixed
+// order through `workspace` (rms_norm_bwd_workspace_bytes, 16-byte aligned). dy [rows, d] in y's
+// dtype, s, dsum, ds [rows, d] contiguous.
+struct RmsNormBwdArgs {
+  DType dtype;
+  bool s_f32, w_f32;
+  int64_t rows, d;
+  const void* dy;
+  const void* s;
+  const void* w;
+  const void* rstd;
+  const void* dsum;
+  void* ds;
+  void* dweight;
+  void* workspace;
+};
+// vec: every row (x, res, y, sum; w) 16-byte aligned with d a whole number of 16 bytes of x's
+// dtype, so rows go in 16-byte vectors; otherwise one element at a time (same dtypes only).
+// rms_norm_fits: whether rows of d take the kernels at all (d up to 1024 x 8 vectors).
+bool rms_norm_fits(DType dtype, int64_t d, bool vec);
+int64_t rms_norm_bwd_blocks(int64_t rows, int64_t d);
+int64_t rms_norm_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t d);
+cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, int multiprocessors,
+                                cudaStream_t stream);
+cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream_t stream);
+
 // The fused linear ops' activations (kernels/activation.cuh holds their math).
 enum class Activation : int { None, Relu, Gelu, GeluTanh, Silu };
 

@@ -184,6 +184,46 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _linear_cross_
   return handle.call(x, weight, target, bias, ignore_index, reduction, output_mask);
 }
 
+// x / sqrt(mean(x^2, last dim) + eps) * weight: x [..., D], weight [D], float32 math; the result in
+// promote(x, weight) (Hugging Face's RMSNorm's dtype). Differentiable in x and weight.
+inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = 1e-6) {
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("cuops::rms_norm");
+  return handle.call(x, weight, eps);
+}
+
+// (rms_norm(x + residual, weight, eps), x + residual) in one pass: the sum in promote(x, residual),
+// the norm in promote(that, weight). Differentiable in x, residual and weight.
+inline std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x,
+                                                       const at::Tensor& residual,
+                                                       const at::Tensor& weight,
+                                                       double eps = 1e-6) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("cuops::add_rms_norm");
+  return handle.call(x, residual, weight, eps);
+}
+
+// The norms' pieces (internal; their schemas may change): the output, the sum (empty without a
+// residual) and 1 / rms per row; the gradients of the normalised input and of the weight.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _rms_norm_fwd(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+    double eps) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double)>(
+      "cuops::_rms_norm_fwd");
+  return handle.call(x, residual, weight, eps);
+}
+inline std::tuple<at::Tensor, at::Tensor> _rms_norm_bwd(const at::Tensor& dy, const at::Tensor& s,
+                                                        const at::Tensor& weight,
+                                                        const at::Tensor& rstd,
+                                                        const std::optional<at::Tensor>& dsum,
+                                                        std::array<bool, 2> output_mask) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const std::optional<at::Tensor>&, std::array<bool, 2>)>("cuops::_rms_norm_bwd");
+  return handle.call(dy, s, weight, rstd, dsum, output_mask);
+}
+
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
 inline std::string build_info() {
   static const auto handle = detail::op<std::string()>("cuops::build_info");

@@ -58,6 +58,8 @@ __all__ = [
     "linear",
     "swiglu",
     "linear_cross_entropy",
+    "rms_norm",
+    "add_rms_norm",
     "build_info",
     "set_switch",
     "switch",
@@ -341,6 +343,63 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     Calls torch.ops.cuops.linear_cross_entropy.
     """
     return torch.ops.cuops.linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(mean(x**2, -1) + eps) * weight: Hugging Face's RMSNorm (LlamaRMSNorm) in one pass
+    (docs/ops.md#rms_norm).
+
+    Args:
+        x: the [..., D] input.
+        weight: the [D] scale.
+        eps: added to the mean square.
+
+    Returns:
+        A new [..., D] tensor in torch.promote_types(x.dtype, weight.dtype): x's dtype when the weight
+        has it, float32 for a half x with a float32 weight (what `weight * normed.to(x.dtype)` returns).
+
+    Dtypes: float32, float64, float16, bfloat16, mixes allowed; the math in float32 (float64 for
+    float64), rounded once. Under autocast nothing is cast (as aten::rms_norm).
+
+    Autograd: differentiable in x and weight; the backward keeps x, the weight and 1 / rms per row.
+
+    Raises:
+        RuntimeError: "cuops::rms_norm: ..." for a bad shape, dtype or device, or eps < 0.
+
+    Calls torch.ops.cuops.rms_norm.
+    """
+    return torch.ops.cuops.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual, weight, eps), x + residual): a pre-norm block's residual add and the
+    norm after it in one pass (docs/ops.md#add_rms_norm).
+
+    Args:
+        x: the [..., D] sublayer output.
+        residual: the [..., D] residual stream (x's shape).
+        weight: the [D] scale.
+        eps: added to the mean square.
+
+    Returns:
+        (the norm, the sum): the sum in torch.promote_types(x.dtype, residual.dtype), rounded to it
+        before the norm reads it (as `residual + x` is); the norm in the promotion of that and the
+        weight's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16, mixes allowed (a bfloat16 or float16 x beside a
+    float32 residual stream and weight, as Hugging Face has under autocast); the math in float32
+    (float64 for float64). Under autocast nothing is cast.
+
+    Autograd: differentiable in x, residual and weight through both outputs; the sum's gradient and
+    the norm's meet in one backward pass, and x and residual get it in their own dtypes.
+
+    Raises:
+        RuntimeError: "cuops::add_rms_norm: ..." for a bad shape, dtype or device, or eps < 0.
+
+    Calls torch.ops.cuops.add_rms_norm.
+    """
+    return torch.ops.cuops.add_rms_norm(x, residual, weight, eps)
 
 
 def build_info() -> dict[str, Any]:

@@ -192,6 +192,42 @@ def register() -> bool:
             rules += [([_NormPartial(2)], [Shard(d), Shard(d)]) for d in range(a.ndim)]
         return rules
 
+    # The norms (rms_norm, add_rms_norm) normalise over the last dimension, which stays whole (SPEC
+    # §1b: they replicate the hidden dimension): any leading dimension sharded, the outputs alike,
+    # the weight replicated. Their internal ops carry 1 / rms per flattened row ([rows]), which
+    # follows x only where x's first dimension is the sharded one.
+    def leading(x):
+        return [Replicate()] + [Shard(d) for d in range(x.ndim - 1)]
+
+    @register_sharding(ops.rms_norm.default)
+    def rms_norm_rule(x, weight, eps=1e-6):
+        return [([p], [p, Replicate(), None]) for p in leading(x)]
+
+    @register_sharding(ops.add_rms_norm.default)
+    def add_rms_norm_rule(x, residual, weight, eps=1e-6):
+        return [([p, p], [p, p, Replicate(), None]) for p in leading(x)]
+
+    @register_sharding(ops._rms_norm_fwd.default)
+    def rms_norm_fwd_rule(x, residual, weight, eps):
+        # (y, the sum or an empty [0] without a residual, rstd)
+        def entry(p, pr):
+            s = p if residual is not None else Replicate()
+            return [p, s, pr], [p, p if residual is not None else None, Replicate(), None]
+        rules = [entry(Replicate(), Replicate())]
+        if x.ndim > 1:
+            rules.append(entry(Shard(0), Shard(0)))
+        return rules
+
+    @register_sharding(ops._rms_norm_bwd.default)
+    def rms_norm_bwd_rule(dy, s, weight, rstd, dsum, output_mask):
+        # The weight's gradient sums over the rows: partial where the rows are sharded.
+        def entry(p, pw):
+            return [p, pw], [p, p, Replicate(), p, p if dsum is not None else None, None]
+        rules = [entry(Replicate(), Replicate())]
+        if s.ndim > 1:
+            rules.append(entry(Shard(0), Partial()))
+        return rules
+
     # ---- In-place ops: rules as (c, a, b) placements per mesh dimension; c's is never changed.
 
     @_inplace(ops.add2.default, "add2")

@@ -252,9 +252,34 @@ TEST_P(Ops, TwoNormIsBitwiseIdenticalOver100Runs) {
 INSTANTIATE_TEST_SUITE_P(Devices, Ops, ::testing::Values("cpu", "cuda"),
                          [](const auto& info) { return info.param; });
 
+// rms_norm and add_rms_norm through the C++ API, with autograd: the values and gradients of torch's
+// own composite in float64 (the sum's gradient and the norm's meeting in one backward).
+TEST_P(Ops, RmsNormAutogradMatchesATen) {
+  auto x = rand({5, 3, 40}, at::kDouble).requires_grad_(), r = rand({5, 3, 40}, at::kDouble);
+  auto w = rand({40}, at::kDouble).requires_grad_();
+  r.requires_grad_();
+  auto [y, s] = cuops::add_rms_norm(x, r, w, 1e-5);
+  (y.sin().sum() + (s * s).sum()).backward();
+  auto x2 = x.detach().clone().requires_grad_(), r2 = r.detach().clone().requires_grad_();
+  auto w2 = w.detach().clone().requires_grad_();
+  auto s2 = x2 + r2;
+  auto y2 = s2 * torch::rsqrt(s2.pow(2).mean(-1, true) + 1e-5) * w2;
+  (y2.sin().sum() + (s2 * s2).sum()).backward();
+  EXPECT_TRUE(torch::allclose(y, y2, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::equal(s, s2));
+  EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-10, 1e-10));
+  EXPECT_TRUE(torch::allclose(r.grad(), r2.grad(), 1e-10, 1e-10));
+  EXPECT_TRUE(torch::allclose(w.grad(), w2.grad(), 1e-10, 1e-10));
+  const auto n = cuops::rms_norm(x.detach(), w.detach(), 1e-5);
+  const auto xd = x.detach();
+  EXPECT_TRUE(torch::allclose(n, xd * torch::rsqrt(xd.pow(2).mean(-1, true) + 1e-5) * w.detach(),
+                              1e-12, 1e-12));
+}
+
 TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
-  for (const char* name : {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm",
-                           "linear", "swiglu", "linear_cross_entropy"}) {
+  for (const char* name :
+       {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu",
+        "linear_cross_entropy", "rms_norm", "add_rms_norm"}) {
     SCOPED_TRACE(name);
     auto op = c10::Dispatcher::singleton().findSchema({std::string("cuops::") + name, ""});
     ASSERT_TRUE(op.has_value());

@@ -218,6 +218,30 @@ def check_ops(rank, world, port, device, backend):
         with pytest.raises(RuntimeError, match=r"cuops::linear_cross_entropy: expected weight replicated or "
                                                r"sharded along K, got a vocabulary-sharded weight"):
             cuops.linear_cross_entropy(dt(a, Shard(0)), dt(vocab, Shard(0)), dt(target, Shard(0)))
+        # rms_norm and add_rms_norm: rows sharded (outputs alike) or replicated; the hidden dimension
+        # sharded is gathered first (its result still right); forward and backward.
+        nw = randn(gen, 10, device=dev)
+        for px in (Shard(0), Replicate(), Shard(1)):
+            got = cuops.rms_norm(dt(a, px), dt(nw, Replicate()))
+            if px != Shard(1):
+                assert got.placements == (px,), got.placements
+            torch.testing.assert_close(got.full_tensor(), cuops.rms_norm(a, nw), rtol=1e-12, atol=1e-12)
+            y, s = cuops.add_rms_norm(dt(a, px), dt(a.flip(0), px), dt(nw, Replicate()))
+            torch.testing.assert_close(y.full_tensor(), cuops.add_rms_norm(a, a.flip(0), nw)[0], rtol=1e-12,
+                                       atol=1e-12)
+        leaves = [t.clone().requires_grad_() for t in (a, a.flip(0), nw)]
+        wy, ws = cuops.add_rms_norm(*leaves)
+        (wy.sum() + (ws * ws).sum()).backward()
+        for px in (Shard(0), Replicate()):
+            sharded = [dt(a, px).requires_grad_(), dt(a.flip(0), px).requires_grad_(),
+                       dt(nw, Replicate()).requires_grad_()]
+            y, s = cuops.add_rms_norm(*sharded)
+            assert y.placements == (px,) and s.placements == (px,), (y.placements, s.placements)
+            torch.testing.assert_close(y.full_tensor(), wy, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(s.full_tensor(), ws, rtol=0, atol=0)
+            (y.full_tensor().sum() + (s.full_tensor() ** 2).sum()).backward()
+            for piece, whole in zip(sharded, leaves):
+                torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)

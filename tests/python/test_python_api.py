@@ -22,8 +22,8 @@ from conftest import DEVICES, DTYPES, LIBRARY, ROOT, make, ops
 import cuops
 from cuops import _library
 
-TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu",
-              "linear_cross_entropy"]
+TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu", "rms_norm",
+              "add_rms_norm", "linear_cross_entropy"]
 # Ops whose names start with "_" are internal (an op's pieces for its backward): no typed function.
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
@@ -54,7 +54,11 @@ def test_every_op_has_a_typed_documented_function_matching_its_schema():
             assert p.annotation == PY_TYPE[str(a.type)], (name, p.name)
             assert p.default == (a.default_value if a.has_default_value() else inspect.Parameter.empty), (name, p.name)
         returns = inspect.signature(fn).return_annotation
-        assert returns is (PY_TYPE[str(schema.returns[0].type)] if schema.returns else None), name
+        if len(schema.returns) > 1:
+            assert typing.get_origin(returns) is tuple and typing.get_args(returns) == tuple(
+                PY_TYPE[str(r.type)] for r in schema.returns), name
+        else:
+            assert returns is (PY_TYPE[str(schema.returns[0].type)] if schema.returns else None), name
         doc = inspect.getdoc(fn)
         for words in [f'"cuops::{name}: ..."', f"torch.ops.cuops.{name}", f"docs/ops.md#{name}", "float32",
                       "float64", "float16", "bfloat16", "Autograd:"]:
@@ -128,8 +132,9 @@ class TypedModel(torch.nn.Module):
         g = torch.empty(h.shape[0], w.shape[1], dtype=h.dtype, device=h.device)
         cuops.gemm(g, cuops.scale(h, 0.25), w)
         target = torch.arange(g.shape[0], device=g.device) % w.shape[0]
+        normed, s = cuops.add_rms_norm(g, h, w[0])
         return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h),
-                cuops.linear_cross_entropy(g, w, target))
+                cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s)
 
 
 def model_inputs(device):
@@ -169,8 +174,9 @@ def scripted_every_op(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor):
     g = torch.empty([h.shape[0], w.shape[1]], dtype=h.dtype, device=h.device)
     cuops.gemm(g, cuops.scale(h, 0.25), w)
     target = torch.arange(g.shape[0], device=g.device) % w.shape[0]
+    normed, s = cuops.add_rms_norm(g, h, w[0])
     return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h),
-            cuops.linear_cross_entropy(g, w, target))
+            cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s)
 
 
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
