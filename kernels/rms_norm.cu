@@ -70,19 +70,18 @@ __device__ __forceinline__ void store(U* p, const A (&f)[E]) {
 }
 
 // The sum of v over the group of g threads holding a row (g a power of two; lanes of one warp below
-// 32, whole warps above, the block then being the group): the same value in every thread of the
-// group, added in one fixed order. red: blockDim / 32 values of shared memory. Every thread of the
-// block calls.
+// 32, whole warps above): the same value in every thread of the group, added in one fixed order.
+// red: blockDim / 32 values of shared memory. Every thread of the block calls.
 template <typename A> __device__ __forceinline__ A group_sum(A v, int g, A* red) {
   const int lane = threadIdx.x % 32;
   for (int off = min(g, 32) / 2; off >= 1; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   if (g <= 32) return v;
-  const int warp = threadIdx.x / 32, warps = g / 32;
+  const int warp = threadIdx.x / 32, warps = g / 32, first = (threadIdx.x / g) * warps;
   __syncthreads();  // red's previous readers are done
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  A total = red[0];
-  for (int w = 1; w < warps; ++w) total += red[w];
+  A total = red[first];
+  for (int w = 1; w < warps; ++w) total += red[first + w];
   return total;
 }
 

@@ -7,8 +7,8 @@ import torch
 import cuops
 from conftest import DEVICES, DTYPES, HALF_TOL, make, ops, poison_allocator, rel_error, requires_cuda
 
-# One rounding of the result (and of the sum before it, for add_rms_norm), against float64.
-TOL = {torch.float32: 1e-6, torch.float64: 1e-13, **{t: 2.5 * v for t, v in HALF_TOL.items()}}
+# One rounding of the result against float64 (the reference rounds add_rms_norm's sum as the op does).
+TOL = {torch.float32: 1e-6, torch.float64: 1e-13, **HALF_TOL}
 
 # (leading shape, D): rows of every width the kernels take (a 128-wide head's q/k norm, model widths,
 # several rows a block, one group of 1024 threads, the single-element path of D not a whole 16 bytes),
@@ -76,13 +76,13 @@ def test_mixed_dtypes_follow_hugging_face(device, half):
         y = cuops.rms_norm(x, w)
         want = hf_rms_norm(x, w, 1e-6)
         assert y.dtype == want.dtype
-        assert rel_error(y, reference(x, w, 1e-6)) <= TOL[half]
+        assert rel_error(y, reference(x, w, 1e-6)) <= TOL[y.dtype]
     for x, r, w in ((xh, x32, w32), (x32, xh, w32), (xh, x32, wh), (xh, xh, w32)):
         y, s = cuops.add_rms_norm(x, r, w)
         want_s = r + x
         assert s.dtype == want_s.dtype and torch.equal(s, want_s)
         assert y.dtype == hf_rms_norm(want_s, w, 1e-6).dtype
-        assert rel_error(y, reference(want_s, w, 1e-6)) <= TOL[half]
+        assert rel_error(y, reference(want_s, w, 1e-6)) <= TOL[y.dtype]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -110,7 +110,7 @@ def test_gradients_match_float64(device, dtype):
         x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
         s64 = x64 + r64
         torch.autograd.backward([reference(s64, w64, 1e-6), s64], [dy.double(), ds.double()])
-        tol = 8 * TOL[dtype] if dtype in HALF_TOL else 10 * TOL[dtype]
+        tol = 20 * TOL[dtype] if dtype in HALF_TOL else 10 * TOL[dtype]
         for got, want in ((x.grad, x64.grad), (r.grad, r64.grad), (w.grad, w64.grad)):
             assert got.dtype == dtype
             assert rel_error(got, want) <= tol, (lead, d)
