@@ -85,8 +85,9 @@ struct RmsNormBwdArgs {
 };
 // vec: every row (x, res, y, sum; w) 16-byte aligned with d a whole number of 16 bytes of x's
 // dtype, so rows go in 16-byte vectors; otherwise one element at a time (same dtypes only).
-// rms_norm_fits: whether rows of d take the kernels at all (d up to 1024 x 8 vectors).
-bool rms_norm_fits(DType dtype, int64_t d, bool vec);
+// rms_norm_fits: whether rows of d take the forward (backward) kernel at all: d up to 512 x 4
+// (512 x 2) vectors, 16384 (8192) bf16 elements.
+bool rms_norm_fits(DType dtype, int64_t d, bool vec, bool backward);
 int64_t rms_norm_bwd_blocks(int64_t rows, int64_t d);
 int64_t rms_norm_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t d);
 cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, int multiprocessors,

@@ -1,13 +1,14 @@
 // RMSNorm and the residual add before it (rms_norm, add_rms_norm; docs/ops.md): one pass over the
 // rows each way, float32 math (float64 for float64).
 //
-// A row of d elements is held by a group of G threads (a power of two, 1 to 1024), each with up to
-// kMaxPer vectors of E elements (16 bytes of the base type T, or single elements where rows are not
+// A row of d elements is held by a group of G threads (a power of two, 1 to 512), each with up to
+// kPer vectors of E elements (16 bytes of the base type T, or single elements where rows are not
 // 16-byte aligned) in registers, so the row is read once: its sum of squares is a sum within the
 // group (shuffles, then shared memory across the group's warps) and the same registers are scaled
 // and stored. A block holds at least kMinBlock threads, so short rows (q/k norms over a 128-wide
-// head) put several rows in a block. G aims at kAimPer vectors a thread (loads in flight for the bus,
-// few enough registers for several blocks an SM).
+// head) put several rows in a block. kPer is kFwdPer vectors forward and kBwdPer backward (which
+// holds three values an element): register arrays sized for 8 vectors of bf16 (64 floats) held
+// the forward to a few blocks an SM (0.59 of copy at 8192 x 4096 bf16).
 //
 // Mixed dtypes (Hugging Face's under autocast: a float32 residual stream beside half sublayer
 // outputs, float32 master weights): the base type T is x's; the sum s (x + residual) is float32
@@ -26,7 +27,9 @@ namespace cuops::kernels {
 namespace detail {
 namespace {
 
-constexpr int kMaxPer = 8, kAimPer = 4, kMinBlock = 128, kMaxGroup = 1024, kBwdBlocks = 264;
+// kMaxGroup: a block of at most 512 threads leaves the compiler 128 registers a thread (1024
+// capped them at 64: the backward spilled).
+constexpr int kFwdPer = 4, kBwdPer = 2, kMinBlock = 128, kMaxGroup = 512, kBwdBlocks = 264;
 
 template <bool kF32, typename T> using Either = std::conditional_t<kF32, acc_t<T>, T>;
 
@@ -87,12 +90,13 @@ template <typename A> __device__ __forceinline__ A group_sum(A v, int g, A* red)
 
 struct Shape {
   int64_t rows, d;
-  int g, per;  // threads a row; vectors a thread (at most kMaxPer)
+  int g, per;  // threads a row; vectors a thread (at most the kernel's kPer)
 };
 
 // y = s rstd w over rows, s = x (+ residual, rounded to its dtype and stored in sum); rstd kept
 // where asked.
-template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bounds__(kMaxGroup)
+template <typename T, bool kSF32, bool kWF32, int E, int kPer = kFwdPer>
+__global__ void __launch_bounds__(kMaxGroup)
     rms_norm_fwd(Shape sh, const T* x, int64_t ld_x, const Either<kSF32, T>* res, int64_t ld_res,
                  const Either<kWF32, T>* w, acc_t<T> eps, Either<kSF32 || kWF32, T>* y,
                  Either<kSF32, T>* sum, acc_t<T>* rstd_out) {
@@ -106,10 +110,10 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
        base += int64_t{gridDim.x} * rows_a_block) {
     const int64_t row = base + slot;
     const bool live = row < sh.rows;
-    A v[kMaxPer][E];
+    A v[kPer][E];
     A ss = 0;
 #pragma unroll
-    for (int i = 0; i < kMaxPer; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         load<T, E>(x + row * ld_x + j * E, v[i]);
@@ -128,7 +132,7 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
     const A r = A(1) / sqrt(ss / static_cast<A>(sh.d) + eps);
     if (live && lane == 0 && rstd_out != nullptr) rstd_out[row] = r;
 #pragma unroll
-    for (int i = 0; i < kMaxPer; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         A wv[E];
@@ -144,7 +148,8 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
 // ds = rstd (g - s rstd^2 sum(g s) / d) + dsum, g = dy w; where partial is set, this block's rows'
 // dy s rstd summed per column into partial[blockIdx.x][.] (rows in order; the block's groups added
 // in slot order).
-template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bounds__(kMaxGroup)
+template <typename T, bool kSF32, bool kWF32, int E, int kPer = kBwdPer>
+__global__ void __launch_bounds__(kMaxGroup)
     rms_norm_bwd(Shape sh, const Either<kSF32 || kWF32, T>* dy, const Either<kSF32, T>* s,
                  const Either<kWF32, T>* w, const acc_t<T>* rstd, const Either<kSF32, T>* dsum,
                  Either<kSF32, T>* ds, acc_t<T>* partial) {
@@ -156,16 +161,16 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
   const int g = sh.g, per = sh.per, rows_a_block = static_cast<int>(blockDim.x) / g;
   const int slot = static_cast<int>(threadIdx.x) / g, lane = static_cast<int>(threadIdx.x) % g;
   const int64_t vecs = sh.d / E;
-  A dw[kMaxPer][E] = {};
+  A dw[kPer][E] = {};
   for (int64_t base = int64_t{blockIdx.x} * rows_a_block; base < sh.rows;
        base += int64_t{gridDim.x} * rows_a_block) {
     const int64_t row = base + slot;
     const bool live = row < sh.rows;
-    A gv[kMaxPer][E], sv[kMaxPer][E];
+    A gv[kPer][E], sv[kPer][E];
     A dot = 0;
     const A r = live ? rstd[row] : A(0);
 #pragma unroll
-    for (int i = 0; i < kMaxPer; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         A wv[E];
@@ -183,7 +188,7 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
     dot = group_sum(dot, g, red);
     const A c = r * r * dot / static_cast<A>(sh.d);
 #pragma unroll
-    for (int i = 0; i < kMaxPer; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         A out[E];
@@ -204,7 +209,7 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
   A* cols = reinterpret_cast<A*>(smem_raw);  // [rows_a_block][vecs * E] when rows_a_block > 1
   if (rows_a_block > 1) {
 #pragma unroll
-    for (int i = 0; i < kMaxPer; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && j < vecs) {
 #pragma unroll
@@ -220,7 +225,7 @@ template <typename T, bool kSF32, bool kWF32, int E> __global__ void __launch_bo
     return;
   }
 #pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) {
+  for (int i = 0; i < kPer; ++i) {
     const int64_t j = lane + int64_t{i} * g;
     if (i < per && j < vecs) {
 #pragma unroll
@@ -245,15 +250,15 @@ int pow2_at_least(int64_t v) {
   return p;
 }
 
-// The group and vectors a thread for rows of d elements in vectors of e; false where d needs more
-// than kMaxGroup x kMaxPer vectors.
-bool make_shape(Shape& sh, int64_t rows, int64_t d, int e) {
+// The group and vectors a thread (at most max_per) for rows of d elements in vectors of e; false
+// where d needs more than kMaxGroup x max_per vectors.
+bool make_shape(Shape& sh, int64_t rows, int64_t d, int e, int max_per) {
   const int64_t vecs = d / e;
   sh.rows = rows, sh.d = d;
-  sh.g = pow2_at_least(std::max<int64_t>(1, (vecs + kAimPer - 1) / kAimPer));
+  sh.g = pow2_at_least(std::max<int64_t>(1, (vecs + max_per - 1) / max_per));
   if (sh.g > kMaxGroup) sh.g = kMaxGroup;
   const int64_t per = (vecs + sh.g - 1) / sh.g;
-  if (per > kMaxPer) return false;
+  if (per > max_per) return false;
   sh.per = static_cast<int>(std::max<int64_t>(per, 1));
   return true;
 }
@@ -266,7 +271,7 @@ cudaError_t fwd_typed(const RmsNormArgs& a, int sms, cudaStream_t stream) {
   using W = Either<kWF32, T>;
   using Y = Either<kSF32 || kWF32, T>;
   Shape sh;
-  if (!make_shape(sh, a.rows, a.d, E)) return cudaErrorInvalidValue;
+  if (!make_shape(sh, a.rows, a.d, E, kFwdPer)) return cudaErrorInvalidValue;
   const int threads = block_threads(sh);
   const int64_t blocks_needed = (a.rows + threads / sh.g - 1) / (threads / sh.g);
   const int64_t grid = std::clamp<int64_t>(blocks_needed, 1, int64_t{sms} * (2048 / threads));
@@ -284,7 +289,7 @@ cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
   using W = Either<kWF32, T>;
   using Y = Either<kSF32 || kWF32, T>;
   Shape sh;
-  if (!make_shape(sh, a.rows, a.d, E)) return cudaErrorInvalidValue;
+  if (!make_shape(sh, a.rows, a.d, E, kBwdPer)) return cudaErrorInvalidValue;
   const int threads = block_threads(sh), rows_a_block = threads / sh.g;
   const int64_t grid = rms_norm_bwd_blocks(a.rows, a.d);
   if (a.dweight != nullptr && a.workspace == nullptr) return cudaErrorInvalidValue;
@@ -350,10 +355,11 @@ int64_t rms_norm_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t d) {
   return rms_norm_bwd_blocks(rows, d) * d * acc;
 }
 
-bool rms_norm_fits(DType dtype, int64_t d, bool vec) {
+bool rms_norm_fits(DType dtype, int64_t d, bool vec, bool backward) {
   const int64_t size = dtype == DType::Float64 ? 8 : dtype == DType::Float32 ? 4 : 2;
   detail::Shape sh;
-  return detail::make_shape(sh, 1, d, vec ? static_cast<int>(16 / size) : 1);
+  return detail::make_shape(sh, 1, d, vec ? static_cast<int>(16 / size) : 1,
+                            backward ? detail::kBwdPer : detail::kFwdPer);
 }
 
 cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {

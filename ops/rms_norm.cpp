@@ -175,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_cuda(
   const auto dtype = kernel_dtype(x.scalar_type());
   bool vec = (d * x.element_size()) % 16 == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
              (!res.defined() || (aligned16(res) && aligned16(s)));
-  if (!kernels::rms_norm_fits(dtype, d, vec) || (!vec && (m.s_f32 || m.w_f32))) {
+  if (!kernels::rms_norm_fits(dtype, d, vec, false) || (!vec && (m.s_f32 || m.w_f32))) {
     // Rows too long for the kernels' registers, or a mix in rows not 16-byte aligned: the reference.
     auto [y_ref, s_ref, r_ref] = rms_norm_fwd_cpu(x_in, residual, weight, eps);
     return {y_ref.view(x_in.sizes()), residual.has_value() ? s_ref.view(x_in.sizes()) : s_ref,
@@ -220,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(
   const auto dtype = kernel_dtype(s_type);
   const bool vec = (d * s.element_size()) % 16 == 0 && aligned16(s) && aligned16(dy) &&
                    aligned16(w) && aligned16(ds) && (!dsum.defined() || aligned16(dsum));
-  if (!kernels::rms_norm_fits(dtype, d, vec) || (!vec && w_f32)) {
+  if (!kernels::rms_norm_fits(dtype, d, vec, true) || (!vec && w_f32)) {
     auto [ds_ref, dw] = rms_norm_bwd_reference(dy_in, s_in, weight, rstd, dsum_in, mask[1]);
     return {mask[0] ? ds_ref.view(s_in.sizes()) : at::empty({0}, s_in.options()), dw};
   }

@@ -4,8 +4,10 @@ output beside a float32 residual stream and float32 weight). Bytes counted: what
 inputs read once, its outputs written once; backward: dy, the saved sum, the gradients; the weight and
 the per-row statistics left out). An experiment: its output is not committed.
 
-    python3 bench/sweep/rms_norm_rates.py
+    python3 bench/sweep/rms_norm_rates.py [ROWSxD ...]
 """
+import sys
+
 import torch
 from triton.testing import do_bench
 
@@ -34,11 +36,14 @@ def copy_rate(nbytes):
 
 def main() -> None:
     torch.manual_seed(0)
+    torch._dynamo.config.recompile_limit = 64  # one graph per shape and mix; past 8 it would run eager
     compiled_norm = torch.compile(hf_norm)
     compiled_add = torch.compile(hf_add_norm)
     print(f"{'op':<9} {'mix':<5} {'rows x D':<12} {'pass':<7} {'cuops':>9} {'GB/s':>6} {'copy':>5} "
           f"{'eager':>7} {'compiled':>8}")
-    for rows, d in ((8192, 2048), (8192, 4096), (16384, 4096), (131072, 128)):
+    shapes = [tuple(int(v) for v in a.split("x")) for a in sys.argv[1:]] or [(8192, 2048), (8192, 4096),
+                                                                          (16384, 4096), (131072, 128)]
+    for rows, d in shapes:
         for mix in ("bf16", "auto"):
             xt = torch.bfloat16
             rt = wt = torch.float32 if mix == "auto" else torch.bfloat16

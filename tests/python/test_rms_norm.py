@@ -11,7 +11,7 @@ from conftest import DEVICES, DTYPES, HALF_TOL, make, ops, poison_allocator, rel
 TOL = {torch.float32: 1e-6, torch.float64: 1e-13, **HALF_TOL}
 
 # (leading shape, D): rows of every width the kernels take (a 128-wide head's q/k norm, model widths,
-# several rows a block, one group of 1024 threads, the single-element path of D not a whole 16 bytes),
+# several rows a block, one group of 512 threads, the single-element path of D not a whole 16 bytes),
 # one row, 0 rows.
 SHAPES = [((4, 7), 128), ((3,), 2048), ((2, 3), 4096), ((5,), 1000 + 3), ((1,), 16384), ((0, 3), 64), ((), 96)]
 
@@ -223,6 +223,15 @@ def test_cuda_bitwise_repeatable_and_one_pass(dtype):
 
 @requires_cuda
 def test_rows_longer_than_the_kernels_take_the_reference():
-    d = 70000  # beyond 1024 threads x 8 vectors of 8 bf16
-    x, w = make((2, d), torch.bfloat16, "cuda"), make((d,), torch.bfloat16, "cuda")
-    assert rel_error(cuops.rms_norm(x, w), reference(x, w, 1e-6)) <= TOL[torch.bfloat16]
+    """Beyond 512 threads x 4 vectors of 8 bf16 forward (20000), beyond 512 x 2 backward only (12000)."""
+    for d in (20000, 12000):
+        x = make((2, d), torch.bfloat16, "cuda").requires_grad_()
+        w = make((d,), torch.bfloat16, "cuda").requires_grad_()
+        dy = make((2, d), torch.bfloat16, "cuda")
+        y = cuops.rms_norm(x, w)
+        assert rel_error(y, reference(x, w, 1e-6)) <= TOL[torch.bfloat16]
+        y.backward(dy)
+        x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+        reference(x64, w64, 1e-6).backward(dy.double())
+        assert rel_error(x.grad, x64.grad) <= 20 * TOL[torch.bfloat16]
+        assert rel_error(w.grad, w64.grad) <= 20 * TOL[torch.bfloat16]
