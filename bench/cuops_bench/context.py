@@ -90,6 +90,17 @@ class CrossEntropyBench:
     compiled: bool = True
 
 
+@dataclass(frozen=True)
+class RmsNormBench:
+    """The rms_norm section: (rows, D) of model widths (tokens x hidden) and a q/k norm (tokens x heads
+    x 128); mixes: bfloat16, or autocast's (a bf16 x beside a float32 residual stream and weight);
+    sides alternating over `rounds`; compiled: the torch.compile side."""
+    shapes: tuple = ((8192, 2048), (8192, 4096), (16384, 4096), (131072, 128))
+    mixes: tuple = ("bfloat16", "auto")
+    rounds: int = 3
+    compiled: bool = True
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -101,6 +112,7 @@ class Config:
     gpt_train: GptTrainBench = field(default_factory=GptTrainBench)
     fused: FusedBench = field(default_factory=FusedBench)
     cross_entropy: CrossEntropyBench = field(default_factory=CrossEntropyBench)
+    rms_norm: RmsNormBench = field(default_factory=RmsNormBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -124,7 +136,8 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
              # float32 (the cpu has no half GEMMs worth timing), no compiled side (inductor's C++ build)
              fused=FusedBench(models=(("tiny", 64, 224),), tokens=(32,), decode=(1,), spots=(), rounds=1,
                               compiled=False),
-             cross_entropy=CrossEntropyBench(shapes=((64, 32, 500),), rounds=1, compiled=False))
+             cross_entropy=CrossEntropyBench(shapes=((64, 32, 500),), rounds=1, compiled=False),
+             rms_norm=RmsNormBench(shapes=((64, 256),), mixes=("float32",), rounds=1, compiled=False))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,

@@ -174,6 +174,7 @@ def table_lines(results: dict) -> list[str]:
     lines += llama_lines(results)
     lines += gpt_train_lines(results)
     lines += fused_lines(results)
+    lines += rms_norm_lines(results)
     lines += cross_entropy_lines(results)
     return lines
 
@@ -367,6 +368,45 @@ def fused_lines(results: dict) -> list[str]:
                          f"{low['copy_fraction']:.2f} at the worst ({low['dtype']} {low['model']} {low['tokens']}); "
                          f"flushed {flushed:.2f}; steady eager / cuops {min(steady['eager']):.3f}-"
                          f"{max(steady['eager']):.3f}, mm / cuops {min(steady['mm']):.3f}-{max(steady['mm']):.3f}")
+    return lines
+
+
+RMS_HEAD = (f"{'op':<13} {'pass':<4} {'mix':<8} {'rows x D':<12} {'cuops':>9} {'GB/s':>6} {'frac':>5} "
+            f"{'eager':>7} {'compiled':>8}")
+
+
+def rms_norm_lines(results: dict) -> list[str]:
+    """The norms' rows (sections/rms_norm.py): time, bytes per second against the copy's, and the Hugging
+    Face code's time / cuops' eager and compiled; then, per op and pass, the worst fraction and the
+    compiled geomean."""
+    rows = [r for r in results["rows"] if r["family"] == "rms_norm"]
+    if not rows:
+        return []
+    lines = ["", "rms_norm, add_rms_norm: frac = bytes moved per second / the copy's; ratio = Hugging Face's code's "
+             "time / cuops' (eager; compiled); bwd = the backward alone", RMS_HEAD, "-" * len(RMS_HEAD)]
+    for r in rows:
+        lead = f"{r['op']:<13} {r['kind']:<4} {r['dtype']:<8} {r['size']:<12}"
+        if r.get("status") != "ok":
+            lines.append(not_run_line(lead, r))
+            continue
+        b = r["baselines"]
+        ratio = lambda key: fmt_ratio((b.get(key) or {}).get("ratio"))  # noqa: E731
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {r['GBps']:>6.0f} {fmt_frac(r.get('fraction')):>5} "
+                     f"{ratio('eager'):>7} {ratio('compiled'):>8}")
+    for op, kind in sorted({(r["op"], r["kind"]) for r in rows}):
+        sel = [r for r in rows if (r["op"], r["kind"]) == (op, kind) and r.get("status") == "ok"]
+        fracs = [(r["fraction"], r) for r in sel if r.get("fraction")]
+        comp = [(r["baselines"]["compiled"]["ratio"], r) for r in sel if "compiled" in r["baselines"]]
+        parts = []
+        if fracs:
+            low, worst = min(fracs, key=lambda p: p[0])
+            parts.append(f"frac >= {low:.2f} (at {worst['dtype']} {worst['size']})")
+        if comp:
+            geo = math.exp(sum(math.log(x) for x, _ in comp) / len(comp))
+            low, worst = min(comp, key=lambda p: p[0])
+            parts.append(f"compiled {geo:.3f}x (worst {low:.3f}x at {worst['dtype']} {worst['size']})")
+        if parts:
+            lines.append(f"{op} {kind}: " + "; ".join(parts))
     return lines
 
 

@@ -45,7 +45,7 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     training step, the fused ops, the LM-head loss), at the cpu config's tiny sizes: every row runs, the class summary and
     the models' agreement checks are filled."""
     library = str(LIBRARY.absolute())
-    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train,fused,cross_entropy",
+    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm",
                 "--out", tmp_path], tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
@@ -94,6 +94,13 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     assert lce[0]["status"] == "ok" and lce[0]["baselines"]["eager"]["ratio"] > 0, lce[0]
     assert lce[0]["cuops_added_bytes"] is None and "compiled" not in lce[0]["baselines"], lce[0]
     assert any(ln.startswith("   64    32    500") for ln in lines), proc.stdout
+    # The norms: forward and the backward alone of both ops against Hugging Face's code eager (no compiled
+    # side on the cpu), with the copy fraction.
+    norms = {(r["op"], r["kind"]): r for r in results["rows"] if r["family"] == "rms_norm"}
+    assert set(norms) == {(op, kind) for op in ("rms_norm", "add_rms_norm") for kind in ("fwd", "bwd")}, norms
+    for r in norms.values():
+        assert r["status"] == "ok" and r["baselines"]["eager"]["ratio"] > 0 and r["fraction"] > 0, r
+    assert any(ln.startswith("add_rms_norm  bwd") for ln in lines), proc.stdout
 
 
 def test_check_reads_committed_results():
