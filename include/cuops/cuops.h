@@ -224,6 +224,26 @@ inline std::tuple<at::Tensor, at::Tensor> _rms_norm_bwd(const at::Tensor& dy, co
   return handle.call(dy, s, weight, rstd, dsum, output_mask);
 }
 
+// Hugging Face's rotary embedding of q [B, Hq, T, D] and k [B, Hk, T, D] by cos and sin [B or 1, T,
+// D] (broadcast over the heads): (q cos + rotate_half(q) sin, k cos + rotate_half(k) sin) in
+// promote(q, cos). Differentiable in every input.
+inline std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& cos, const at::Tensor& sin) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::rotary");
+  return handle.call(q, k, cos, sin);
+}
+// rotary's backward of q and k, in the gradients' dtype (internal; its schema may change).
+inline std::tuple<at::Tensor, at::Tensor> _rotary_bwd(const at::Tensor& grad_q,
+                                                      const at::Tensor& grad_k,
+                                                      const at::Tensor& cos,
+                                                      const at::Tensor& sin) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      "cuops::_rotary_bwd");
+  return handle.call(grad_q, grad_k, cos, sin);
+}
+
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
 inline std::string build_info() {
   static const auto handle = detail::op<std::string()>("cuops::build_info");

@@ -60,6 +60,7 @@ __all__ = [
     "linear_cross_entropy",
     "rms_norm",
     "add_rms_norm",
+    "rotary",
     "build_info",
     "set_switch",
     "switch",
@@ -400,6 +401,35 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     Calls torch.ops.cuops.add_rms_norm.
     """
     return torch.ops.cuops.add_rms_norm(x, residual, weight, eps)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's apply_rotary_pos_emb: (q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)
+    with cos and sin broadcast over the heads (docs/ops.md#rotary).
+
+    Args:
+        q: the [B, Hq, T, D] queries.
+        k: the [B, Hk, T, D] keys (Hk may differ from Hq: grouped-query attention).
+        cos: the [B or 1, T, D] cosines (LlamaRotaryEmbedding's output).
+        sin: the [B or 1, T, D] sines, cos's shape and dtype.
+
+    Returns:
+        (q rotated, k rotated) in torch.promote_types(q.dtype, cos.dtype): a bf16 q with float32 cos
+        gives float32, as Hugging Face's code does under autocast.
+
+    Dtypes: float32, float64, float16, bfloat16 (q and k one dtype, cos and sin one dtype); the math
+    in float32 (float64 for float64), rounded once. Under autocast nothing is cast.
+
+    Autograd: differentiable in q, k, cos and sin; the backward keeps cos and sin (q and k too when
+    cos or sin need a gradient).
+
+    Raises:
+        RuntimeError: "cuops::rotary: ..." for a bad shape, dtype or device, or an odd D.
+
+    Calls torch.ops.cuops.rotary.
+    """
+    return torch.ops.cuops.rotary(q, k, cos, sin)
 
 
 def build_info() -> dict[str, Any]:

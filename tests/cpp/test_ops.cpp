@@ -279,7 +279,7 @@ TEST_P(Ops, RmsNormAutogradMatchesATen) {
 TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
   for (const char* name :
        {"add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu",
-        "linear_cross_entropy", "rms_norm", "add_rms_norm"}) {
+        "linear_cross_entropy", "rms_norm", "add_rms_norm", "rotary"}) {
     SCOPED_TRACE(name);
     auto op = c10::Dispatcher::singleton().findSchema({std::string("cuops::") + name, ""});
     ASSERT_TRUE(op.has_value());

@@ -242,6 +242,15 @@ def check_ops(rank, world, port, device, backend):
             (y.full_tensor().sum() + (s.full_tensor() ** 2).sum()).backward()
             for piece, whole in zip(sharded, leaves):
                 torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
+        # rotary: batch, heads or positions sharded alike; cos and sin replicated or sharded with them.
+        q4, k4 = randn(gen, 2, 4, 6, 8, device=dev), randn(gen, 2, 2, 6, 8, device=dev)
+        cb, sb = randn(gen, 2, 6, 8, device=dev), randn(gen, 2, 6, 8, device=dev)
+        want_q, want_k = cuops.rotary(q4, k4, cb, sb)
+        for pq, pc in ((Shard(0), Shard(0)), (Shard(1), Replicate()), (Shard(2), Shard(1)), (Replicate(), Replicate())):
+            oq, ok = cuops.rotary(dt(q4, pq), dt(k4, pq), dt(cb, pc), dt(sb, pc))
+            assert oq.placements == (pq,) and ok.placements == (pq,), (pq, oq.placements)
+            torch.testing.assert_close(oq.full_tensor(), want_q, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(ok.full_tensor(), want_k, rtol=1e-12, atol=1e-12)
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)

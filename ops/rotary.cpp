@@ -1,0 +1,175 @@
+// rotary (docs/ops.md#rotary): checks, the dtype rule, the reference, Meta, Autograd. The internal
+// op _rotary_bwd carries the backward of q and k.
+//
+// Hugging Face's apply_rotary_pos_emb: q·cos + rotate_half(q)·sin (k likewise), cos and sin [B or 1,
+// T, D] broadcast over the heads, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]). The result in
+// promote(q, cos) (HF under autocast: bf16 q and k with float32 cos / sin give float32), the math in
+// float32 (float64 for float64), rounded once.
+//
+// CPU and CUDA run the reference's composite of torch ops for now (one function): correct
+// everywhere, not fast. The one-pass CUDA kernel (q and k read once, cos / sin
+// once a position) is the next step.
+#include "ops/common.h"
+
+namespace cuops::ops {
+namespace {
+
+void check_rotary(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                  const at::Tensor& sin) {
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q},
+                                {"k", &k},
+                                {"cos", &cos},
+                                {"sin", &sin}}) {
+    TORCH_CHECK(is_supported_dtype(t->scalar_type()), "cuops::", op, ": expected ", name,
+                " to have dtype float32, float64, float16 or bfloat16, got ",
+                dtype_name(t->scalar_type()));
+    TORCH_CHECK(t->device() == q.device(), "cuops::", op, ": expected ", name,
+                " on the device of q (", q.device(), "), got ", t->device());
+  }
+  check_dim(op, "q", q, 4);
+  check_dim(op, "k", k, 4);
+  check_dim(op, "cos", cos, 3);
+  check_same_shape(op, {{"cos", &cos}, {"sin", &sin}});
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "cuops::", op,
+              ": expected k to have the dtype of q (", dtype_name(q.scalar_type()), "), got ",
+              dtype_name(k.scalar_type()));
+  TORCH_CHECK(cos.scalar_type() == sin.scalar_type(), "cuops::", op,
+              ": expected sin to have the dtype of cos (", dtype_name(cos.scalar_type()), "), got ",
+              dtype_name(sin.scalar_type()));
+  const auto& b = q.sym_size(0);
+  const auto& t = q.sym_size(2);
+  const auto& d = q.sym_size(3);
+  TORCH_CHECK(k.sym_size(0) == b && k.sym_size(2) == t && k.sym_size(3) == d, "cuops::", op,
+              ": expected q [B, Hq, T, D] and k [B, Hk, T, D] to share B, T and D, got q ",
+              shape_str(q), " and k ", shape_str(k));
+  TORCH_CHECK((cos.sym_size(0) == b || cos.sym_size(0) == 1) && cos.sym_size(1) == t &&
+                  cos.sym_size(2) == d,
+              "cuops::", op, ": expected cos and sin [B or 1, T, D] for q ", shape_str(q), ", got ",
+              shape_str(cos));
+  TORCH_CHECK(d % 2 == 0, "cuops::", op, ": expected an even head dimension D, got ", d);
+}
+
+at::ScalarType out_dtype(const at::Tensor& q, const at::Tensor& cos) {
+  return at::promote_types(q.scalar_type(), cos.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+// x·cos + rotate_half(x)·sin in the math dtype, rounded once to `out`.
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                  at::ScalarType out) {
+  const auto acc = out == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor xa = x.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
+  return (xa * c + rotate_half(xa) * s).to(out).contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_impl(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary("rotary", q, k, cos, sin);
+  const auto out = out_dtype(q, cos);
+  return {rotate(q, cos, sin, out), rotate(k, cos, sin, out)};
+}
+
+// The gradient of x from g = d(x·cos + rotate_half(x)·sin): g·cos - rotate_half(g·sin), in g's
+// dtype (the autograd casts it to x's where they differ).
+at::Tensor unrotate(const at::Tensor& g, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto acc = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor ga = g.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
+  return (ga * c - rotate_half(ga * s)).to(g.scalar_type()).contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_bwd_op(const at::Tensor& gq, const at::Tensor& gk,
+                                                 const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary("_rotary_bwd", gq, gk, cos, sin);
+  return {unrotate(gq, cos, sin), unrotate(gk, cos, sin)};
+}
+
+// ---- Meta: shapes and dtypes only.
+
+std::tuple<at::Tensor, at::Tensor> rotary_meta(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary("rotary", q, k, cos, sin);
+  const auto opts = q.options().dtype(out_dtype(q, cos));
+  return {at::empty_symint(q.sym_sizes(), opts), at::empty_symint(k.sym_sizes(), opts)};
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_bwd_meta(const at::Tensor& gq, const at::Tensor& gk,
+                                                   const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary("_rotary_bwd", gq, gk, cos, sin);
+  return {at::empty_symint(gq.sym_sizes(), gq.options()),
+          at::empty_symint(gk.sym_sizes(), gk.options())};
+}
+
+// ---- Autograd: cos and sin are kept (q and k too where cos or sin need a gradient).
+
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [oq, ok] = cuops::rotary(q, k, cos, sin);
+    const bool trig_grad = cos.requires_grad() || sin.requires_grad();
+    ctx->save_for_backward(trig_grad ? variable_list{cos, sin, q, k} : variable_list{cos, sin});
+    ctx->saved_data["q_dtype"] = q.scalar_type();
+    return {oq, ok};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &cos = saved[0], &sin = saved[1];
+    const auto q_dtype = ctx->saved_data["q_dtype"].toScalarType();
+    at::Tensor gq = grads[0], gk = grads[1];
+    at::Tensor dq, dk, dcos, dsin;
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
+      std::tie(dq, dk) = cuops::_rotary_bwd(gq, gk, cos, sin);
+      dq = dq.to(q_dtype), dk = dk.to(q_dtype);
+    }
+    if (saved.size() > 2 && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3))) {
+      // d/dcos = sum over heads (and a broadcast batch) of g·x; d/dsin of g·rotate_half(x).
+      const at::Tensor &q = saved[2], &k = saved[3];
+      const auto acc = gq.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      auto reduce = [&](const at::Tensor& a, const at::Tensor& b) {
+        return a.sum(1).sum_to_size(cos.sizes()) + b.sum(1).sum_to_size(cos.sizes());
+      };
+      const at::Tensor gqa = gq.to(acc), gka = gk.to(acc), qa = q.to(acc), ka = k.to(acc);
+      dcos = reduce(gqa * qa, gka * ka).to(cos.scalar_type());
+      dsin = reduce(gqa * rotate_half(qa), gka * rotate_half(ka)).to(sin.scalar_type());
+    }
+    return {ctx->needs_input_grad(0) ? dq : at::Tensor(),
+            ctx->needs_input_grad(1) ? dk : at::Tensor(), dcos, dsin};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> rotary_autograd(const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary("rotary", q, k, cos, sin);
+  const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
+                                                    cos.requires_grad() || sin.requires_grad());
+  if (!grad) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return cuops::rotary(q, k, cos, sin);
+  }
+  auto out = RotaryFunction::apply(q, k, cos, sin);
+  return {out[0], out[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cuops, CPU, m) {
+  m.impl("rotary", &rotary_impl);
+  m.impl("_rotary_bwd", &rotary_bwd_op);
+}
+TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
+  m.impl("rotary", &rotary_impl);
+  m.impl("_rotary_bwd", &rotary_bwd_op);
+}
+TORCH_LIBRARY_IMPL(cuops, Meta, m) {
+  m.impl("rotary", &rotary_meta);
+  m.impl("_rotary_bwd", &rotary_bwd_meta);
+}
+TORCH_LIBRARY_IMPL(cuops, Autograd, m) { m.impl("rotary", &rotary_autograd); }
+
+}  // namespace cuops::ops

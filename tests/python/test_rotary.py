@@ -1,0 +1,141 @@
+"""cuops.rotary (docs/ops.md#rotary): Hugging Face's apply_rotary_pos_emb against a float64 reference and
+HF's own code, in every dtype and autocast's mix, q and k in the layout HF's attention makes them, its
+gradients (q, k, cos, sin), errors, opcheck and torch.compile; on the CPU and on CUDA."""
+import pytest
+import torch
+
+import cuops
+from conftest import DEVICES, DTYPES, HALF_TOL, make, ops, rel_error
+
+TOL = {torch.float32: 1e-6, torch.float64: 1e-13, **HALF_TOL}
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def hf_apply_rotary_pos_emb(q, k, cos, sin):
+    """transformers' apply_rotary_pos_emb (unsqueeze_dim=1)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def hf_cos_sin(batch, t, d, dtype, device, base=10000.0):
+    """LlamaRotaryEmbedding's cos and sin: [batch, T, D], the two halves alike."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+    pos = torch.arange(t, dtype=torch.float64, device=device)[None].expand(batch, t)
+    freqs = pos[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def reference(x, cos, sin):
+    x64, c, s = x.double(), cos.double().unsqueeze(1), sin.double().unsqueeze(1)
+    return x64 * c + rotate_half(x64) * s
+
+
+def heads_layout(b, h, t, d, dtype, device):
+    """q as HF's attention makes it: [B, T, H * D] projected, viewed [B, T, H, D], transposed."""
+    return make((b, t, h * d), dtype, device).view(b, t, h, d).transpose(1, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cos_batch", [1, 2], ids=["cos1", "cosB"])
+def test_rotary_matches_float64(device, dtype, cos_batch):
+    b, hq, hk, t, d = 2, 4, 2, 7, 64
+    q, k = heads_layout(b, hq, t, d, dtype, device), heads_layout(b, hk, t, d, dtype, device)
+    cos, sin = hf_cos_sin(cos_batch, t, d, dtype, device)
+    oq, ok = cuops.rotary(q, k, cos, sin)
+    assert oq.dtype == ok.dtype == dtype and oq.shape == q.shape and ok.shape == k.shape
+    assert rel_error(oq, reference(q, cos, sin)) <= TOL[dtype]
+    assert rel_error(ok, reference(k, cos, sin)) <= TOL[dtype]
+    again = cuops.rotary(q, k, cos, sin)
+    assert torch.equal(again[0], oq) and torch.equal(again[1], ok)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_mix_follows_hugging_face(device, half):
+    """Under autocast HF's q and k are half (projections) and cos / sin float32: the result is float32."""
+    q, k = heads_layout(1, 4, 9, 128, half, device), heads_layout(1, 1, 9, 128, half, device)
+    cos, sin = hf_cos_sin(1, 9, 128, torch.float32, device)
+    oq, ok = cuops.rotary(q, k, cos, sin)
+    wq, wk = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    assert oq.dtype == wq.dtype == torch.float32 and ok.dtype == wk.dtype
+    assert rel_error(oq, wq) <= 1e-6 and rel_error(ok, wk) <= 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradients_match_float64(device, dtype):
+    b, hq, hk, t, d = 2, 3, 1, 5, 32
+    q = heads_layout(b, hq, t, d, dtype, device).requires_grad_()
+    k = heads_layout(b, hk, t, d, dtype, device).requires_grad_()
+    cos, sin = (c.requires_grad_() for c in hf_cos_sin(1, t, d, dtype, device))
+    gq, gk = make((b, hq, t, d), dtype, device), make((b, hk, t, d), dtype, device)
+    torch.autograd.backward(cuops.rotary(q, k, cos, sin), [gq, gk])
+    q64, k64, c64, s64 = (x.detach().double().requires_grad_() for x in (q, k, cos, sin))
+    torch.autograd.backward(hf_apply_rotary_pos_emb(q64, k64, c64, s64), [gq.double(), gk.double()])
+    tol = 4 * TOL[dtype]
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (cos.grad, c64.grad), (sin.grad, s64.grad)):
+        assert got.dtype == dtype
+        assert rel_error(got, want) <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_float64(device):
+    q, k = make((1, 2, 3, 8), torch.float64, device), make((1, 1, 3, 8), torch.float64, device)
+    cos, sin = make((1, 3, 8), torch.float64, device), make((1, 3, 8), torch.float64, device)
+    args = tuple(t.requires_grad_() for t in (q, k, cos, sin))
+    assert torch.autograd.gradcheck(cuops.rotary, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_name_the_argument(device):
+    q, k = make((1, 2, 3, 8), torch.float32, device), make((1, 1, 3, 8), torch.float32, device)
+    cos, sin = make((1, 3, 8), torch.float32, device), make((1, 3, 8), torch.float32, device)
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected an even head dimension D, got 7"):
+        cuops.rotary(q[..., :7], k[..., :7], cos[..., :7], sin[..., :7])
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected cos and sin \[B or 1, T, D\]"):
+        cuops.rotary(q, k, cos[:, :2], sin[:, :2])
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected q \[B, Hq, T, D\] and k"):
+        cuops.rotary(q, k[:, :, :2], cos, sin)
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected q to be 4-D"):
+        cuops.rotary(q[0], k, cos, sin)
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected k to have the dtype of q"):
+        cuops.rotary(q, k.double(), cos, sin)
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected sin to have the dtype of cos"):
+        cuops.rotary(q, k, cos, sin.double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    q, k = make((2, 2, 3, 8), torch.float32, device), make((2, 1, 3, 8), torch.float32, device)
+    cos, sin = make((2, 3, 8), torch.float32, device), make((2, 3, 8), torch.float32, device)
+    torch.library.opcheck(ops.rotary, tuple(t.clone().requires_grad_() for t in (q, k, cos, sin)))
+    torch.library.opcheck(ops.rotary, (q, k, cos[:1], sin[:1]))
+    torch.library.opcheck(ops._rotary_bwd, (q, k, cos, sin))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiles_without_graph_breaks(device):
+    q = heads_layout(1, 2, 4, 16, torch.float32, device).detach().requires_grad_()
+    k = heads_layout(1, 1, 4, 16, torch.float32, device).detach().requires_grad_()
+    cos, sin = hf_cos_sin(1, 4, 16, torch.float32, device)
+
+    def f(q, k):
+        a, b = cuops.rotary(q, k, cos, sin)
+        return (a * a).sum() + b.sum()
+
+    backends = ["aot_eager"] + (["inductor"] if device == "cuda" else [])
+    for backend in backends:
+        torch._dynamo.reset()
+        torch.compile(f, fullgraph=True, backend=backend)(q, k).backward()
+        grads = [q.grad.clone(), k.grad.clone()]
+        q.grad = k.grad = None
+        f(q, k).backward()
+        torch.testing.assert_close(grads[0], q.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grads[1], k.grad, rtol=1e-5, atol=1e-5)
+        q.grad = k.grad = None
