@@ -325,6 +325,13 @@ FUSED_HEAD = (f"{'op':<17} {'pass':<8} {'dtype':<9} {'model':<11} {'tokens':>6} 
               f"{'compiled':>8} {'addmm_act':>9} {'frac mm':>7} {'frac copy':>9}")
 
 
+def geomean_and_worst(pairs: list) -> tuple:
+    """pairs of (ratio, row): the ratios' geometric mean, the least ratio and its row."""
+    geo = math.exp(sum(math.log(x) for x, _ in pairs) / len(pairs))
+    low, worst = min(pairs, key=lambda p: p[0])
+    return geo, low, worst
+
+
 def fused_lines(results: dict) -> list[str]:
     """The fused ops' rows (sections/fused.py): cuops time and each baseline's time / cuops time."""
     rows = [r for r in results["rows"] if r["family"] == "fused"]
@@ -352,8 +359,7 @@ def fused_lines(results: dict) -> list[str]:
         for key in ("eager", "compiled", "addmm_act"):
             ratios = [(r["baselines"][key]["ratio"], r) for r in sel if key in r["baselines"]]
             if ratios:
-                geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
-                low, worst = min(ratios, key=lambda p: p[0])
+                geo, low, worst = geomean_and_worst(ratios)
                 parts.append(f"{key} {geo:.3f}x (worst {low:.3f}x at {worst['model']} {worst['tokens']})")
         if parts:
             lines.append(f"geomean {op} {kind} bf16, 512+ tokens: " + "; ".join(parts))
@@ -402,8 +408,7 @@ def rms_norm_lines(results: dict) -> list[str]:
             low, worst = min(fracs, key=lambda p: p[0])
             parts.append(f"frac >= {low:.2f} (at {worst['dtype']} {worst['size']})")
         if comp:
-            geo = math.exp(sum(math.log(x) for x, _ in comp) / len(comp))
-            low, worst = min(comp, key=lambda p: p[0])
+            geo, low, worst = geomean_and_worst(comp)
             parts.append(f"compiled {geo:.3f}x (worst {low:.3f}x at {worst['dtype']} {worst['size']})")
         if parts:
             lines.append(f"{op} {kind}: " + "; ".join(parts))

@@ -2,29 +2,20 @@
 forward, and forward + backward, over model-sized rows in bf16 and in autocast's mix (a bf16 sublayer
 output beside a float32 residual stream and float32 weight). Bytes counted: what the op must move (its
 inputs read once, its outputs written once; backward: dy, the saved sum, the gradients; the weight and
-the per-row statistics left out). An experiment: its output is not committed.
+the per-row statistics left out). An experiment: its output is not committed; the bench section
+(`--only rms_norm`) times the backward alone.
 
     python3 bench/sweep/rms_norm_rates.py [ROWSxD ...]
 """
 import sys
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
 
-import cuops
-
-EPS = 1e-6
-
-
-def hf_norm(x, w):
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
-    return w * h.to(x.dtype)
-
-
-def hf_add_norm(x, r, w):
-    s = r + x
-    return hf_norm(s, w), s
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cuops  # noqa: E402
+from cuops_bench.sections.rms_norm import hf_add_norm, hf_norm  # noqa: E402  (the bench section's HF code)
 
 
 def copy_rate(nbytes):
