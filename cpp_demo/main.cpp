@@ -80,6 +80,15 @@ int main(int argc, char** argv) {
     auto aoti = loader.run({in("a"), in("b"), in("w")});
     check("AOTInductor .pt2", "16x8 model", aoti[0], in("g"), 1e-5);
     check("AOTInductor .pt2 norm", "16x8 model", aoti[1], in("norm"), 1e-5);
+    // A transformers Llama decoder layer after cuops.patch, exported in Python (bf16 on CUDA).
+    const std::string layer_io = dir + "/io_decoder_" + dev_name + ".pt";
+    if (std::filesystem::exists(layer_io)) {
+      torch::jit::Module lio = torch::jit::load(layer_io);
+      auto lin = [&](const char* n) { return lio.attr(n).toTensor(); };
+      torch::inductor::AOTIModelPackageLoader layer(dir + "/decoder_" + dev_name + ".pt2");
+      auto y = layer.run({lin("h"), lin("cos"), lin("sin")});
+      check("AOTI patched Llama layer", "2x24x128", y[0], lin("y"), 1e-5);
+    }
   } else if (!dir.empty()) {
     std::printf("(no Python artifacts in %s: run tests/scripts/make_artifacts.py)\n", dir.c_str());
   }

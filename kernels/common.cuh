@@ -119,6 +119,58 @@ __device__ __forceinline__ A sum_vec(const Vec<T, V>& x, const Vec<T, V>& y, G g
   return static_cast<A>(s);
 }
 
+// E elements of U at p into f (as A, a float type), one vector access of E * sizeof(U)
+// bytes where E > 1 (16-byte chunks), else one element.
+template <typename U, int E, typename A>
+__device__ __forceinline__ void load_elems(const U* p, A (&f)[E]) {
+  if constexpr (E == 1) {
+    f[0] = static_cast<A>(to_acc(p[0]));
+  } else {
+    constexpr int kChunk = 16 / sizeof(U);  // elements a 16-byte chunk holds
+    static_assert(E % kChunk == 0, "a vector is whole 16-byte chunks of each operand");
+#pragma unroll
+    for (int c = 0; c < E / kChunk; ++c) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p + c * kChunk);
+      U u[kChunk];
+      __builtin_memcpy(u, &raw, 16);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) f[c * kChunk + i] = static_cast<A>(to_acc(u[i]));
+    }
+  }
+}
+
+// The same as a store of f rounded to U. Half types go as packed pairs (Vec's reason: an array of
+// 16-bit elements put the rotary backward's bf16 stores through 8 bytes of stack).
+template <typename U, int E, typename A>
+__device__ __forceinline__ void store_elems(U* p, const A (&f)[E]) {
+  if constexpr (is_half_type<U> && E % 8 == 0) {
+#pragma unroll
+    for (int c = 0; c < E / 8; ++c) {
+      uint4 raw;
+      raw.x = pack_pair(static_cast<float>(f[c * 8 + 0]), static_cast<float>(f[c * 8 + 1]), U{});
+      raw.y = pack_pair(static_cast<float>(f[c * 8 + 2]), static_cast<float>(f[c * 8 + 3]), U{});
+      raw.z = pack_pair(static_cast<float>(f[c * 8 + 4]), static_cast<float>(f[c * 8 + 5]), U{});
+      raw.w = pack_pair(static_cast<float>(f[c * 8 + 6]), static_cast<float>(f[c * 8 + 7]), U{});
+      *reinterpret_cast<uint4*>(p + c * 8) = raw;
+    }
+    return;
+  }
+  U u[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) u[i] = from_acc<U>(static_cast<acc_t<U>>(f[i]));
+  if constexpr (E == 1) {
+    p[0] = u[0];
+  } else {
+    constexpr int kChunk = 16 / sizeof(U);
+#pragma unroll
+    for (int c = 0; c < E / kChunk; ++c) {
+      uint4 raw;
+      __builtin_memcpy(&raw, u + c * kChunk, 16);
+      *reinterpret_cast<uint4*>(p + c * kChunk) = raw;
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -94,6 +94,33 @@ cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, int multiproc
                                 cudaStream_t stream);
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream_t stream);
 
+// Hugging Face's rotary embedding (kernels/rotary.cu) over q [B, Hq, T, D] and k [B, Hk, T, D] into
+// oq, ok of the same shapes (any strides sb, sh, st of B, H, T; unit element stride; D even), with
+// cos and sin [B or 1, T, D] (contiguous rows, trig_sb apart: 0 for one batch row shared):
+// forward  o[:D/2] = x[:D/2] c[:D/2] - x[D/2:] s[:D/2],  o[D/2:] = x[D/2:] c[D/2:] + x[:D/2] s[D/2:];
+// backward o[:D/2] = x[:D/2] c[:D/2] + x[D/2:] s[D/2:],  o[D/2:] = x[D/2:] c[D/2:] - x[:D/2] s[:D/2],
+// in float32 (float64 for float64), rounded once. x: q's and k's dtype (the forward's) or their
+// gradients' (the backward's); trig: cos and sin's; out: the outputs'. All one dtype, or float32 beside a
+// half type: x half with trig and out float32 (the forward under autocast), x and trig float32 with out
+// half (its backward, giving q's dtype); rotary_supports says which. vec: every pointer and stride
+// 16-byte aligned and D/2 a multiple of rotary_vector_elems, so elements go 16 bytes at a time.
+struct RotaryTensor {
+  void* p;
+  int64_t sb, sh, st;
+};
+struct RotaryArgs {
+  DType x, trig, out;
+  bool backward;
+  int64_t batch, heads_q, heads_k, seq, d;
+  RotaryTensor q, k, oq, ok;
+  const void* cos;
+  const void* sin;
+  int64_t trig_sb;
+};
+bool rotary_supports(DType x, DType trig, DType out, bool vec);
+int rotary_vector_elems(DType x, DType trig, DType out);
+cudaError_t launch_rotary(const RotaryArgs& args, bool vec, cudaStream_t stream);
+
 // The fused linear ops' activations (kernels/activation.cuh holds their math).
 enum class Activation : int { None, Relu, Gelu, GeluTanh, Silu };
 

@@ -33,45 +33,6 @@ constexpr int kFwdPer = 4, kBwdPer = 2, kMinBlock = 128, kMaxGroup = 512, kBwdBl
 
 template <bool kF32, typename T> using Either = std::conditional_t<kF32, acc_t<T>, T>;
 
-// E elements of U at p into f (as the accumulation type A), one vector access of E * sizeof(U)
-// bytes where E > 1 (16-byte chunks), else one element.
-template <typename U, int E, typename A>
-__device__ __forceinline__ void load(const U* p, A (&f)[E]) {
-  if constexpr (E == 1) {
-    f[0] = static_cast<A>(to_acc(p[0]));
-  } else {
-    constexpr int kChunk = 16 / sizeof(U);  // elements a 16-byte chunk holds
-    static_assert(E % kChunk == 0, "a vector is whole 16-byte chunks of each operand");
-#pragma unroll
-    for (int c = 0; c < E / kChunk; ++c) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(p + c * kChunk);
-      U u[kChunk];
-      __builtin_memcpy(u, &raw, 16);
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) f[c * kChunk + i] = static_cast<A>(to_acc(u[i]));
-    }
-  }
-}
-
-// The same as a store of f rounded to U.
-template <typename U, int E, typename A>
-__device__ __forceinline__ void store(U* p, const A (&f)[E]) {
-  U u[E];
-#pragma unroll
-  for (int i = 0; i < E; ++i) u[i] = from_acc<U>(static_cast<acc_t<U>>(f[i]));
-  if constexpr (E == 1) {
-    p[0] = u[0];
-  } else {
-    constexpr int kChunk = 16 / sizeof(U);
-#pragma unroll
-    for (int c = 0; c < E / kChunk; ++c) {
-      uint4 raw;
-      __builtin_memcpy(&raw, u + c * kChunk, 16);
-      *reinterpret_cast<uint4*>(p + c * kChunk) = raw;
-    }
-  }
-}
-
 // The sum of v over the group of g threads holding a row (g a power of two; lanes of one warp below
 // 32, whole warps above): the same value in every thread of the group, added in one fixed order.
 // red: blockDim / 32 values of shared memory. Every thread of the block calls.
@@ -116,13 +77,13 @@ __global__ void __launch_bounds__(kMaxGroup)
     for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
-        load<T, E>(x + row * ld_x + j * E, v[i]);
+        load_elems<T, E>(x + row * ld_x + j * E, v[i]);
         if (res != nullptr) {
           A r[E];
-          load<S, E>(res + row * ld_res + j * E, r);
+          load_elems<S, E>(res + row * ld_res + j * E, r);
 #pragma unroll
           for (int e = 0; e < E; ++e) v[i][e] = static_cast<A>(to_acc(from_acc<S>(v[i][e] + r[e])));
-          store<S, E>(sum + row * sh.d + j * E, v[i]);
+          store_elems<S, E>(sum + row * sh.d + j * E, v[i]);
         }
 #pragma unroll
         for (int e = 0; e < E; ++e) ss += v[i][e] * v[i][e];
@@ -136,10 +97,10 @@ __global__ void __launch_bounds__(kMaxGroup)
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         A wv[E];
-        load<Either<kWF32, T>, E>(w + j * E, wv);
+        load_elems<Either<kWF32, T>, E>(w + j * E, wv);
 #pragma unroll
         for (int e = 0; e < E; ++e) v[i][e] = v[i][e] * r * wv[e];
-        store<Either<kSF32 || kWF32, T>, E>(y + row * sh.d + j * E, v[i]);
+        store_elems<Either<kSF32 || kWF32, T>, E>(y + row * sh.d + j * E, v[i]);
       }
     }
   }
@@ -174,9 +135,9 @@ __global__ void __launch_bounds__(kMaxGroup)
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         A wv[E];
-        load<Y, E>(dy + row * sh.d + j * E, gv[i]);
-        load<S, E>(s + row * sh.d + j * E, sv[i]);
-        load<Either<kWF32, T>, E>(w + j * E, wv);
+        load_elems<Y, E>(dy + row * sh.d + j * E, gv[i]);
+        load_elems<S, E>(s + row * sh.d + j * E, sv[i]);
+        load_elems<Either<kWF32, T>, E>(w + j * E, wv);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
           if (partial != nullptr) dw[i][e] += gv[i][e] * sv[i][e] * r;
@@ -193,14 +154,14 @@ __global__ void __launch_bounds__(kMaxGroup)
       if (i < per && live && j < vecs) {
         A out[E];
         if (dsum != nullptr) {
-          load<S, E>(dsum + row * sh.d + j * E, out);
+          load_elems<S, E>(dsum + row * sh.d + j * E, out);
         } else {
 #pragma unroll
           for (int e = 0; e < E; ++e) out[e] = 0;
         }
 #pragma unroll
         for (int e = 0; e < E; ++e) out[e] += r * (gv[i][e] - sv[i][e] * c);
-        store<S, E>(ds + row * sh.d + j * E, out);
+        store_elems<S, E>(ds + row * sh.d + j * E, out);
       }
     }
   }
@@ -234,13 +195,25 @@ __global__ void __launch_bounds__(kMaxGroup)
   }
 }
 
-// dweight[c] = the blocks' partials of column c added in block order, rounded to W.
-template <typename A, typename W>
-__global__ void rms_norm_dweight(const A* partial, int64_t blocks, int64_t d, W* dweight) {
-  const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (c >= d) return;
+// dweight[c] = the blocks' partials of column c added in a fixed order, rounded to W: a block of
+// kColSlices x 32 threads takes 32 columns, slice i adds its run of partial rows in order, and the
+// slices' totals are added in slice order. (One thread a column over all 264 partials put 16 blocks on
+// the GPU for d = 4096: a latency-bound tail after the row pass.)
+constexpr int kColSlices = 8;
+template <typename A, typename W> __global__ void __launch_bounds__(32 * kColSlices)
+    rms_norm_dweight(const A* partial, int64_t blocks, int64_t d, W* dweight) {
+  __shared__ A slice_sum[kColSlices][32];
+  const int col = static_cast<int>(threadIdx.x) % 32, slice = static_cast<int>(threadIdx.x) / 32;
+  const int64_t c = int64_t{blockIdx.x} * 32 + col;
+  const int64_t run = (blocks + kColSlices - 1) / kColSlices;
+  const int64_t first = slice * run, last = min(blocks, first + run);
   A total = 0;
-  for (int64_t b = 0; b < blocks; ++b) total += partial[b * d + c];
+  if (c < d)
+    for (int64_t b = first; b < last; ++b) total += partial[b * d + c];
+  slice_sum[slice][col] = total;
+  __syncthreads();
+  if (slice != 0 || c >= d) return;
+  for (int i = 1; i < kColSlices; ++i) total += slice_sum[i][col];
   dweight[c] = from_acc<W>(static_cast<acc_t<W>>(total));
 }
 
@@ -301,7 +274,7 @@ cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
       static_cast<const A*>(a.rstd), static_cast<const S*>(a.dsum), static_cast<S*>(a.ds), partial);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.dweight == nullptr) return err;
-  rms_norm_dweight<A, W><<<static_cast<unsigned>((a.d + 255) / 256), 256, 0, stream>>>(
+  rms_norm_dweight<A, W><<<static_cast<unsigned>((a.d + 31) / 32), 32 * kColSlices, 0, stream>>>(
       partial, grid, a.d, static_cast<W*>(a.dweight));
   return cudaGetLastError();
 }

@@ -6,9 +6,10 @@
 // promote(q, cos) (HF under autocast: bf16 q and k with float32 cos / sin give float32), the math in
 // float32 (float64 for float64), rounded once.
 //
-// CPU and CUDA run the reference's composite of torch ops for now (one function): correct
-// everywhere, not fast. The one-pass CUDA kernel (q and k read once, cos / sin
-// once a position) is the next step.
+// The outputs keep their input's layout (empty_like: HF's q is a transposed view of the projection,
+// and attention reads either layout). CPU runs the reference's composite of torch ops; CUDA runs
+// kernels/rotary.cu in one pass (q and k read once), with the composite for mixes the kernel has no
+// instance for (a float32 q with half cos, fp16 with bf16) and for unaligned mixes.
 #include "ops/common.h"
 
 namespace cuops::ops {
@@ -66,25 +67,101 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return (xa * c + rotate_half(xa) * s).to(out).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> rotary_impl(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& cos, const at::Tensor& sin) {
+// x's layout (dense strides kept), in dtype.
+at::Tensor like(const at::Tensor& x, at::ScalarType dtype) {
+  return at::empty_like(x, x.options().dtype(dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& cos, const at::Tensor& sin) {
   check_rotary("rotary", q, k, cos, sin);
   const auto out = out_dtype(q, cos);
-  return {rotate(q, cos, sin, out), rotate(k, cos, sin, out)};
+  return {like(q, out).copy_(rotate(q, cos, sin, out)),
+          like(k, out).copy_(rotate(k, cos, sin, out))};
 }
 
 // The gradient of x from g = d(x·cos + rotate_half(x)·sin): g·cos - rotate_half(g·sin), in g's
-// dtype (the autograd casts it to x's where they differ).
+// dtype (the callers round it to the dtype asked).
 at::Tensor unrotate(const at::Tensor& g, const at::Tensor& cos, const at::Tensor& sin) {
   const auto acc = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor ga = g.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
   return (ga * c - rotate_half(ga * s)).to(g.scalar_type()).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> rotary_bwd_op(const at::Tensor& gq, const at::Tensor& gk,
-                                                 const at::Tensor& cos, const at::Tensor& sin) {
+void check_rotary_bwd(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& cos,
+                      const at::Tensor& sin, at::ScalarType dtype) {
   check_rotary("_rotary_bwd", gq, gk, cos, sin);
-  return {unrotate(gq, cos, sin), unrotate(gk, cos, sin)};
+  TORCH_CHECK(is_supported_dtype(dtype),
+              "cuops::_rotary_bwd: expected dtype float32, float64, "
+              "float16 or bfloat16, got ",
+              dtype_name(dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_bwd_cpu(const at::Tensor& gq, const at::Tensor& gk,
+                                                  const at::Tensor& cos, const at::Tensor& sin,
+                                                  at::ScalarType dtype) {
+  check_rotary_bwd(gq, gk, cos, sin, dtype);
+  return {like(gq, dtype).copy_(unrotate(gq, cos, sin)),
+          like(gk, dtype).copy_(unrotate(gk, cos, sin))};
+}
+
+// ---- CUDA
+
+kernels::RotaryTensor view_of(const at::Tensor& t) {
+  return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+bool aligned16(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    if (t.size(i) > 1 && (t.stride(i) * t.element_size()) % 16 != 0) return false;
+  return true;
+}
+
+// The forward's outputs or the backward's gradients of q and k in one launch, in `out`; the composite
+// where the kernel has no instance (rotary_supports: mixes other than autocast's, rows without a unit
+// element stride).
+std::tuple<at::Tensor, at::Tensor> rotary_cuda_pass(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                    const at::Tensor& cos_in,
+                                                    const at::Tensor& sin_in, at::ScalarType out,
+                                                    bool backward) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const int64_t d = q_in.size(3);
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  at::Tensor oq = like(q_in, out), ok = like(k_in, out);
+  const auto x_t = kernel_dtype(q_in.scalar_type()), trig_t = kernel_dtype(cos.scalar_type()),
+             out_t = kernel_dtype(out);
+  const int e = kernels::rotary_vector_elems(x_t, trig_t, out_t);
+  const auto unit = [](const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1; };
+  const bool vec = (d / 2) % e == 0 && aligned16(q_in) && aligned16(k_in) && aligned16(cos) &&
+                   aligned16(sin) && aligned16(oq) && aligned16(ok);
+  if (!kernels::rotary_supports(x_t, trig_t, out_t, vec) || !unit(q_in) || !unit(k_in) ||
+      !unit(oq) || !unit(ok)) {
+    if (backward) return {oq.copy_(unrotate(q_in, cos, sin)), ok.copy_(unrotate(k_in, cos, sin))};
+    return {oq.copy_(rotate(q_in, cos, sin, out)), ok.copy_(rotate(k_in, cos, sin, out))};
+  }
+  kernels::RotaryArgs a{};
+  a.x = x_t, a.trig = trig_t, a.out = out_t, a.backward = backward;
+  a.batch = q_in.size(0), a.heads_q = q_in.size(1), a.heads_k = k_in.size(1);
+  a.seq = q_in.size(2), a.d = d;
+  a.q = view_of(q_in), a.k = view_of(k_in), a.oq = view_of(oq), a.ok = view_of(ok);
+  a.cos = cos.data_ptr(), a.sin = sin.data_ptr();
+  a.trig_sb = cos.size(0) == 1 ? 0 : cos.stride(0);
+  C10_CUDA_CHECK(kernels::launch_rotary(a, vec, current_stream(q_in)));
+  return {oq, ok};
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_cuda(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary("rotary", q, k, cos, sin);
+  return rotary_cuda_pass(q, k, cos, sin, out_dtype(q, cos), false);
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_bwd_cuda(const at::Tensor& gq, const at::Tensor& gk,
+                                                   const at::Tensor& cos, const at::Tensor& sin,
+                                                   at::ScalarType dtype) {
+  check_rotary_bwd(gq, gk, cos, sin, dtype);
+  return rotary_cuda_pass(gq, gk, cos, sin, dtype, true);
 }
 
 // ---- Meta: shapes and dtypes only.
@@ -92,15 +169,15 @@ std::tuple<at::Tensor, at::Tensor> rotary_bwd_op(const at::Tensor& gq, const at:
 std::tuple<at::Tensor, at::Tensor> rotary_meta(const at::Tensor& q, const at::Tensor& k,
                                                const at::Tensor& cos, const at::Tensor& sin) {
   check_rotary("rotary", q, k, cos, sin);
-  const auto opts = q.options().dtype(out_dtype(q, cos));
-  return {at::empty_symint(q.sym_sizes(), opts), at::empty_symint(k.sym_sizes(), opts)};
+  const auto out = out_dtype(q, cos);
+  return {like(q, out), like(k, out)};
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_bwd_meta(const at::Tensor& gq, const at::Tensor& gk,
-                                                   const at::Tensor& cos, const at::Tensor& sin) {
-  check_rotary("_rotary_bwd", gq, gk, cos, sin);
-  return {at::empty_symint(gq.sym_sizes(), gq.options()),
-          at::empty_symint(gk.sym_sizes(), gk.options())};
+                                                   const at::Tensor& cos, const at::Tensor& sin,
+                                                   at::ScalarType dtype) {
+  check_rotary_bwd(gq, gk, cos, sin, dtype);
+  return {like(gq, dtype), like(gk, dtype)};
 }
 
 // ---- Autograd: cos and sin are kept (q and k too where cos or sin need a gradient).
@@ -124,8 +201,8 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     at::Tensor gq = grads[0], gk = grads[1];
     at::Tensor dq, dk, dcos, dsin;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
-      std::tie(dq, dk) = cuops::_rotary_bwd(gq, gk, cos, sin);
-      dq = dq.to(q_dtype), dk = dk.to(q_dtype);
+      // In q's dtype from the kernel (a bf16 q under autocast gets float32 gradients).
+      std::tie(dq, dk) = cuops::_rotary_bwd(gq, gk, cos, sin, q_dtype);
     }
     if (saved.size() > 2 && (ctx->needs_input_grad(2) || ctx->needs_input_grad(3))) {
       // d/dcos = sum over heads (and a broadcast batch) of g·x; d/dsin of g·rotate_half(x).
@@ -159,12 +236,12 @@ std::tuple<at::Tensor, at::Tensor> rotary_autograd(const at::Tensor& q, const at
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cuops, CPU, m) {
-  m.impl("rotary", &rotary_impl);
-  m.impl("_rotary_bwd", &rotary_bwd_op);
+  m.impl("rotary", &rotary_cpu);
+  m.impl("_rotary_bwd", &rotary_bwd_cpu);
 }
 TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
-  m.impl("rotary", &rotary_impl);
-  m.impl("_rotary_bwd", &rotary_bwd_op);
+  m.impl("rotary", &rotary_cuda);
+  m.impl("_rotary_bwd", &rotary_bwd_cuda);
 }
 TORCH_LIBRARY_IMPL(cuops, Meta, m) {
   m.impl("rotary", &rotary_meta);

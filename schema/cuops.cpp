@@ -92,9 +92,11 @@ TORCH_LIBRARY(cuops, m) {
   // (q cos + rotate_half(q) sin, k cos + rotate_half(k) sin), Hugging Face's rotary embedding: q [B,
   // Hq, T, D], k [B, Hk, T, D], cos and sin [B or 1, T, D]; in promote(q, cos) (docs/ops.md#rotary).
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)", tags);
-  // The gradients of q and k from the outputs' gradients, in their dtype (internal).
-  m.def("_rotary_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin) -> (Tensor, Tensor)",
-        tags);
+  // The gradients of q and k from the outputs' gradients, in dtype (q's; internal).
+  m.def(
+      "_rotary_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, ScalarType dtype) -> "
+      "(Tensor, Tensor)",
+      tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

@@ -8,8 +8,9 @@ TORCH_PIN=$(sed -n 's/^dependencies = \["torch==\([^"]*\)"\]$/\1/p' "$CUOPS_ROOT
 # Test and packaging tools: scikit-build-core (pip install . of the wheel), cuobjdump (from NVIDIA's
 # wheel: the CUDA toolkit image CI runs on has nvcc but no cuobjdump) to check the built binary, and
 # nvdisasm (cuobjdump -sass needs it: the sm_90a GEMM's HGMMA check), and clang-format (tools/format.sh:
-# the C++ style, one release, since releases format differently).
-PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37 clang-format==21.1.8"
+# the C++ style, one release, since releases format differently), and transformers (cuops.patch's optional
+# dependency: tests/python/test_patch.py; the release the GPU machine has).
+PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37 clang-format==21.1.8 transformers==5.17.0"
 
 has_pinned_torch() {
   "$1" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" >/dev/null 2>&1
@@ -29,6 +30,6 @@ else
   fi
 fi
 # Test tools: present on the GPU machine's python3; installed into the venv above otherwise.
-"$PY" -c "import pytest, hypothesis, numpy, scikit_build_core" 2>/dev/null || "$PY" -m pip install -q $PY_PINS || exit 1
+"$PY" -c "import pytest, hypothesis, numpy, scikit_build_core, transformers" 2>/dev/null || "$PY" -m pip install -q $PY_PINS || exit 1
 export PY CUOPS_ROOT
 export CUOPS_BUILD_DIR=${CUOPS_BUILD_DIR:-$CUOPS_ROOT/build}

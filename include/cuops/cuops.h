@@ -233,15 +233,15 @@ inline std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::rotary");
   return handle.call(q, k, cos, sin);
 }
-// rotary's backward of q and k, in the gradients' dtype (internal; its schema may change).
+// rotary's backward of q and k, in dtype (q's; internal; its schema may change).
 inline std::tuple<at::Tensor, at::Tensor> _rotary_bwd(const at::Tensor& grad_q,
                                                       const at::Tensor& grad_k,
-                                                      const at::Tensor& cos,
-                                                      const at::Tensor& sin) {
+                                                      const at::Tensor& cos, const at::Tensor& sin,
+                                                      at::ScalarType dtype) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::ScalarType)>(
       "cuops::_rotary_bwd");
-  return handle.call(grad_q, grad_k, cos, sin);
+  return handle.call(grad_q, grad_k, cos, sin, dtype);
 }
 
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.

@@ -432,6 +432,27 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     return torch.ops.cuops.rotary(q, k, cos, sin)
 
 
+def patch(model: torch.nn.Module) -> torch.nn.Module:
+    """Puts a built Hugging Face Llama-family model (Llama, Mistral, Qwen2, Qwen3: the ForCausalLM or the
+    base Model) on cuops' fused ops, in place, and returns it (docs/patch.md).
+
+    RMSNorm (Qwen3's q/k norms too) -> rms_norm; each decoder layer's attention residual add and
+    post-attention norm -> add_rms_norm; the rotary embedding -> rotary; a silu-gated MLP without
+    biases -> swiglu + linear; the causal LM's training forward with labels -> linear_cross_entropy
+    on the hidden states, returning the loss with logits None (eval, or no labels: logits as before;
+    num_items_in_batch and shift_labels honoured). Parameters, buffers, the state_dict and tied
+    embeddings are untouched; the patched model trains eager and under torch.compile, with gradient
+    checkpointing, DDP and FSDP2, and generate() works. Patching twice changes nothing more.
+
+    Imports transformers (an optional dependency: cuops itself does not need it).
+
+    Raises:
+        TypeError: "cuops.patch: ..." for a model of another architecture, naming the supported ones.
+    """
+    from ._hf import patch as _patch
+    return _patch(model)
+
+
 def build_info() -> dict[str, Any]:
     """What this libcuops was built from and for; paste it into bug reports (docs/ops.md#build_info).
 

@@ -230,21 +230,21 @@ def register() -> bool:
 
     # rotary follows q and k (SPEC §1b): batch, heads or positions sharded alike in both outputs; cos
     # and sin replicated, or sharded with the batch (a cos of batch B) or the positions; D whole.
-    def rotary_entries(q, cos, tensors_out):
+    def rotary_entries(q, cos, tail):
         per_batch = cos.shape[0] != 1
-        rules = [([Replicate()] * tensors_out, [Replicate()] * 4)]
-        rules.append(([Shard(0)] * tensors_out, [Shard(0), Shard(0)] + [Shard(0) if per_batch else Replicate()] * 2))
-        rules.append(([Shard(1)] * tensors_out, [Shard(1), Shard(1), Replicate(), Replicate()]))
-        rules.append(([Shard(2)] * tensors_out, [Shard(2), Shard(2), Shard(1), Shard(1)]))
+        rules = [([Replicate()] * 2, [Replicate()] * 4 + tail)]
+        rules.append(([Shard(0)] * 2, [Shard(0), Shard(0)] + [Shard(0) if per_batch else Replicate()] * 2 + tail))
+        rules.append(([Shard(1)] * 2, [Shard(1), Shard(1), Replicate(), Replicate()] + tail))
+        rules.append(([Shard(2)] * 2, [Shard(2), Shard(2), Shard(1), Shard(1)] + tail))
         return rules
 
     @register_sharding(ops.rotary.default)
     def rotary_rule(q, k, cos, sin):
-        return rotary_entries(q, cos, 2)
+        return rotary_entries(q, cos, [])
 
     @register_sharding(ops._rotary_bwd.default)
-    def rotary_bwd_rule(grad_q, grad_k, cos, sin):
-        return rotary_entries(grad_q, cos, 2)
+    def rotary_bwd_rule(grad_q, grad_k, cos, sin, dtype):
+        return rotary_entries(grad_q, cos, [None])
 
     # ---- In-place ops: rules as (c, a, b) placements per mesh dimension; c's is never changed.
 

@@ -63,6 +63,21 @@ TEST_P(PythonArtifacts, AotInductorFusedOpsReproducePython) {
   }
 }
 
+// A transformers LlamaDecoderLayer put on cuops by cuops.patch (rms_norm, rotary, add_rms_norm,
+// swiglu, linear around the attention), exported in Python: what no Triton kernel library can run
+// from C++. The Python run's output, from the same kernels on the same inputs.
+TEST_P(PythonArtifacts, AotInductorPatchedDecoderLayerReproducesPython) {
+  torch::jit::Module io = torch::jit::load(kDir + "/io_decoder_" + GetParam() + ".pt");
+  auto in = [&](const char* n) { return io.attr(n).toTensor(); };
+  torch::inductor::AOTIModelPackageLoader loader(kDir + "/decoder_" + GetParam() + ".pt2");
+  std::vector<at::Tensor> out = loader.run({in("h"), in("cos"), in("sin")});
+  ASSERT_EQ(out.size(), 1u);
+  const at::Tensor want = in("y");
+  EXPECT_EQ(out[0].scalar_type(), want.scalar_type());
+  EXPECT_EQ(out[0].sizes(), want.sizes());
+  EXPECT_TRUE(torch::allclose(out[0].to(at::kFloat), want.to(at::kFloat), 1e-5, 1e-5));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, PythonArtifacts, ::testing::Values("cpu", "cuda"),
                          [](const auto& info) { return info.param; });
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import cuops
-from conftest import DEVICES, DTYPES, HALF_TOL, make, ops, rel_error
+from conftest import (DEVICES, DTYPES, HALF_TOL, cuda_kernels, make, ops, poison_allocator, rel_error,
+                      requires_cuda)
 
 TOL = {torch.float32: 1e-6, torch.float64: 1e-13, **HALF_TOL}
 
@@ -53,6 +54,75 @@ def test_rotary_matches_float64(device, dtype, cos_batch):
     assert rel_error(ok, reference(k, cos, sin)) <= TOL[dtype]
     again = cuops.rotary(q, k, cos, sin)
     assert torch.equal(again[0], oq) and torch.equal(again[1], ok)
+
+
+def qk_in_layout(layout, b, hq, hk, t, d, dtype, device):
+    """q and k in the layouts a model hands over: HF's transposed projection, contiguous [B, H, T, D],
+    q and k as slices of one fused qkv projection (not dense), rows offset by one element (not 16-byte
+    aligned), and a head dimension with a non-unit stride."""
+    if layout == "hf":
+        return heads_layout(b, hq, t, d, dtype, device), heads_layout(b, hk, t, d, dtype, device)
+    if layout == "contiguous":
+        return make((b, hq, t, d), dtype, device), make((b, hk, t, d), dtype, device)
+    if layout == "fused_qkv":
+        qkv = make((b, t, hq + 2 * hk, d), dtype, device)
+        return qkv[:, :, :hq].transpose(1, 2), qkv[:, :, hq:hq + hk].transpose(1, 2)
+    if layout == "offset":
+        return (make((b, hq, t, d), dtype, device, layout="offset"),
+                make((b, hk, t, d), dtype, device, layout="offset"))
+    if layout == "strided_d":
+        return (make((b, hq, t, d), dtype, device, layout="sliced"),
+                make((b, hk, t, d), dtype, device, layout="sliced"))
+    raise ValueError(layout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["hf", "contiguous", "fused_qkv", "offset", "strided_d"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 2), (2, 3, 1, 5, 6), (3, 8, 2, 17, 128), (1, 2, 2, 3, 256),
+                                   (2, 0, 2, 4, 64), (2, 2, 1, 0, 64)], ids=str)
+def test_rotary_layouts_and_sizes(device, dtype, layout, shape):
+    """Every layout and size, including D / 2 not a whole vector (6: one element at a time), no q heads and
+    no positions; the outputs keep q's and k's layout where it is dense (empty_like's), and every element is written
+    (outputs handed NaN-filled memory). Forward and backward (the backward's gradients are q and k's)."""
+    b, hq, hk, t, d = shape
+    q, k = qk_in_layout(layout, b, hq, hk, t, d, dtype, device)
+    cos, sin = hf_cos_sin(b, t, d, dtype, device)
+    bwd = lambda *a: ops._rotary_bwd(*a, dtype)  # noqa: E731
+    for op, sign in ((ops.rotary, 1), (bwd, -1)):
+        if device == "cuda":
+            poison_allocator()
+        oq, ok = op(q, k, cos, sin)
+        for x, o in ((q, oq), (k, ok)):
+            assert o.shape == x.shape and o.dtype == dtype
+            assert o.stride() == torch.empty_like(x).stride()  # x's own where x is dense
+            want = reference(x, cos, sign * sin)  # the backward rotates back (cos / sin halves alike)
+            assert rel_error(o, want) <= TOL[dtype]
+
+
+@requires_cuda
+@pytest.mark.parametrize("trig", [None, torch.float32], ids=["same", "f32_trig"])
+def test_cuda_rotary_is_one_launch(trig):
+    """q and k, HF's layout, bf16 (with float32 cos / sin: autocast's mix): one kernel each way, the
+    same bits on every call."""
+    q, k = heads_layout(2, 8, 33, 128, torch.bfloat16, "cuda"), heads_layout(2, 2, 33, 128, torch.bfloat16, "cuda")
+    cos, sin = hf_cos_sin(2, 33, 128, trig or torch.bfloat16, "cuda")
+    names = cuda_kernels(lambda: ops.rotary(q, k, cos, sin))
+    assert len(names) == 1 and "rotary" in names[0], names
+    first = ops.rotary(q, k, cos, sin)
+    for _ in range(3):
+        again = ops.rotary(q, k, cos, sin)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    if trig is None:
+        names = cuda_kernels(lambda: ops._rotary_bwd(q, k, cos, sin, torch.bfloat16))
+        assert len(names) == 1 and "rotary" in names[0], names
+    else:  # autocast's backward: float32 gradients in, q's bf16 out, one launch
+        g = first[0].detach(), first[1].detach()
+        names = cuda_kernels(lambda: ops._rotary_bwd(*g, cos, sin, torch.bfloat16))
+        assert len(names) == 1 and "rotary" in names[0], names
+        dq, dk = ops._rotary_bwd(*g, cos, sin, torch.bfloat16)
+        assert dq.dtype == dk.dtype == torch.bfloat16
+        assert rel_error(dq, reference(g[0], cos, -sin)) <= TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -116,7 +186,8 @@ def test_opcheck(device):
     cos, sin = make((2, 3, 8), torch.float32, device), make((2, 3, 8), torch.float32, device)
     torch.library.opcheck(ops.rotary, tuple(t.clone().requires_grad_() for t in (q, k, cos, sin)))
     torch.library.opcheck(ops.rotary, (q, k, cos[:1], sin[:1]))
-    torch.library.opcheck(ops._rotary_bwd, (q, k, cos, sin))
+    torch.library.opcheck(ops._rotary_bwd, (q, k, cos, sin, torch.float32))
+    torch.library.opcheck(ops._rotary_bwd, (q, k, cos, sin, torch.float64))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,7 +4,10 @@
   io_<dev>.pt       its inputs and this process's outputs, in a scripted holder C++ can torch::jit::load;
   fused_<dev>.pt2, io_fused_<dev>.pt   the same for a model of the fused ops (linear with bias and
                     gelu_tanh, then swiglu, then an LM head's linear_cross_entropy; bf16 on CUDA, where
-                    the fused GEMM epilogues run).
+                    the fused GEMM epilogues run);
+  decoder_<dev>.pt2, io_decoder_<dev>.pt   a transformers LlamaDecoderLayer put on cuops by cuops.patch
+                    (rms_norm, rotary, attention, add_rms_norm, swiglu, linear; a small random config;
+                    bf16 on CUDA), called on hidden states, cos and sin.
 Usage: python make_artifacts.py [OUT_DIR]   (default: artifacts/ beside the library; cpu always, cuda too
 when a GPU is visible)."""
 import pathlib
@@ -39,6 +42,27 @@ class FusedModel(torch.nn.Module):
         return h, torch.ops.cuops.linear_cross_entropy(h, w_head, target, None, -100, "mean")
 
 
+class DecoderLayer(torch.nn.Module):
+    """One patched Llama decoder layer (causal self-attention over the whole sequence, no cache)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, h, cos, sin):
+        return self.layer(h, position_embeddings=(cos, sin))
+
+
+def patched_decoder_layer(dev, dtype):
+    """A cuops.patch'ed LlamaDecoderLayer of a small random config, its rotary embedding, in dtype."""
+    import transformers
+    torch.manual_seed(11)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = cuops.patch(transformers.LlamaForCausalLM(cfg)).to(dev, dtype).eval()
+    return DecoderLayer(model.model.layers[0]), model.model.rotary_emb
+
+
 class Holder(torch.nn.Module):
     def __init__(self, tensors):
         super().__init__()
@@ -69,7 +93,16 @@ def main(out):
             str(out / f"io_fused_{dev}.pt"))
         torch._inductor.aoti_compile_and_package(torch.export.export(FusedModel(), args),
                                                  package_path=str(out / f"fused_{dev}.pt2"))
-        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt, fused_{dev}.pt2, io_fused_{dev}.pt")
+        layer, rotary = patched_decoder_layer(dev, dtype)
+        h = torch.randn(2, 24, 128, generator=gen).to(dev, dtype)
+        cos, sin = rotary(h, torch.arange(24, device=dev)[None])
+        with torch.no_grad():
+            y = layer(h, cos, sin)
+            torch.jit.script(Holder({"h": h, "cos": cos, "sin": sin, "y": y})).save(str(out / f"io_decoder_{dev}.pt"))
+            torch._inductor.aoti_compile_and_package(torch.export.export(layer, (h, cos, sin)),
+                                                     package_path=str(out / f"decoder_{dev}.pt2"))
+        print(f"wrote {out}/model.pt, model_{dev}.pt2, io_{dev}.pt, fused_{dev}.pt2, io_fused_{dev}.pt, "
+              f"decoder_{dev}.pt2, io_decoder_{dev}.pt")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+"""transformers' LlamaForCausalLM (issue 50's config: 8 layers, width 2048, FFN 5632, 16 / 4 heads, vocabulary
+128256; random weights) unpatched against cuops.patch: the bf16-autocast AdamW training step (torch eager,
+torch.compile, patch eager, patch + compile) with the memory a step adds over the weights and optimizer
+state; eager decode at batch 1 and 8 with the KV length held fixed; eager prefill 1 x 2048 with
+logits_to_keep=1. Sides alternate over rounds; medians. An experiment: its output is not committed.
+
+    python3 bench/sweep/hf_llama.py [train] [decode] [prefill]
+"""
+import copy
+import statistics
+import sys
+import time
+
+import torch
+
+import cuops
+import transformers
+
+CONFIG = dict(vocab_size=128256, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
+              num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5,
+              tie_word_embeddings=False)
+
+
+def build(dtype):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**CONFIG)
+    return transformers.LlamaForCausalLM(cfg).to("cuda", dtype)
+
+
+def timed(fn, n):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def train(rounds=5, steps=3):
+    torch._dynamo.config.cache_size_limit = 64
+    ref = build(torch.float32)
+    patched = cuops.patch(copy.deepcopy(ref))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, CONFIG["vocab_size"], (8, 1024), device="cuda", generator=g)
+    variants = {}
+    for name, model in (("torch", ref), ("patch", patched)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        compiled = torch.compile(model)
+        for mode, m in (("eager", model), ("compile", compiled)):
+            def step(m=m, opt=opt):
+                with torch.autocast("cuda", torch.bfloat16):
+                    loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss
+            variants[f"{name} {mode}"] = step
+    losses, mem = {}, {}
+    for key, step in variants.items():
+        t0 = time.perf_counter()
+        losses[key] = [step().item() for _ in range(3)]
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        mem[key] = (torch.cuda.max_memory_allocated() - base) / 1e9
+        print(f"{key}: warm-up {time.perf_counter() - t0:.1f}s, losses {losses[key]}", flush=True)
+    times = {k: [] for k in variants}
+    keys = list(variants)
+    for r in range(rounds):
+        for key in (keys if r % 2 == 0 else keys[::-1]):
+            times[key].append(timed(variants[key], steps))
+    eager = statistics.median(times["torch eager"])
+    comp = statistics.median(times["torch compile"])
+    print(f"{'variant':<15} {'ms/step':>8} {'vs eager':>8} {'vs compile':>10} {'GB added':>9} {'vs eager':>8}")
+    for key in keys:
+        ms = statistics.median(times[key])
+        print(f"{key:<15} {ms:8.2f} {eager / ms:8.3f} {comp / ms:10.3f} {mem[key]:9.2f} "
+              f"{mem[key] / mem['torch eager']:8.3f}")
+    del variants, ref, patched
+    torch.cuda.empty_cache()
+
+
+def decode(batches=(1, 8), kv=512, steps=32, rounds=5):
+    ref = build(torch.bfloat16).eval()
+    patched = cuops.patch(copy.deepcopy(ref))
+    print(f"{'decode':<10} {'torch ms':>9} {'patch ms':>9} {'speedup':>8}")
+    for b in batches:
+        g = torch.Generator(device="cuda").manual_seed(2)
+        prompt = torch.randint(0, CONFIG["vocab_size"], (b, kv), device="cuda", generator=g)
+        nxt = prompt[:, -1:]
+        pos = torch.full((b, 1), kv, device="cuda")
+        fns = {}
+        for name, model in (("torch", ref), ("patch", patched)):
+            with torch.no_grad():
+                cache = model(prompt, use_cache=True).past_key_values
+
+            def step(model=model, cache=cache):
+                with torch.no_grad():
+                    out = model(nxt, past_key_values=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
+                cache.crop(kv)  # the KV length held fixed
+                return out.logits
+            fns[name] = step
+        want, got = fns["torch"](), fns["patch"]()
+        agree = (want.argmax(-1) == got.argmax(-1)).float().mean().item()
+        times = {k: [] for k in fns}
+        for r in range(rounds):
+            for key in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                for _ in range(3):
+                    fns[key]()
+                times[key].append(timed(fns[key], steps))
+        t, p = statistics.median(times["torch"]), statistics.median(times["patch"])
+        print(f"batch {b:<4} {t:9.3f} {p:9.3f} {t / p:8.3f}  (argmax agreement {agree:.2f})")
+
+
+def prefill(tokens=2048, rounds=7):
+    ref = build(torch.bfloat16).eval()
+    patched = cuops.patch(copy.deepcopy(ref))
+    g = torch.Generator(device="cuda").manual_seed(3)
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, tokens), device="cuda", generator=g)
+    fns = {name: (lambda m=m: m(ids, use_cache=True, logits_to_keep=1).logits) for name, m in
+           (("torch", ref), ("patch", patched))}
+    times = {k: [] for k in fns}
+    with torch.no_grad():
+        for f in fns.values():
+            f()
+        for r in range(rounds):
+            for key in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                times[key].append(timed(fns[key], 3))
+    t, p = statistics.median(times["torch"]), statistics.median(times["patch"])
+    print(f"prefill 1x{tokens}: torch {t:.2f} ms, patch {p:.2f} ms, speedup {t / p:.3f}")
+
+
+if __name__ == "__main__":
+    what = sys.argv[1:] or ["train", "decode", "prefill"]
+    print(torch.cuda.get_device_name(), "transformers", transformers.__version__)
+    for w in what:
+        globals()[w]()
+        torch.cuda.empty_cache()

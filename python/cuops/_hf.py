@@ -1,0 +1,183 @@
+"""cuops.patch: a built Hugging Face Llama-family model onto cuops' fused ops, in place (docs/patch.md).
+
+What changes, module by module (the parameters, buffers and state_dict stay as they are):
+- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm;
+- a decoder layer adds the attention output to the residual stream inside its post-attention norm
+  (cuops.add_rms_norm); the add after the MLP, which crosses to the next layer, stays, so a layer is
+  still a unit that exports on its own;
+- attention rotates q and k with cuops.rotary (one pass, both heads' sets);
+- the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
+  without biases (other MLPs are left alone);
+- the causal LM's training forward with labels returns the loss of cuops.linear_cross_entropy over
+  the final hidden states, logits None (the [tokens, vocab] logits are never made); eval, or no labels:
+  logits as before.
+
+Each patched module's class is swapped for a subclass of its own that overrides forward (isinstance
+still holds, torch.compile and torch.export trace the override as the class's forward, FSDP2's own
+subclassing composes with it). Imports transformers; cuops itself does not.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Callable, NamedTuple, Optional
+
+import torch
+from torch import nn
+
+import cuops
+
+
+class _Family(NamedTuple):
+    prefix: str  # class name prefix: Llama, Mistral, Qwen2, Qwen3
+    # The sliding window the family's attention hands to the attention interface (None: no argument).
+    sliding_window: Optional[Callable[[nn.Module], Optional[int]]]
+    qk_norm: bool  # q_norm / k_norm on each head before the rotation (Qwen3)
+
+
+_FAMILIES = {
+    "llama": _Family("Llama", None, False),
+    "mistral": _Family("Mistral", lambda attn: getattr(attn.config, "sliding_window", None), False),
+    "qwen2": _Family("Qwen2", lambda attn: attn.sliding_window, False),
+    "qwen3": _Family("Qwen3", lambda attn: attn.sliding_window, True),
+}
+
+_SUBCLASSES: dict[tuple[type, Callable], type] = {}
+
+
+def _swap_forward(module: nn.Module, forward: Callable) -> None:
+    """module's class becomes a subclass of it whose forward is `forward` (one subclass a class, so
+    every layer of a model, and every model, shares it); a module already patched is left as it is."""
+    cls = type(module)
+    if getattr(cls, "_cuops_patched", False):
+        return
+    sub = _SUBCLASSES.get((cls, forward))
+    if sub is None:
+        sub = type(f"Cuops{cls.__name__}", (cls,), {"forward": forward, "_cuops_patched": True,
+                                                    "__module__": cls.__module__})
+        _SUBCLASSES[(cls, forward)] = sub
+    module.__class__ = sub
+
+
+def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return cuops.linear(cuops.swiglu(x, self.gate_proj.weight, self.up_proj.weight), self.down_proj.weight)
+
+
+def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                           use_cache=False, position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                      position_ids=position_ids, past_key_values=past_key_values,
+                                      use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    post = self.post_attention_layernorm
+    # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
+    # `residual + hidden_states` makes it (float32 beside a half h under autocast).
+    normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon)
+    return summed + self.mlp(normed)
+
+
+@functools.lru_cache(maxsize=None)  # one forward (so one subclass) a family
+def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                **kwargs):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(hidden_shape)
+        k = self.k_proj(hidden_states).view(hidden_shape)
+        if family.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
+        if family.sliding_window is not None:
+            kwargs["sliding_window"] = family.sliding_window(self)
+        out, weights = interface(self, q, k, v, attention_mask,
+                                 dropout=0.0 if not self.training else self.attention_dropout,
+                                 scaling=self.scaling, **kwargs)
+        out = out.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(out), weights
+
+    return forward
+
+
+@functools.lru_cache(maxsize=None)
+def _causal_lm_forward(base: type) -> Callable:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        shift_labels = kwargs.get("shift_labels")
+        if not self.training or (labels is None and shift_labels is None):
+            return base.forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                                position_ids=position_ids, past_key_values=past_key_values,
+                                inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                                logits_to_keep=logits_to_keep, **kwargs)
+        # transformers' ForCausalLMLoss without the logits: labels shifted left (the last position
+        # ignored), a mean over the tokens not ignored, or a sum over num_items_in_batch.
+        kwargs.pop("shift_labels", None)
+        num_items = kwargs.pop("num_items_in_batch", None)
+        ignore_index = kwargs.pop("ignore_index", -100)
+        return_dict = kwargs.pop("return_dict", None)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        hidden = outputs.last_hidden_state
+        if shift_labels is None:
+            shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        loss = cuops.linear_cross_entropy(hidden, self.lm_head.weight, shift_labels.to(hidden.device),
+                                          self.lm_head.bias, ignore_index,
+                                          "mean" if num_items is None else "sum")
+        if num_items is not None:
+            loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+        out = CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                                     hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return out.to_tuple() if return_dict is False else out
+
+    return forward
+
+
+def _family_of(model: nn.Module):
+    """(family, its transformers modeling module), or TypeError naming what is supported."""
+    supported = ", ".join(f"{f.prefix}ForCausalLM / {f.prefix}Model" for f in _FAMILIES.values())
+    config = getattr(model, "config", None)
+    family = _FAMILIES.get(getattr(config, "model_type", None))
+    if family is not None:
+        mod = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+        known = (getattr(mod, f"{family.prefix}ForCausalLM"), getattr(mod, f"{family.prefix}Model"))
+        if isinstance(model, known):
+            return family, mod
+    raise TypeError(f"cuops.patch: expected a Hugging Face model of the Llama family ({supported}), "
+                    f"got {type(model).__module__}.{type(model).__qualname__}")
+
+
+def patch(model: nn.Module) -> nn.Module:
+    family, mod = _family_of(model)
+    cls = lambda name: getattr(mod, f"{family.prefix}{name}")  # noqa: E731
+    attention = _attention_forward(family, mod.eager_attention_forward)
+    swaps = [(cls("RMSNorm"), _rms_norm_forward), (cls("DecoderLayer"), _decoder_layer_forward),
+             (cls("Attention"), attention)]
+    for module in model.modules():
+        for kind, forward in swaps:
+            if isinstance(module, kind):
+                _swap_forward(module, forward)
+        if isinstance(module, cls("MLP")) and _is_plain_swiglu(module):
+            _swap_forward(module, _mlp_forward)
+    if isinstance(model, cls("ForCausalLM")):
+        _swap_forward(model, _causal_lm_forward(type(model)))
+    return model
+
+
+def _is_plain_swiglu(mlp: nn.Module) -> bool:
+    """down(silu(gate(x)) * up(x)): the config's activation silu and no projection biases."""
+    return mlp.config.hidden_act in ("silu", "swish") and all(
+        getattr(mlp, p).bias is None for p in ("gate_proj", "up_proj", "down_proj"))

@@ -1,0 +1,267 @@
+"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2 and Qwen3 model
+patched in place against the same model unpatched: outputs and every gradient (float32 tight; bfloat16
+autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
+shift_labels, ignored tokens; logits None), 50 training steps whose losses track, greedy generate()
+tokens equal, gradient checkpointing, no graph break inside a compiled decoder layer, the state_dict
+and tied embeddings untouched, patching twice, an unknown model refused; DDP and FSDP2 on two
+processes. Small random models (2 layers, width 64), built from configs: no download."""
+import copy
+
+import pytest
+import torch
+
+import cuops
+from conftest import DEVICES, HAS_CUDA, rel_error, requires_cuda
+
+transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+VOCAB = 96
+
+
+def tiny_config(family, tie=False, **over):
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tie, rms_norm_eps=1e-5)
+    if family == "qwen3":
+        kw["head_dim"] = 16
+    kw.update(over)
+    return transformers.AutoConfig.for_model(family, **kw)
+
+
+def twins(family, device, dtype=torch.float32, seed=0, **over):
+    """(the model, a deep copy patched) from one random initialisation."""
+    torch.manual_seed(seed)
+    ref = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **over)).to(device, dtype)
+    return ref, cuops.patch(copy.deepcopy(ref))
+
+
+def tokens(batch, t, device, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, t), generator=g).to(device)
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_model_matches_unpatched(device, family):
+    """float32: eval logits, the training loss (logits None) and every parameter's gradient to 1e-5;
+    the swapped modules are subclasses of HF's, the state_dict the same tensors."""
+    ref, model = twins(family, device)
+    names = {type(m).__name__ for m in model.modules()}
+    prefix = type(ref).__name__.removesuffix("ForCausalLM")
+    for part in ("RMSNorm", "Attention", "MLP", "DecoderLayer", "ForCausalLM"):
+        assert f"Cuops{prefix}{part}" in names, (part, names)
+    assert isinstance(model, type(ref))
+    sd_ref, sd = ref.state_dict(), model.state_dict()
+    assert list(sd) == list(sd_ref) and all(torch.equal(sd[k], sd_ref[k]) for k in sd)
+
+    ids = tokens(2, 11, device)
+    ref.eval(), model.eval()
+    with torch.no_grad():
+        assert rel_error(model(ids).logits, ref(ids).logits) <= 1e-5
+    ref.train(), model.train()
+    labels = ids.clone()
+    labels[0, :3] = -100
+    out_ref, out = ref(ids, labels=labels), model(ids, labels=labels)
+    assert out.logits is None and out.loss.dtype == out_ref.loss.dtype == torch.float32
+    assert rel_error(out.loss, out_ref.loss) <= 1e-5
+    out_ref.loss.backward(), out.loss.backward()
+    g_ref, g = grads(ref), grads(model)
+    assert set(g) == set(g_ref) == {n for n, _ in ref.named_parameters()}
+    for n in g:
+        assert rel_error(g[n], g_ref[n]) <= 1e-4, n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_loss_follows_hugging_face_loss_kwargs(device):
+    """num_items_in_batch (a sum over it: gradient accumulation's loss), shift_labels given instead of
+    labels, a return_dict=False tuple; eval with labels keeps the logits and HF's loss."""
+    ref, model = twins("llama", device)
+    ids = tokens(2, 9, device)
+    labels = ids.clone()
+    labels[1, 4:] = -100
+    n = torch.tensor(13, device=device)
+    for kw in ({"labels": labels, "num_items_in_batch": n},
+               {"labels": labels, "shift_labels": torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].contiguous()}):
+        want, got = ref(ids, **kw).loss, model(ids, **kw).loss
+        assert rel_error(got, want) <= 1e-5, kw.keys()
+    loss, *_ = model(ids, labels=labels, return_dict=False)
+    assert rel_error(loss, ref(ids, labels=labels).loss) <= 1e-5
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        out, want = model(ids, labels=labels), ref(ids, labels=labels)
+    assert out.logits is not None and rel_error(out.loss, want.loss) <= 1e-5
+
+
+@requires_cuda
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_autocast_within_torchs_own_error(family):
+    """Under bf16 autocast (float32 master weights, as mixed-precision training runs): the patched model's
+    loss and gradients against the float32 model are within 2x (plus a floor) of what the unpatched model
+    shows under the same autocast."""
+    ref, model = twins(family, "cuda")
+    ids = tokens(4, 64, "cuda")
+    exact = ref(ids, labels=ids)
+    exact.loss.backward()
+    g_exact = grads(ref)
+    ref.zero_grad(set_to_none=True)
+    errs = {}
+    for name, m in (("torch", ref), ("cuops", model)):
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = m(ids, labels=ids).loss
+        loss.backward()
+        g = grads(m)
+        errs[name] = [rel_error(loss, exact.loss)] + [rel_error(g[n], g_exact[n]) for n in sorted(g_exact)]
+        m.zero_grad(set_to_none=True)
+    for mine, theirs in zip(errs["cuops"], errs["torch"]):
+        assert mine <= 2 * theirs + 2e-3, (mine, theirs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fifty_training_steps_track_torch(device):
+    """AdamW, 50 steps on random tokens, float32: the patched model's losses follow the unpatched one's
+    (1e-3 relative each step) and fall."""
+    ref, model = twins("llama", device)
+    opts = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (ref, model)]
+    gen = torch.Generator().manual_seed(5)
+    losses = [[], []]
+    for _ in range(50):
+        ids = torch.randint(0, VOCAB // 4, (2, 16), generator=gen).to(device)  # a narrow vocabulary: learnable
+        for i, (m, opt) in enumerate(zip((ref, model), opts)):
+            loss = m(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[i].append(loss.item())
+    for step, (a, b) in enumerate(zip(*losses)):
+        assert abs(a - b) <= 1e-3 * abs(a), (step, a, b)
+    assert losses[1][-1] < 0.8 * losses[1][0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_generate_gives_the_same_tokens(device, family):
+    ref, model = twins(family, device)
+    ref.eval(), model.eval()
+    ids = tokens(2, 5, device)
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kw), ref.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_checkpointing_gives_the_same_gradients(device):
+    _, model = twins("llama", device)
+    ids = tokens(2, 10, device)
+    model(ids, labels=ids).loss.backward()
+    plain = grads(model)
+    model.zero_grad(set_to_none=True)
+    model.gradient_checkpointing_enable()
+    model(ids, labels=ids).loss.backward()
+    for n, g in grads(model).items():
+        assert rel_error(g, plain[n]) <= 1e-6, n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_decoder_layer_compiles_without_graph_breaks(device, family):
+    """A patched decoder layer under torch.compile(fullgraph=True) (aot_eager; inductor on CUDA), forward
+    and backward, equals it eager."""
+    _, model = twins(family, device)
+    layer, rotary = model.model.layers[0], model.model.rotary_emb
+    h = torch.randn(2, 7, 64, device=device, requires_grad=True)
+    pos = torch.arange(7, device=device)[None]
+    cos, sin = rotary(h, pos)
+    out = layer(h, position_embeddings=(cos, sin), position_ids=pos)
+    out.square().sum().backward()
+    want = h.grad.clone()
+    for backend in ["aot_eager"] + (["inductor"] if device == "cuda" else []):
+        torch._dynamo.reset()
+        h.grad = None
+        compiled = torch.compile(layer, fullgraph=True, backend=backend)
+        got = compiled(h, position_embeddings=(cos, sin), position_ids=pos)
+        assert rel_error(got, out) <= 1e-5
+        got.square().sum().backward()
+        assert rel_error(h.grad, want) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tied_embeddings_stay_tied_and_patching_twice_changes_nothing(device):
+    ref, model = twins("qwen2", device, tie=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    classes = [type(m) for m in model.modules()]
+    assert cuops.patch(model) is model and [type(m) for m in model.modules()] == classes
+    ids = tokens(1, 6, device)
+    model(ids, labels=ids).loss.backward()
+    assert model.lm_head.weight.grad is model.model.embed_tokens.weight.grad
+
+
+def test_unknown_models_are_refused():
+    with pytest.raises(TypeError, match=r"cuops.patch: expected a Hugging Face model of the Llama family "
+                                        r"\(LlamaForCausalLM / LlamaModel, .*got torch.nn.modules.linear.Linear"):
+        cuops.patch(torch.nn.Linear(2, 2))
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
+    with pytest.raises(TypeError, match=r"got transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel"):
+        cuops.patch(gpt2)
+
+
+def test_mlp_with_bias_is_left_alone():
+    _, model = twins("llama", "cpu", mlp_bias=True)
+    assert all(not type(m).__name__.startswith("Cuops") for m in model.modules() if type(m).__name__.endswith("MLP"))
+    assert type(model.model.layers[0]).__name__ == "CuopsLlamaDecoderLayer"
+
+
+def check_distributed(rank, world, port, device, backend, wrap):
+    """Two processes, each on half the batch, wrap = "ddp" (DistributedDataParallel around the patched
+    model) or "fsdp2" (fully_shard on each decoder layer, then the model): three steps, the mean
+    of the ranks' losses at each step and every parameter after the last equal to one process's
+    patched model on the whole batch (float32, 1e-5); SGD steps."""
+    from test_dtensor import assert_same, join, teardown
+    dev = join(rank, world, port, device, backend)
+    try:
+        import torch.distributed as dist
+        ref, model = twins("llama", dev)
+        ref = cuops.patch(ref)  # the reference: patched too, one process, the whole batch
+        if wrap == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            model = DistributedDataParallel(model)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh(dev.type, (world,))
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        # SGD: parameters move with the gradients linearly (Adam's first steps scale a rare token's
+        # embedding gradient of ~1e-8 to a full step, so its float32 rounding showed as 1e-4 there).
+        opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ref, model)]
+        gen = torch.Generator().manual_seed(7)
+        batch, mine = 4, slice(rank * 2, rank * 2 + 2)
+        for step in range(3):
+            ids = torch.randint(0, VOCAB, (batch, 12), generator=gen).to(dev)
+            step_losses = []
+            for m, opt, rows in ((ref, opts[0], slice(None)), (model, opts[1], mine)):
+                loss = m(ids[rows], labels=ids[rows]).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                step_losses.append(loss.detach())
+            mean = step_losses[1].clone()
+            dist.all_reduce(mean)
+            # Each rank's loss is a mean over its own tokens (all counted: no ignored labels but the
+            # last position, the same number a rank), so the ranks' mean is the whole batch's.
+            assert_same(mean / world, step_losses[0], f"mean loss of step {step}")
+        inner = model.module if wrap == "ddp" else model
+        for (name, p_ref), (_, p) in zip(ref.named_parameters(), inner.named_parameters()):
+            assert_same(p.detach(), p_ref.detach(), f"{name} after 3 steps")
+    finally:
+        teardown()
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_patched_model_trains_under_ddp_and_fsdp2(wrap):
+    """On two gloo CPU processes (CI's place; the CUDA kernels under it are the single-process tests')."""
+    from test_dtensor import spawn
+    spawn(check_distributed, 2, "cpu", "gloo", wrap)
