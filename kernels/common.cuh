@@ -153,15 +153,13 @@ __device__ __forceinline__ void store_elems(U* p, const A (&f)[E]) {
       raw.w = pack_pair(static_cast<float>(f[c * 8 + 6]), static_cast<float>(f[c * 8 + 7]), U{});
       *reinterpret_cast<uint4*>(p + c * 8) = raw;
     }
-    return;
-  }
-  U u[E];
-#pragma unroll
-  for (int i = 0; i < E; ++i) u[i] = from_acc<U>(static_cast<acc_t<U>>(f[i]));
-  if constexpr (E == 1) {
-    p[0] = u[0];
+  } else if constexpr (E == 1) {
+    p[0] = from_acc<U>(static_cast<acc_t<U>>(f[0]));
   } else {
     constexpr int kChunk = 16 / sizeof(U);
+    U u[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) u[i] = from_acc<U>(static_cast<acc_t<U>>(f[i]));
 #pragma unroll
     for (int c = 0; c < E / kChunk; ++c) {
       uint4 raw;

@@ -48,13 +48,16 @@ cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, i
 
 // RMSNorm over rows of d elements (kernels/rms_norm.cu), float32 math (float64 for float64):
 // s = x (+ res, rounded to s's dtype and stored in sum), y = s / sqrt(mean(s^2) + eps) * w, and
-// rstd = 1 / sqrt(mean(s^2) + eps) [rows] in the accumulation type where rstd is set. dtype is x's;
-// res is float32 where s_f32 (half x), else x's dtype; w float32 where w_f32, else x's dtype; y
-// float32 where s_f32 or w_f32, else x's dtype. x, res rows ld_x, ld_res apart (unit element
-// stride); y, sum [rows, d] contiguous; w [d].
+// rstd = 1 / sqrt(mean(s^2) + eps) [rows] in the accumulation type where rstd is set. The dtypes
+// (RmsNormTypes): x's; s's (res's too: the sum's); w's; y's. rms_norm_supports says which mixes have a
+// kernel: one dtype throughout, or a half x with s, w and y each x's type or float32 (s or w float32),
+// or float32 x, s and w with a half y (a norm handing the next GEMM its autocast dtype). x, res rows
+// ld_x, ld_res apart (unit element stride); y, sum [rows, d] contiguous; w [d].
+struct RmsNormTypes {
+  DType x, s, w, y;
+};
 struct RmsNormArgs {
-  DType dtype;
-  bool s_f32, w_f32;
+  RmsNormTypes types;
   int64_t rows, d;
   const void* x;
   int64_t ld_x;
@@ -69,10 +72,11 @@ struct RmsNormArgs {
 // The backward: ds = rstd (dy w - s rstd^2 mean(dy w s)) (+ dsum where set) [rows, d] in s's dtype,
 // and, where dweight is set, dweight = the column sums of dy s rstd in w's dtype, added in a fixed
 // order through `workspace` (rms_norm_bwd_workspace_bytes, 16-byte aligned). dy [rows, d] in y's
-// dtype, s, dsum, ds [rows, d] contiguous.
+// dtype, s, dsum, ds [rows, d] contiguous. types.x is not read (s stands for x); the mixes: one dtype,
+// a half s with a float32 w and a float32 or half dy, or float32 s and w with a half dy
+// (rms_norm_bwd_supports).
 struct RmsNormBwdArgs {
-  DType dtype;
-  bool s_f32, w_f32;
+  RmsNormTypes types;
   int64_t rows, d;
   const void* dy;
   const void* s;
@@ -83,13 +87,15 @@ struct RmsNormBwdArgs {
   void* dweight;
   void* workspace;
 };
-// vec: every row (x, res, y, sum; w) 16-byte aligned with d a whole number of 16 bytes of x's
-// dtype, so rows go in 16-byte vectors; otherwise one element at a time (same dtypes only).
-// rms_norm_fits: whether rows of d take the forward (backward) kernel at all: d up to 512 x 4
-// (512 x 2) vectors, 16384 (8192) bf16 elements.
-bool rms_norm_fits(DType dtype, int64_t d, bool vec, bool backward);
-int64_t rms_norm_bwd_blocks(int64_t rows, int64_t d);
-int64_t rms_norm_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t d);
+// vec: every row (x, res, y, sum; w) 16-byte aligned with d a whole number of
+// rms_norm_vector_elems(types, true) elements, so rows go in 16-byte vectors of the narrowest dtype;
+// otherwise one element at a time (one dtype throughout only). rms_norm_fits: whether rows of d take
+// the forward (backward) kernel at all: up to 512 x 4 (512 x 2) vectors, 16384 (8192) bf16 elements.
+bool rms_norm_supports(const RmsNormTypes& types, bool vec);
+bool rms_norm_bwd_supports(const RmsNormTypes& types, bool vec);
+int rms_norm_vector_elems(const RmsNormTypes& types, bool vec);
+bool rms_norm_fits(int64_t d, int vector_elems, bool backward);
+int64_t rms_norm_bwd_workspace_bytes(const RmsNormTypes& types, int64_t rows, int64_t d, bool vec);
 cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, int multiprocessors,
                                 cudaStream_t stream);
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream_t stream);

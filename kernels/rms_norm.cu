@@ -11,10 +11,9 @@
 // the forward to a few blocks an SM (0.59 of copy at 8192 x 4096 bf16).
 //
 // Mixed dtypes (Hugging Face's under autocast: a float32 residual stream beside half sublayer
-// outputs, float32 master weights): the base type T is x's; the sum s (x + residual) is float32
-// where the residual is (kSF32), else T; the weight is float32 (kWF32) or T; y is float32 where s or
-// the weight is, else T. The sum is rounded to its dtype before it is normalised, as torch's
-// `residual + x` is before the norm reads it.
+// outputs, float32 master weights; and a norm handing the next GEMM its half input): x (T), the sum
+// s (S), the weight (W) and y (Y) each have their type, in the mixes fwd_instance lists. The sum is
+// rounded to S before it is normalised, as torch's `residual + x` is before the norm reads it.
 //
 // The backward: ds = rstd (g - s rstd^2 mean(g s)) with g = dy w, plus the gradient reaching the
 // sum directly (add_rms_norm's second output); dweight = the column sums of dy s rstd over the rows.
@@ -23,15 +22,19 @@
 // added in group order), and a second kernel adds the partials in block order. No float atomics.
 #include "common.cuh"
 
+#include <atomic>
+
 namespace cuops::kernels {
 namespace detail {
 namespace {
 
 // kMaxGroup: a block of at most 512 threads leaves the compiler 128 registers a thread (1024
 // capped them at 64: the backward spilled).
-constexpr int kFwdPer = 4, kBwdPer = 2, kMinBlock = 128, kMaxGroup = 512, kBwdBlocks = 264;
-
-template <bool kF32, typename T> using Either = std::conditional_t<kF32, acc_t<T>, T>;
+// kBwdThreads: the backward's blocks hold up to this many threads in all (132 SMs x 1024): at 264 x
+// 256 (two blocks an SM at D = 4096) the float32 backward of 8192 x 4096 took 196 us, at 528 x 256
+// 151 us, at 1056 x 256 157 us (the weight gradient's partial rows grow with the blocks).
+constexpr int kFwdPer = 4, kBwdPer = 2, kMinBlock = 128, kMaxGroup = 512;
+constexpr int64_t kBwdThreads = 132 * 1024;
 
 // The sum of v over the group of g threads holding a row (g a power of two; lanes of one warp below
 // 32, whole warps above): the same value in every thread of the group, added in one fixed order.
@@ -56,13 +59,11 @@ struct Shape {
 
 // y = s rstd w over rows, s = x (+ residual, rounded to its dtype and stored in sum); rstd kept
 // where asked.
-template <typename T, bool kSF32, bool kWF32, int E, int kPer = kFwdPer>
+template <typename T, typename S, typename W, typename Y, int E, int kPer = kFwdPer>
 __global__ void __launch_bounds__(kMaxGroup)
-    rms_norm_fwd(Shape sh, const T* x, int64_t ld_x, const Either<kSF32, T>* res, int64_t ld_res,
-                 const Either<kWF32, T>* w, acc_t<T> eps, Either<kSF32 || kWF32, T>* y,
-                 Either<kSF32, T>* sum, acc_t<T>* rstd_out) {
+    rms_norm_fwd(Shape sh, const T* x, int64_t ld_x, const S* res, int64_t ld_res, const W* w,
+                 acc_t<T> eps, Y* y, S* sum, acc_t<T>* rstd_out) {
   using A = acc_t<T>;
-  using S = Either<kSF32, T>;
   __shared__ A red[kMaxGroup / 32];
   const int g = sh.g, per = sh.per, rows_a_block = static_cast<int>(blockDim.x) / g;
   const int slot = static_cast<int>(threadIdx.x) / g, lane = static_cast<int>(threadIdx.x) % g;
@@ -97,10 +98,10 @@ __global__ void __launch_bounds__(kMaxGroup)
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
         A wv[E];
-        load_elems<Either<kWF32, T>, E>(w + j * E, wv);
+        load_elems<W, E>(w + j * E, wv);
 #pragma unroll
         for (int e = 0; e < E; ++e) v[i][e] = v[i][e] * r * wv[e];
-        store_elems<Either<kSF32 || kWF32, T>, E>(y + row * sh.d + j * E, v[i]);
+        store_elems<Y, E>(y + row * sh.d + j * E, v[i]);
       }
     }
   }
@@ -109,14 +110,11 @@ __global__ void __launch_bounds__(kMaxGroup)
 // ds = rstd (g - s rstd^2 sum(g s) / d) + dsum, g = dy w; where partial is set, this block's rows'
 // dy s rstd summed per column into partial[blockIdx.x][.] (rows in order; the block's groups added
 // in slot order).
-template <typename T, bool kSF32, bool kWF32, int E, int kPer = kBwdPer>
+template <typename S, typename W, typename Y, int E, int kPer = kBwdPer>
 __global__ void __launch_bounds__(kMaxGroup)
-    rms_norm_bwd(Shape sh, const Either<kSF32 || kWF32, T>* dy, const Either<kSF32, T>* s,
-                 const Either<kWF32, T>* w, const acc_t<T>* rstd, const Either<kSF32, T>* dsum,
-                 Either<kSF32, T>* ds, acc_t<T>* partial) {
-  using A = acc_t<T>;
-  using S = Either<kSF32, T>;
-  using Y = Either<kSF32 || kWF32, T>;
+    rms_norm_bwd(Shape sh, const Y* dy, const S* s, const W* w, const acc_t<S>* rstd, const S* dsum,
+                 S* ds, acc_t<S>* partial) {
+  using A = acc_t<S>;
   extern __shared__ unsigned char smem_raw[];  // the slots' column sums (rows_a_block > 1)
   __shared__ A red[kMaxGroup / 32];
   const int g = sh.g, per = sh.per, rows_a_block = static_cast<int>(blockDim.x) / g;
@@ -137,7 +135,7 @@ __global__ void __launch_bounds__(kMaxGroup)
         A wv[E];
         load_elems<Y, E>(dy + row * sh.d + j * E, gv[i]);
         load_elems<S, E>(s + row * sh.d + j * E, sv[i]);
-        load_elems<Either<kWF32, T>, E>(w + j * E, wv);
+        load_elems<W, E>(w + j * E, wv);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
           if (partial != nullptr) dw[i][e] += gv[i][e] * sv[i][e] * r;
@@ -223,12 +221,13 @@ int pow2_at_least(int64_t v) {
   return p;
 }
 
-// The group and vectors a thread (at most max_per) for rows of d elements in vectors of e; false
-// where d needs more than kMaxGroup x max_per vectors.
-bool make_shape(Shape& sh, int64_t rows, int64_t d, int e, int max_per) {
+// The group and vectors a thread for rows of d elements in vectors of e: target vectors a thread
+// where the group can grow to hold them, up to max_per; false where d needs more than kMaxGroup x
+// max_per vectors.
+bool make_shape(Shape& sh, int64_t rows, int64_t d, int e, int max_per, int target) {
   const int64_t vecs = d / e;
   sh.rows = rows, sh.d = d;
-  sh.g = pow2_at_least(std::max<int64_t>(1, (vecs + max_per - 1) / max_per));
+  sh.g = pow2_at_least(std::max<int64_t>(1, (vecs + target - 1) / target));
   if (sh.g > kMaxGroup) sh.g = kMaxGroup;
   const int64_t per = (vecs + sh.g - 1) / sh.g;
   if (per > max_per) return false;
@@ -238,38 +237,55 @@ bool make_shape(Shape& sh, int64_t rows, int64_t d, int e, int max_per) {
 
 int block_threads(const Shape& sh) { return std::max(sh.g, kMinBlock); }
 
-template <typename T, bool kSF32, bool kWF32, int E>
+// The backward's blocks (so its partial rows of the weight gradient): one a block's worth of rows,
+// up to enough threads to fill an H100 (a fixed number, not the GPU's: the sums' order, and so
+// their bits, are a function of the shape only).
+int64_t bwd_blocks(const Shape& sh) {
+  const int threads = block_threads(sh), rows_a_block = threads / sh.g;
+  return std::clamp<int64_t>((sh.rows + rows_a_block - 1) / rows_a_block, 1, kBwdThreads / threads);
+}
+
+template <typename T, typename S, typename W, typename Y, int E>
 cudaError_t fwd_typed(const RmsNormArgs& a, int sms, cudaStream_t stream) {
-  using S = Either<kSF32, T>;
-  using W = Either<kWF32, T>;
-  using Y = Either<kSF32 || kWF32, T>;
   Shape sh;
-  if (!make_shape(sh, a.rows, a.d, E, kFwdPer)) return cudaErrorInvalidValue;
+  if (!make_shape(sh, a.rows, a.d, E, kFwdPer, kFwdPer)) return cudaErrorInvalidValue;
   const int threads = block_threads(sh);
   const int64_t blocks_needed = (a.rows + threads / sh.g - 1) / (threads / sh.g);
-  const int64_t grid = std::clamp<int64_t>(blocks_needed, 1, int64_t{sms} * (2048 / threads));
-  rms_norm_fwd<T, kSF32, kWF32, E><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
+  // One wave of resident blocks looping over the rows (registers, not 2048 threads, bound an SM's
+  // blocks: 64 a thread at kFwdPer 4).
+  static std::atomic<int>
+      resident_by_size[3];  // blocks of 128, 256, 512 threads (0: not asked yet)
+  std::atomic<int>& cached = resident_by_size[threads <= 128 ? 0 : threads <= 256 ? 1 : 2];
+  int resident = cached.load(std::memory_order_relaxed);
+  if (resident == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rms_norm_fwd<T, S, W, Y, E>,
+                                                      threads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the launch check below to find
+      resident = 0;
+    }
+    resident = std::max(resident, 1);
+    cached.store(resident, std::memory_order_relaxed);
+  }
+  const int64_t grid = std::clamp<int64_t>(blocks_needed, 1, int64_t{sms} * resident);
+  rms_norm_fwd<T, S, W, Y, E><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
       sh, static_cast<const T*>(a.x), a.ld_x, static_cast<const S*>(a.res), a.ld_res,
       static_cast<const W*>(a.w), static_cast<acc_t<T>>(a.eps), static_cast<Y*>(a.y),
       static_cast<S*>(a.sum), static_cast<acc_t<T>*>(a.rstd));
   return cudaGetLastError();
 }
 
-template <typename T, bool kSF32, bool kWF32, int E>
+template <typename S, typename W, typename Y, int E>
 cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
-  using A = acc_t<T>;
-  using S = Either<kSF32, T>;
-  using W = Either<kWF32, T>;
-  using Y = Either<kSF32 || kWF32, T>;
+  using A = acc_t<S>;
   Shape sh;
-  if (!make_shape(sh, a.rows, a.d, E, kBwdPer)) return cudaErrorInvalidValue;
+  if (!make_shape(sh, a.rows, a.d, E, kBwdPer, kBwdPer)) return cudaErrorInvalidValue;
   const int threads = block_threads(sh), rows_a_block = threads / sh.g;
-  const int64_t grid = rms_norm_bwd_blocks(a.rows, a.d);
+  const int64_t grid = bwd_blocks(sh);
   if (a.dweight != nullptr && a.workspace == nullptr) return cudaErrorInvalidValue;
   const size_t smem = a.dweight != nullptr && rows_a_block > 1 ? sizeof(A) * rows_a_block * a.d : 0;
   if (smem > 48 * 1024) return cudaErrorInvalidValue;  // make_shape keeps short rows short
   A* partial = a.dweight != nullptr ? static_cast<A*>(a.workspace) : nullptr;
-  rms_norm_bwd<T, kSF32, kWF32, E><<<static_cast<unsigned>(grid), threads, smem, stream>>>(
+  rms_norm_bwd<S, W, Y, E><<<static_cast<unsigned>(grid), threads, smem, stream>>>(
       sh, static_cast<const Y*>(a.dy), static_cast<const S*>(a.s), static_cast<const W*>(a.w),
       static_cast<const A*>(a.rstd), static_cast<const S*>(a.dsum), static_cast<S*>(a.ds), partial);
   cudaError_t err = cudaGetLastError();
@@ -279,75 +295,146 @@ cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The instance for the dtypes and alignment: E = 16 bytes of T where every row (and the weight)
-// is, else single elements (same-dtype inputs only: the op casts mixes of such rows first).
-template <typename Args, typename F> cudaError_t dispatch(const Args& a, bool vec, F&& run) {
-  auto pick = [&](auto t) -> cudaError_t {
-    using T = decltype(t);
-    constexpr int E = 16 / sizeof(T);
-    if constexpr (is_half_type<T>) {
-      if (!vec) {
-        if (a.s_f32 || a.w_f32) return cudaErrorInvalidValue;
-        return run(T{}, std::false_type{}, std::false_type{}, std::integral_constant<int, 1>{});
-      }
-      auto e = std::integral_constant<int, E>{};
-      if (a.s_f32 && a.w_f32) return run(T{}, std::true_type{}, std::true_type{}, e);
-      if (a.s_f32) return run(T{}, std::true_type{}, std::false_type{}, e);
-      if (a.w_f32) return run(T{}, std::false_type{}, std::true_type{}, e);
-      return run(T{}, std::false_type{}, std::false_type{}, e);
-    } else {
-      if (a.s_f32 || a.w_f32) return cudaErrorInvalidValue;
-      if (!vec)
-        return run(T{}, std::false_type{}, std::false_type{}, std::integral_constant<int, 1>{});
-      return run(T{}, std::false_type{}, std::false_type{}, std::integral_constant<int, E>{});
-    }
-  };
-  switch (a.dtype) {
+// The dtype mixes a kernel instance exists for (rms_norm_supports): one dtype throughout, or a half
+// type beside float32 as autocast mixes them.
+template <typename T> constexpr bool kF32 = std::is_same_v<T, float>;
+template <typename T, typename U> constexpr bool kSame = std::is_same_v<T, U>;
+template <typename T, typename S, typename W, typename Y> constexpr bool fwd_instance() {
+  if constexpr (kSame<S, T> && kSame<W, T> && kSame<Y, T>) return true;
+  if constexpr (is_half_type<T>)  // a half x: the sum, the weight and y each x's type or float32
+    return (kSame<S, T> || kF32<S>) && (kSame<W, T> || kF32<W>) && (kSame<Y, T> || kF32<Y>) &&
+           !(kSame<S, T> && kSame<W, T>);
+  return kF32<T> && kF32<S> && kF32<W> && is_half_type<Y>;  // float32 rows, a half y
+}
+template <typename S, typename W, typename Y> constexpr bool bwd_instance() {
+  if constexpr (kSame<S, W> && kSame<S, Y>) return true;
+  if constexpr (is_half_type<S>)  // a half sum with a float32 weight; dy float32 or the half type
+    return kF32<W> && (kF32<Y> || kSame<Y, S>);
+  return kF32<S> && kF32<W> && is_half_type<Y>;
+}
+
+template <typename F> cudaError_t with_type(DType t, F&& f) {
+  switch (t) {
     case DType::BFloat16:
-      return pick(__nv_bfloat16{});
+      return f(__nv_bfloat16{});
     case DType::Float16:
-      return pick(__half{});
+      return f(__half{});
     case DType::Float32:
-      return pick(float{});
+      return f(float{});
     case DType::Float64:
-      return pick(double{});
+      return f(double{});
   }
   return cudaErrorInvalidValue;
+}
+
+int size_of(DType t) { return t == DType::Float64 ? 8 : t == DType::Float32 ? 4 : 2; }
+
+// The instance's vector: 16 bytes of the narrowest operand where vec, else one element (one dtype
+// throughout only).
+int vector_elems(std::initializer_list<DType> types, bool vec) {
+  int narrowest = 8;
+  for (DType t : types) narrowest = std::min(narrowest, size_of(t));
+  return vec ? 16 / narrowest : 1;
+}
+
+template <typename T, typename S, typename W, typename Y>
+cudaError_t fwd_pick(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {
+  if constexpr (!fwd_instance<T, S, W, Y>()) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr int kVec = 16 / std::min({sizeof(T), sizeof(S), sizeof(W), sizeof(Y)});
+    if (vec) return fwd_typed<T, S, W, Y, kVec>(a, sms, stream);
+    if constexpr (kSame<S, T> && kSame<W, T> && kSame<Y, T>)
+      return fwd_typed<T, S, W, Y, 1>(a, sms, stream);
+    return cudaErrorInvalidValue;
+  }
+}
+
+template <typename S, typename W, typename Y>
+cudaError_t bwd_pick(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
+  if constexpr (!bwd_instance<S, W, Y>()) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr int kVec = 16 / std::min({sizeof(S), sizeof(W), sizeof(Y)});
+    if (vec) return bwd_typed<S, W, Y, kVec>(a, stream);
+    if constexpr (kSame<S, W> && kSame<S, Y>) return bwd_typed<S, W, Y, 1>(a, stream);
+    return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
 }  // namespace detail
 
-int64_t rms_norm_bwd_blocks(int64_t rows, int64_t d) {
-  (void)d;
-  return std::clamp<int64_t>(rows, 1, detail::kBwdBlocks);
+bool rms_norm_supports(const RmsNormTypes& t, bool vec) {
+  const bool same = t.x == t.s && t.x == t.w && t.x == t.y;
+  const cudaError_t found = detail::with_type(t.x, [&](auto x) {
+    return detail::with_type(t.s, [&](auto s) {
+      return detail::with_type(t.w, [&](auto w) {
+        return detail::with_type(t.y, [&](auto y) {
+          return detail::fwd_instance<decltype(x), decltype(s), decltype(w), decltype(y)>()
+                     ? cudaSuccess
+                     : cudaErrorInvalidValue;
+        });
+      });
+    });
+  });
+  return found == cudaSuccess && (vec || same);
 }
 
-int64_t rms_norm_bwd_workspace_bytes(DType dtype, int64_t rows, int64_t d) {
-  const int64_t acc = dtype == DType::Float64 ? 8 : 4;
-  return rms_norm_bwd_blocks(rows, d) * d * acc;
+bool rms_norm_bwd_supports(const RmsNormTypes& t, bool vec) {
+  const bool same = t.s == t.w && t.s == t.y;
+  const cudaError_t found = detail::with_type(t.s, [&](auto s) {
+    return detail::with_type(t.w, [&](auto w) {
+      return detail::with_type(t.y, [&](auto y) {
+        return detail::bwd_instance<decltype(s), decltype(w), decltype(y)>()
+                   ? cudaSuccess
+                   : cudaErrorInvalidValue;
+      });
+    });
+  });
+  return found == cudaSuccess && (vec || same);
 }
 
-bool rms_norm_fits(DType dtype, int64_t d, bool vec, bool backward) {
-  const int64_t size = dtype == DType::Float64 ? 8 : dtype == DType::Float32 ? 4 : 2;
+int rms_norm_vector_elems(const RmsNormTypes& t, bool vec) {
+  return detail::vector_elems({t.x, t.s, t.w, t.y}, vec);
+}
+
+int64_t rms_norm_bwd_workspace_bytes(const RmsNormTypes& t, int64_t rows, int64_t d, bool vec) {
   detail::Shape sh;
-  return detail::make_shape(sh, 1, d, vec ? static_cast<int>(16 / size) : 1,
-                            backward ? detail::kBwdPer : detail::kFwdPer);
+  if (!detail::make_shape(sh, rows, d, detail::vector_elems({t.s, t.w, t.y}, vec), detail::kBwdPer,
+                          detail::kBwdPer))
+    return 0;
+  return detail::bwd_blocks(sh) * d * (t.s == DType::Float64 ? 8 : 4);
+}
+
+bool rms_norm_fits(int64_t d, int vector_elems, bool backward) {
+  detail::Shape sh;
+  const int max_per = backward ? detail::kBwdPer : detail::kFwdPer;
+  return detail::make_shape(sh, 1, d, vector_elems, max_per, max_per);
 }
 
 cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {
   if (a.rows == 0 || a.d == 0) return cudaSuccess;
-  return detail::dispatch(a, vec, [&](auto t, auto sf, auto wf, auto e) {
-    return detail::fwd_typed<decltype(t), decltype(sf)::value, decltype(wf)::value,
-                             decltype(e)::value>(a, sms, stream);
+  return detail::with_type(a.types.x, [&](auto x) {
+    return detail::with_type(a.types.s, [&](auto s) {
+      return detail::with_type(a.types.w, [&](auto w) {
+        return detail::with_type(a.types.y, [&](auto y) {
+          return detail::fwd_pick<decltype(x), decltype(s), decltype(w), decltype(y)>(a, vec, sms,
+                                                                                      stream);
+        });
+      });
+    });
   });
 }
 
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
   if (a.rows == 0 || a.d == 0) return cudaSuccess;
-  return detail::dispatch(a, vec, [&](auto t, auto sf, auto wf, auto e) {
-    return detail::bwd_typed<decltype(t), decltype(sf)::value, decltype(wf)::value,
-                             decltype(e)::value>(a, stream);
+  return detail::with_type(a.types.s, [&](auto s) {
+    return detail::with_type(a.types.w, [&](auto w) {
+      return detail::with_type(a.types.y, [&](auto y) {
+        return detail::bwd_pick<decltype(s), decltype(w), decltype(y)>(a, vec, stream);
+      });
+    });
   });
 }
 

@@ -7,7 +7,9 @@
 // (`residual + hidden`): the sum s in promote(x, residual), the output in promote(s, weight). Under
 // autocast nothing is cast (as aten::rms_norm, which has no autocast kernel): the mixes autocast
 // makes (a float32 residual stream beside half sublayer outputs, float32 master weights) run in the
-// kernels as they come.
+// kernels as they come. An optional dtype sets the norm's output dtype instead (the half type the
+// next GEMM reads under autocast: the values of the default output cast to it, without the cast's
+// pass; its gradient comes back in that dtype).
 #include "ops/common.h"
 
 namespace cuops::ops {
@@ -20,7 +22,8 @@ at::ScalarType sum_dtype(const at::Tensor& x, const std::optional<at::Tensor>& r
 
 // x [..., D], residual x's shape, weight [D]; supported dtypes (mixes allowed), one device.
 void check_rms_norm(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& residual,
-                    const at::Tensor& weight, double eps) {
+                    const at::Tensor& weight, double eps,
+                    std::optional<at::ScalarType> dtype = std::nullopt) {
   const bool has_res = residual.has_value();
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x", &x},
                                 {"weight", &weight},
@@ -39,20 +42,31 @@ void check_rms_norm(const char* op, const at::Tensor& x, const std::optional<at:
               " and weight ", shape_str(weight));
   if (has_res) check_same_shape(op, {{"x", &x}, {"residual", &*residual}});
   TORCH_CHECK(eps >= 0, "cuops::", op, ": expected eps >= 0, got ", eps);
+  TORCH_CHECK(!dtype.has_value() || is_supported_dtype(*dtype), "cuops::", op,
+              ": expected dtype float32, float64, float16 or bfloat16 (or None), got ",
+              dtype.has_value() ? dtype_name(*dtype) : "");
 }
 
-// The accumulation type of the op's math: float64 where the output is, else float32.
-at::ScalarType math_dtype(at::ScalarType y) { return y == at::kDouble ? at::kDouble : at::kFloat; }
+// The accumulation type of the op's math: float64 where the sum or the weight is, else float32.
+at::ScalarType math_dtype(at::ScalarType s_type, at::ScalarType w_type) {
+  return at::promote_types(s_type, w_type) == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The norm's dtype: dtype where given, else Hugging Face's promote(s, weight).
+at::ScalarType norm_dtype(at::ScalarType s_type, const at::Tensor& weight,
+                          std::optional<at::ScalarType> dtype) {
+  return dtype.value_or(at::promote_types(s_type, weight.scalar_type()));
+}
 
 // ---- CPU reference: s rounded to its dtype, then the norm in the accumulation type, rounded once.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_cpu(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
-    double eps) {
-  check_rms_norm("_rms_norm_fwd", x, residual, weight, eps);
+    double eps, std::optional<at::ScalarType> dtype) {
+  check_rms_norm("_rms_norm_fwd", x, residual, weight, eps, dtype);
   const auto s_type = sum_dtype(x, residual);
-  const auto y_type = at::promote_types(s_type, weight.scalar_type());
-  const auto acc = math_dtype(y_type);
+  const auto y_type = norm_dtype(s_type, weight, dtype);
+  const auto acc = math_dtype(s_type, weight.scalar_type());
   const at::Tensor s =
       residual.has_value() ? at::add(x.to(s_type), residual->to(s_type)) : x.contiguous();
   const at::Tensor sa = s.to(acc);
@@ -84,12 +98,12 @@ void check_rms_norm_bwd(const at::Tensor& dy, const at::Tensor& s, const at::Ten
   const char* op = "_rms_norm_bwd";
   check_rms_norm(op, s, dsum, weight, 0.0);
   check_same_shape(op, {{"s", &s}, {"dy", &dy}});
-  TORCH_CHECK(dy.scalar_type() == at::promote_types(s.scalar_type(), weight.scalar_type()),
-              "cuops::", op, ": expected dy to have the output's dtype, got ",
+  TORCH_CHECK(is_supported_dtype(dy.scalar_type()), "cuops::", op,
+              ": expected dy to have dtype float32, float64, float16 or bfloat16, got ",
               dtype_name(dy.scalar_type()));
   TORCH_CHECK(!dsum.has_value() || dsum->scalar_type() == s.scalar_type(), "cuops::", op,
               ": expected dsum to have s's dtype");
-  TORCH_CHECK(rstd.scalar_type() == math_dtype(dy.scalar_type()) &&
+  TORCH_CHECK(rstd.scalar_type() == math_dtype(s.scalar_type(), weight.scalar_type()) &&
                   rstd.sym_numel() * s.sym_size(-1) == s.sym_numel(),
               "cuops::", op, ": expected rstd to hold one value per row of s in the math dtype");
 }
@@ -106,42 +120,24 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& dy, const 
 
 // ---- CUDA
 
-// The kernels' view of a mix (kernels.h's RmsNormArgs): base type T (x's), the sum and the weight
-// float32 beside a half x, or all one dtype. Other mixes are cast here to one of those (the weight
-// is [D]; x and residual are cast only for mixes no model makes, such as fp16 with bf16).
+// The kernels' dtypes for x (+ residual) and the weight: x + residual is symmetric, so the narrower
+// is x and the residual is read in the sum's dtype (cast first where it has another: mixes no model
+// makes, such as fp16 with bf16).
 struct Mix {
-  at::Tensor x, res, w;
-  bool s_f32 = false, w_f32 = false;
+  at::Tensor x, res;
+  kernels::RmsNormTypes types;
 };
 
-Mix canonical_mix(const at::Tensor& x_in, const std::optional<at::Tensor>& res_in,
-                  const at::Tensor& w_in) {
-  Mix m{x_in, res_in.has_value() ? *res_in : at::Tensor(), w_in};
+Mix kernel_mix(const at::Tensor& x_in, const std::optional<at::Tensor>& res_in, const at::Tensor& w,
+               at::ScalarType y_type) {
+  Mix m{x_in, res_in.has_value() ? *res_in : at::Tensor(), {}};
   const auto s_type = sum_dtype(x_in, res_in);
-  const auto y_type = at::promote_types(s_type, w_in.scalar_type());
   const auto half = [](at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; };
-  // x + residual is symmetric: the narrower one is the base.
   if (m.res.defined() && half(m.res.scalar_type()) && !half(m.x.scalar_type()))
     std::swap(m.x, m.res);
-  auto base = m.x.scalar_type();
-  if (m.res.defined() && m.res.scalar_type() != base) {
-    if (half(base) && s_type == at::kFloat) {
-      m.res = m.res.to(at::kFloat);
-      m.s_f32 = true;
-    } else {
-      m.x = m.x.to(s_type), m.res = m.res.to(s_type), base = s_type;
-    }
-  }
-  if (y_type == base) {
-    m.w = m.w.to(base);
-  } else if (half(base) && y_type == at::kFloat) {
-    m.w = m.w.to(at::kFloat);
-    m.w_f32 = true;
-  } else {  // y wider than a non-half base (float32 x with a float64 weight)
-    m.x = m.x.to(y_type), m.w = m.w.to(y_type);
-    if (m.res.defined()) m.res = m.res.to(y_type);
-    m.s_f32 = false;
-  }
+  if (m.res.defined() && m.res.scalar_type() != s_type) m.res = m.res.to(s_type);
+  m.types = {kernel_dtype(m.x.scalar_type()), kernel_dtype(s_type), kernel_dtype(w.scalar_type()),
+             kernel_dtype(y_type)};
   return m;
 }
 
@@ -158,31 +154,32 @@ bool aligned16(const at::Tensor& t) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_cuda(
     const at::Tensor& x_in, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
-    double eps) {
-  check_rms_norm("_rms_norm_fwd", x_in, residual, weight, eps);
+    double eps, std::optional<at::ScalarType> dtype) {
+  check_rms_norm("_rms_norm_fwd", x_in, residual, weight, eps, dtype);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto s_type = sum_dtype(x_in, residual);
-  const auto y_type = at::promote_types(s_type, weight.scalar_type());
+  const auto y_type = norm_dtype(s_type, weight, dtype);
   const int64_t d = x_in.size(-1);
-  Mix m = canonical_mix(x_in, residual, weight);
+  const Mix m = kernel_mix(x_in, residual, weight, y_type);
   const at::Tensor x = rows_of(m.x, d), res = m.res.defined() ? rows_of(m.res, d) : at::Tensor();
-  const at::Tensor w = m.w.contiguous();
+  const at::Tensor w = weight.contiguous();
   const int64_t rows = x.size(0);
   const auto opts = x_in.options();
   at::Tensor y = at::empty({rows, d}, opts.dtype(y_type));
   at::Tensor s = res.defined() ? at::empty({rows, d}, opts.dtype(s_type)) : at::empty({0}, opts);
-  at::Tensor rstd = at::empty({rows}, opts.dtype(math_dtype(y_type)));
-  const auto dtype = kernel_dtype(x.scalar_type());
-  bool vec = (d * x.element_size()) % 16 == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
-             (!res.defined() || (aligned16(res) && aligned16(s)));
-  if (!kernels::rms_norm_fits(dtype, d, vec, false) || (!vec && (m.s_f32 || m.w_f32))) {
-    // Rows too long for the kernels' registers, or a mix in rows not 16-byte aligned: the reference.
-    auto [y_ref, s_ref, r_ref] = rms_norm_fwd_cpu(x_in, residual, weight, eps);
+  at::Tensor rstd = at::empty({rows}, opts.dtype(math_dtype(s_type, weight.scalar_type())));
+  const int e = kernels::rms_norm_vector_elems(m.types, true);
+  const bool vec = d % e == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
+                   (!res.defined() || (aligned16(res) && aligned16(s)));
+  if (!kernels::rms_norm_supports(m.types, vec) ||
+      !kernels::rms_norm_fits(d, kernels::rms_norm_vector_elems(m.types, vec), false)) {
+    // Rows too long for the kernels' registers, or a mix without a kernel: the reference.
+    auto [y_ref, s_ref, r_ref] = rms_norm_fwd_cpu(x_in, residual, weight, eps, dtype);
     return {y_ref.view(x_in.sizes()), residual.has_value() ? s_ref.view(x_in.sizes()) : s_ref,
             r_ref.view({rows})};
   }
   kernels::RmsNormArgs a{};
-  a.dtype = dtype, a.s_f32 = m.s_f32, a.w_f32 = m.w_f32;
+  a.types = m.types;
   a.rows = rows, a.d = d;
   a.x = x.data_ptr(), a.ld_x = rows > 0 ? x.stride(0) : d;
   a.res = res.defined() ? res.data_ptr() : nullptr,
@@ -200,41 +197,35 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(
   check_rms_norm_bwd(dy_in, s_in, weight, rstd, dsum_in);
   const c10::cuda::CUDAGuard guard(s_in.device());
   const int64_t d = s_in.size(-1);
-  const auto s_type = s_in.scalar_type(), y_type = dy_in.scalar_type();
-  const auto half = [](at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; };
-  // The kernels' mix: s is the base (x's dtype, or float32 where the sum was), the weight float32
-  // beside a half s or s's dtype; other mixes take the reference.
-  const bool w_f32 = half(s_type) && weight.scalar_type() == at::kFloat;
-  const bool plain = weight.scalar_type() == s_type && y_type == s_type;
-  if (!plain && !w_f32) {
-    auto [ds, dw] = rms_norm_bwd_reference(dy_in, s_in, weight, rstd, dsum_in, mask[1]);
-    return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dw};
-  }
+  const auto s_type = kernel_dtype(s_in.scalar_type());
+  const kernels::RmsNormTypes types{s_type, s_type, kernel_dtype(weight.scalar_type()),
+                                    kernel_dtype(dy_in.scalar_type())};
   const at::Tensor dy = as_rows(dy_in).contiguous(), s = as_rows(s_in).contiguous();
   const at::Tensor dsum = dsum_in.has_value() ? as_rows(*dsum_in).contiguous() : at::Tensor();
   const at::Tensor w = weight.contiguous(), r = rstd.contiguous();
   const int64_t rows = s.size(0);
+  const int e = kernels::rms_norm_vector_elems(types, true);
+  const bool vec = d % e == 0 && aligned16(s) && aligned16(dy) && aligned16(w) &&
+                   (!dsum.defined() || aligned16(dsum));
+  if (!kernels::rms_norm_bwd_supports(types, vec) ||
+      !kernels::rms_norm_fits(d, kernels::rms_norm_vector_elems(types, vec), true)) {
+    auto [ds, dw] = rms_norm_bwd_reference(dy_in, s_in, weight, rstd, dsum_in, mask[1]);
+    return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dw};
+  }
   at::Tensor ds = at::empty({rows, d}, s.options());
   at::Tensor dweight =
       mask[1] ? at::empty({d}, weight.options()) : at::empty({0}, weight.options());
-  const auto dtype = kernel_dtype(s_type);
-  const bool vec = (d * s.element_size()) % 16 == 0 && aligned16(s) && aligned16(dy) &&
-                   aligned16(w) && aligned16(ds) && (!dsum.defined() || aligned16(dsum));
-  if (!kernels::rms_norm_fits(dtype, d, vec, true) || (!vec && w_f32)) {
-    auto [ds_ref, dw] = rms_norm_bwd_reference(dy_in, s_in, weight, rstd, dsum_in, mask[1]);
-    return {mask[0] ? ds_ref.view(s_in.sizes()) : at::empty({0}, s_in.options()), dw};
-  }
   if (rows == 0) {
     if (mask[1]) dweight.zero_();
     return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dweight};
   }
   at::Tensor workspace;
   if (mask[1]) {
-    workspace = at::empty({kernels::rms_norm_bwd_workspace_bytes(dtype, rows, d)},
+    workspace = at::empty({kernels::rms_norm_bwd_workspace_bytes(types, rows, d, vec)},
                           s.options().dtype(at::kByte));
   }
   kernels::RmsNormBwdArgs a{};
-  a.dtype = dtype, a.s_f32 = false, a.w_f32 = w_f32;
+  a.types = types;
   a.rows = rows, a.d = d;
   a.dy = dy.data_ptr(), a.s = s.data_ptr(), a.w = w.data_ptr(), a.rstd = r.data_ptr();
   a.dsum = dsum.defined() ? dsum.data_ptr() : nullptr;
@@ -249,16 +240,16 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_meta(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
-    double eps) {
-  check_rms_norm("_rms_norm_fwd", x, residual, weight, eps);
+    double eps, std::optional<at::ScalarType> dtype) {
+  check_rms_norm("_rms_norm_fwd", x, residual, weight, eps, dtype);
   const auto s_type = sum_dtype(x, residual);
-  const auto y_type = at::promote_types(s_type, weight.scalar_type());
+  const auto y_type = norm_dtype(s_type, weight, dtype);
   c10::SymInt rows = 1;
   for (int64_t i = 0; i + 1 < x.dim(); ++i) rows *= x.sym_size(i);
   return {at::empty_symint(x.sym_sizes(), x.options().dtype(y_type)),
           residual.has_value() ? at::empty_symint(x.sym_sizes(), x.options().dtype(s_type))
                                : at::empty({0}, x.options()),
-          at::empty_symint({rows}, x.options().dtype(math_dtype(y_type)))};
+          at::empty_symint({rows}, x.options().dtype(math_dtype(s_type, weight.scalar_type())))};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_meta(const at::Tensor& dy, const at::Tensor& s,
@@ -275,16 +266,18 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_meta(const at::Tensor& dy, const
 // ---- The public ops below the autograd key: the internal forward on every backend (CPU, CUDA and
 // Meta register the same function).
 
-at::Tensor rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_rms_norm("rms_norm", x, std::nullopt, weight, eps);  // errors name the op called
-  return std::get<0>(cuops::_rms_norm_fwd(x, std::nullopt, weight, eps));
+at::Tensor rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps,
+                         std::optional<at::ScalarType> dtype) {
+  check_rms_norm("rms_norm", x, std::nullopt, weight, eps, dtype);  // errors name the op called
+  return std::get<0>(cuops::_rms_norm_fwd(x, std::nullopt, weight, eps, dtype));
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_impl(const at::Tensor& x,
                                                      const at::Tensor& residual,
-                                                     const at::Tensor& weight, double eps) {
-  check_rms_norm("add_rms_norm", x, residual, weight, eps);
-  auto [y, s, rstd] = cuops::_rms_norm_fwd(x, residual, weight, eps);
+                                                     const at::Tensor& weight, double eps,
+                                                     std::optional<at::ScalarType> dtype) {
+  check_rms_norm("add_rms_norm", x, residual, weight, eps, dtype);
+  auto [y, s, rstd] = cuops::_rms_norm_fwd(x, residual, weight, eps, dtype);
   return {y, s};
 }
 
@@ -294,14 +287,15 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
                                const std::optional<at::Tensor>& residual, const at::Tensor& weight,
-                               double eps) {
+                               double eps, std::optional<at::ScalarType> dtype) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, s, rstd] = cuops::_rms_norm_fwd(x, residual, weight, eps);
+    auto [y, s, rstd] = cuops::_rms_norm_fwd(x, residual, weight, eps, dtype);
     const bool has_res = residual.has_value();
     ctx->save_for_backward({has_res ? s : x, weight, rstd});
     ctx->saved_data["has_res"] = has_res;
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->saved_data["res_dtype"] = has_res ? residual->scalar_type() : x.scalar_type();
+    ctx->saved_data["y_dtype"] = y.scalar_type();
     if (!has_res) return {y};
     return {y, s};
   }
@@ -315,8 +309,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const bool want_w = ctx->needs_input_grad(has_res ? 2 : 1);
     at::Tensor dy = grads[0];
     if (!dy.defined()) {
-      dy = at::zeros(s.sizes(),
-                     s.options().dtype(at::promote_types(s.scalar_type(), weight.scalar_type())));
+      dy = at::zeros(s.sizes(), s.options().dtype(ctx->saved_data["y_dtype"].toScalarType()));
     }
     std::optional<at::Tensor> dsum;
     if (has_res && grads.size() > 1 && grads[1].defined()) dsum = grads[1].to(s.scalar_type());
@@ -326,7 +319,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     at::Tensor dx, dres;
     if (ctx->needs_input_grad(0)) dx = ds.to(x_dtype);
     if (has_res && ctx->needs_input_grad(1)) dres = ds.to(res_dtype);
-    return {dx, dres, want_w ? dweight : at::Tensor(), at::Tensor()};
+    return {dx, dres, want_w ? dweight : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -337,24 +330,26 @@ bool needs_grad(std::initializer_list<const at::Tensor*> ts) {
   return false;
 }
 
-at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_rms_norm("rms_norm", x, std::nullopt, weight, eps);
+at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps,
+                             std::optional<at::ScalarType> dtype) {
+  check_rms_norm("rms_norm", x, std::nullopt, weight, eps, dtype);
   if (!needs_grad({&x, &weight})) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return cuops::rms_norm(x, weight, eps);
+    return cuops::rms_norm(x, weight, eps, dtype);
   }
-  return RmsNormFunction::apply(x, std::nullopt, weight, eps)[0];
+  return RmsNormFunction::apply(x, std::nullopt, weight, eps, dtype)[0];
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_autograd(const at::Tensor& x,
                                                          const at::Tensor& residual,
-                                                         const at::Tensor& weight, double eps) {
-  check_rms_norm("add_rms_norm", x, residual, weight, eps);
+                                                         const at::Tensor& weight, double eps,
+                                                         std::optional<at::ScalarType> dtype) {
+  check_rms_norm("add_rms_norm", x, residual, weight, eps, dtype);
   if (!needs_grad({&x, &residual, &weight})) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return cuops::add_rms_norm(x, residual, weight, eps);
+    return cuops::add_rms_norm(x, residual, weight, eps, dtype);
   }
-  auto out = RmsNormFunction::apply(x, residual, weight, eps);
+  auto out = RmsNormFunction::apply(x, residual, weight, eps, dtype);
   return {out[0], out[1]};
 }
 

@@ -69,19 +69,21 @@ TORCH_LIBRARY(cuops, m) {
       "_linear_cross_entropy_fwd_grad(Tensor x, Tensor weight, Tensor target, Tensor? bias, "
       "int ignore_index, str reduction, bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
       tags);
-  // x / sqrt(mean(x^2, last dim) + eps) * weight, x [..., D], weight [D]; in promote(x, weight)
-  // (docs/ops.md#rms_norm).
-  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor", tags);
+  // x / sqrt(mean(x^2, last dim) + eps) * weight, x [..., D], weight [D]; in promote(x, weight), or
+  // dtype where given (docs/ops.md#rms_norm).
+  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-6, ScalarType? dtype=None) -> Tensor",
+        tags);
   // (rms_norm(x + residual, weight, eps), x + residual): the residual add and the norm after it in
   // one pass (docs/ops.md#add_rms_norm).
   m.def(
-      "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps=1e-6) -> (Tensor, Tensor)",
+      "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps=1e-6, ScalarType? "
+      "dtype=None) -> (Tensor, Tensor)",
       tags);
   // The norm of x (+ residual), the sum (empty [0] without a residual) and 1 / rms per row [rows]
   // in the math dtype (float32; float64 for float64), for the backward (internal).
   m.def(
-      "_rms_norm_fwd(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor, "
-      "Tensor)",
+      "_rms_norm_fwd(Tensor x, Tensor? residual, Tensor weight, float eps, ScalarType? dtype) -> "
+      "(Tensor, Tensor, Tensor)",
       tags);
   // (the gradient of the normalised input s, plus dsum where given; the weight's gradient), those
   // output_mask leaves out as empty [0] tensors (internal).

@@ -4,7 +4,7 @@ torch.compile, patch eager, patch + compile) with the memory a step adds over th
 state; eager decode at batch 1 and 8 with the KV length held fixed; eager prefill 1 x 2048 with
 logits_to_keep=1. Sides alternate over rounds; medians. An experiment: its output is not committed.
 
-    python3 bench/sweep/hf_llama.py [train] [decode] [prefill]
+    python3 bench/sweep/hf_llama.py [train] [decode] [prefill] [profile]
 """
 import copy
 import statistics
@@ -38,15 +38,17 @@ def timed(fn, n):
     return start.elapsed_time(end) / n
 
 
-def train(rounds=5, steps=3):
+def train_steps(sides=("torch", "patch")):
+    """{"torch eager": step, ...}: each side's model (float32 weights, AdamW) eager and compiled."""
     torch._dynamo.config.cache_size_limit = 64
     ref = build(torch.float32)
-    patched = cuops.patch(copy.deepcopy(ref))
+    models = {"torch": ref, "patch": cuops.patch(copy.deepcopy(ref)) if "patch" in sides else None}
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, CONFIG["vocab_size"], (8, 1024), device="cuda", generator=g)
     variants = {}
-    for name, model in (("torch", ref), ("patch", patched)):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    for name in sides:
+        model = models[name]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         compiled = torch.compile(model)
         for mode, m in (("eager", model), ("compile", compiled)):
             def step(m=m, opt=opt):
@@ -57,6 +59,34 @@ def train(rounds=5, steps=3):
                 opt.zero_grad(set_to_none=True)
                 return loss
             variants[f"{name} {mode}"] = step
+    return variants
+
+
+def profile(keys=("torch compile", "patch compile", "patch eager"), top=22):
+    """Each variant's kernels over 2 steps after warm-up, summed by name (PDL overlap inflates the sums
+    of cuops' GEMMs: where to look, not a timing)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    variants = train_steps()
+    for key in keys:
+        for _ in range(3):
+            variants[key]()
+        torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(2):
+                variants[key]()
+            torch.cuda.synchronize()
+        sums = {}
+        for e in p.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                sums[e.name] = sums.get(e.name, 0) + e.device_time_total / 2e3
+        total = sum(sums.values())
+        print(f"== {key}: {total:.1f} ms of kernels a step")
+        for name, ms in sorted(sums.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {ms:7.2f}  {name[:110]}")
+
+
+def train(rounds=5, steps=3):
+    variants = train_steps()
     losses, mem = {}, {}
     for key, step in variants.items():
         t0 = time.perf_counter()
@@ -80,7 +110,7 @@ def train(rounds=5, steps=3):
         ms = statistics.median(times[key])
         print(f"{key:<15} {ms:8.2f} {eager / ms:8.3f} {comp / ms:10.3f} {mem[key]:9.2f} "
               f"{mem[key] / mem['torch eager']:8.3f}")
-    del variants, ref, patched
+    del variants
     torch.cuda.empty_cache()
 
 

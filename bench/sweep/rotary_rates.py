@@ -61,6 +61,10 @@ def main():
                 "compiled": compiled(qr, kr, cos, sin)}
         bwd = {s: (lambda o=o: torch.autograd.grad(o, (qr, kr), (gq, gk), retain_graph=True))
                for s, o in outs.items()}
+        # The op alone (autograd's host time can exceed a 40 us kernel's).
+        op_us = do_bench(lambda: torch.ops.cuops._rotary_bwd(gq, gk, cos, sin, torch.bfloat16)) * 1e3
+        print(f"{mix:<5} _rotary_bwd alone {op_us:.1f} us, {bwd_bytes / op_us / 1e3:.0f} GB/s, "
+              f"{bwd_bytes / op_us / 1e3 / copy:.2f} of copy")
         times = {s: do_bench(f) for s, f in bwd.items()}
         print(f"{mix:<5} bwd  {times['cuops'] * 1e3:9.1f} {bwd_bytes / times['cuops'] / 1e6:6.0f} "
               f"{bwd_bytes / times['cuops'] / 1e6 / copy:5.2f} {times['eager'] / times['cuops']:6.2f} "

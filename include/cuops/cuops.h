@@ -185,33 +185,36 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _linear_cross_
 }
 
 // x / sqrt(mean(x^2, last dim) + eps) * weight: x [..., D], weight [D], float32 math; the result in
-// promote(x, weight) (Hugging Face's RMSNorm's dtype). Differentiable in x and weight.
-inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = 1e-6) {
+// promote(x, weight) (Hugging Face's RMSNorm's dtype), or dtype where given (the half type the next
+// GEMM reads). Differentiable in x and weight.
+inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps = 1e-6,
+                           std::optional<at::ScalarType> dtype = std::nullopt) {
   static const auto handle =
-      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("cuops::rms_norm");
-  return handle.call(x, weight, eps);
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, double,
+                            std::optional<at::ScalarType>)>("cuops::rms_norm");
+  return handle.call(x, weight, eps, dtype);
 }
 
 // (rms_norm(x + residual, weight, eps), x + residual) in one pass: the sum in promote(x, residual),
-// the norm in promote(that, weight). Differentiable in x, residual and weight.
-inline std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x,
-                                                       const at::Tensor& residual,
-                                                       const at::Tensor& weight,
-                                                       double eps = 1e-6) {
+// the norm in promote(that, weight) or dtype where given. Differentiable in x, residual and weight.
+inline std::tuple<at::Tensor, at::Tensor> add_rms_norm(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps = 1e-6,
+    std::optional<at::ScalarType> dtype = std::nullopt) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("cuops::add_rms_norm");
-  return handle.call(x, residual, weight, eps);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+      std::optional<at::ScalarType>)>("cuops::add_rms_norm");
+  return handle.call(x, residual, weight, eps, dtype);
 }
 
 // The norms' pieces (internal; their schemas may change): the output, the sum (empty without a
 // residual) and 1 / rms per row; the gradients of the normalised input and of the weight.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _rms_norm_fwd(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
-    double eps) {
+    double eps, std::optional<at::ScalarType> dtype = std::nullopt) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double)>(
-      "cuops::_rms_norm_fwd");
-  return handle.call(x, residual, weight, eps);
+      const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double,
+      std::optional<at::ScalarType>)>("cuops::_rms_norm_fwd");
+  return handle.call(x, residual, weight, eps, dtype);
 }
 inline std::tuple<at::Tensor, at::Tensor> _rms_norm_bwd(const at::Tensor& dy, const at::Tensor& s,
                                                         const at::Tensor& weight,

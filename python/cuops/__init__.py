@@ -346,7 +346,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     return torch.ops.cuops.linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+             dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """x / sqrt(mean(x**2, -1) + eps) * weight: Hugging Face's RMSNorm (LlamaRMSNorm) in one pass
     (docs/ops.md#rms_norm).
 
@@ -354,10 +355,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         x: the [..., D] input.
         weight: the [D] scale.
         eps: added to the mean square.
+        dtype: the result's dtype instead of the default: the half type the next GEMM reads under
+            autocast, so no cast pass follows (the values are the default result's cast to it; the
+            gradient comes back in it).
 
     Returns:
-        A new [..., D] tensor in torch.promote_types(x.dtype, weight.dtype): x's dtype when the weight
-        has it, float32 for a half x with a float32 weight (what `weight * normed.to(x.dtype)` returns).
+        A new [..., D] tensor in torch.promote_types(x.dtype, weight.dtype) (or dtype): x's dtype when
+        the weight has it, float32 for a half x with a float32 weight (what `weight *
+        normed.to(x.dtype)` returns).
 
     Dtypes: float32, float64, float16, bfloat16, mixes allowed; the math in float32 (float64 for
     float64), rounded once. Under autocast nothing is cast (as aten::rms_norm).
@@ -369,11 +374,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
     Calls torch.ops.cuops.rms_norm.
     """
-    return torch.ops.cuops.rms_norm(x, weight, eps)
+    return torch.ops.cuops.rms_norm(x, weight, eps, dtype)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual, weight, eps), x + residual): a pre-norm block's residual add and the
     norm after it in one pass (docs/ops.md#add_rms_norm).
 
@@ -382,11 +387,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
         residual: the [..., D] residual stream (x's shape).
         weight: the [D] scale.
         eps: added to the mean square.
+        dtype: the norm's dtype instead of the default (the half type the next GEMM reads under
+            autocast: the default norm's values cast to it, without the cast's pass).
 
     Returns:
         (the norm, the sum): the sum in torch.promote_types(x.dtype, residual.dtype), rounded to it
         before the norm reads it (as `residual + x` is); the norm in the promotion of that and the
-        weight's dtype.
+        weight's dtype, or dtype.
 
     Dtypes: float32, float64, float16, bfloat16, mixes allowed (a bfloat16 or float16 x beside a
     float32 residual stream and weight, as Hugging Face has under autocast); the math in float32
@@ -400,7 +407,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
     Calls torch.ops.cuops.add_rms_norm.
     """
-    return torch.ops.cuops.add_rms_norm(x, residual, weight, eps)
+    return torch.ops.cuops.add_rms_norm(x, residual, weight, eps, dtype)
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

@@ -1,9 +1,11 @@
 """cuops.patch: a built Hugging Face Llama-family model onto cuops' fused ops, in place (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
-- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm;
+- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a decoder layer's input norm, whose
+  output only the q, k and v projections read, emits their autocast dtype directly (HF's float32 norm
+  cast to it, without the cast's pass each way);
 - a decoder layer adds the attention output to the residual stream inside its post-attention norm
-  (cuops.add_rms_norm); the add after the MLP, which crosses to the next layer, stays, so a layer is
+  (cuops.add_rms_norm, the norm in the MLP's autocast dtype likewise); the add after the MLP, which crosses to the next layer, stays, so a layer is
   still a unit that exports on its own;
 - attention rotates q and k with cuops.rotary (one pass, both heads' sets);
 - the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
@@ -59,8 +61,17 @@ def _swap_forward(module: nn.Module, forward: Callable) -> None:
     module.__class__ = sub
 
 
+def _gemm_input_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype a GEMM reading x casts it to: autocast's on x's device, else None (x as it is). A
+    norm whose output only a GEMM reads emits it directly: the values of HF's float32 norm cast to
+    it, without the cast's pass each way."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    dtype = _gemm_input_dtype(hidden_states) if self._cuops_feeds_gemm else None
+    return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon, dtype=dtype)
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +88,8 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
     post = self.post_attention_layernorm
     # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
     # `residual + hidden_states` makes it (float32 beside a half h under autocast).
-    normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon)
+    normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon,
+                                        dtype=_gemm_input_dtype(hidden_states))
     return summed + self.mlp(normed)
 
 
@@ -170,6 +182,11 @@ def patch(model: nn.Module) -> nn.Module:
         for kind, forward in swaps:
             if isinstance(module, kind):
                 _swap_forward(module, forward)
+        if isinstance(module, cls("RMSNorm")):
+            module._cuops_feeds_gemm = False  # a plain attribute: not in the state_dict
+        if isinstance(module, cls("DecoderLayer")):
+            # Its input norm's output goes to the q, k and v projections only.
+            module.input_layernorm._cuops_feeds_gemm = True
         if isinstance(module, cls("MLP")) and _is_plain_swiglu(module):
             _swap_forward(module, _mlp_forward)
     if isinstance(model, cls("ForCausalLM")):

@@ -200,19 +200,19 @@ def register() -> bool:
         return [Replicate()] + [Shard(d) for d in range(x.ndim - 1)]
 
     @register_sharding(ops.rms_norm.default)
-    def rms_norm_rule(x, weight, eps=1e-6):
-        return [([p], [p, Replicate(), None]) for p in leading(x)]
+    def rms_norm_rule(x, weight, eps=1e-6, dtype=None):
+        return [([p], [p, Replicate(), None, None]) for p in leading(x)]
 
     @register_sharding(ops.add_rms_norm.default)
-    def add_rms_norm_rule(x, residual, weight, eps=1e-6):
-        return [([p, p], [p, p, Replicate(), None]) for p in leading(x)]
+    def add_rms_norm_rule(x, residual, weight, eps=1e-6, dtype=None):
+        return [([p, p], [p, p, Replicate(), None, None]) for p in leading(x)]
 
     @register_sharding(ops._rms_norm_fwd.default)
-    def rms_norm_fwd_rule(x, residual, weight, eps):
+    def rms_norm_fwd_rule(x, residual, weight, eps, dtype=None):
         # (y, the sum or an empty [0] without a residual, rstd)
         def entry(p, pr):
             s = p if residual is not None else Replicate()
-            return [p, s, pr], [p, p if residual is not None else None, Replicate(), None]
+            return [p, s, pr], [p, p if residual is not None else None, Replicate(), None, None]
         rules = [entry(Replicate(), Replicate())]
         if x.ndim > 1:
             rules.append(entry(Shard(0), Shard(0)))

@@ -28,7 +28,7 @@ TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm",
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
 PY_TYPE = {"Tensor": torch.Tensor, "float": float, "int": int, "str": str,
-           "Optional[Tensor]": typing.Optional[torch.Tensor]}
+           "Optional[Tensor]": typing.Optional[torch.Tensor], "Optional[int]": typing.Optional[torch.dtype]}  # ScalarType? reads as int
 
 
 def test_help_mm_shows_the_signature_and_the_contract():

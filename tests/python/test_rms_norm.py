@@ -86,6 +86,35 @@ def test_mixed_dtypes_follow_hugging_face(device, half):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("d", [2048, 1000 + 8, 96], ids=str)
+def test_dtype_gives_the_default_result_cast(device, half, d):
+    """dtype (the half type the next GEMM reads under autocast): the values are the default result's cast to
+    it, bit for bit, for the mixes autocast makes (float32 residual stream and weights beside a half
+    sublayer output, float32 rows alone, a half x with a float32 weight); the gradients equal the default
+    op's with the gradient arriving in that dtype (as autocast's cast would hand it back)."""
+    lead = (3, 5)
+    x32, xh, r32 = make(lead + (d,), torch.float32, device), make(lead + (d,), half, device), make(
+        lead + (d,), torch.float32, device)
+    w32 = make((d,), torch.float32, device)
+    for x, w in ((x32, w32), (xh, w32)):
+        y = cuops.rms_norm(x, w, 1e-5, dtype=half)
+        assert y.dtype == half and torch.equal(y, cuops.rms_norm(x, w, 1e-5).to(half))
+    y, s = cuops.add_rms_norm(xh, r32, w32, 1e-5, dtype=half)
+    want_y, want_s = cuops.add_rms_norm(xh, r32, w32, 1e-5)
+    assert y.dtype == half and torch.equal(y, want_y.to(half)) and torch.equal(s, want_s)
+    dy = make(lead + (d,), half, device)
+    grads = []
+    for dtype in (half, None):
+        xg, rg, wg = (t.detach().clone().requires_grad_() for t in (xh, r32, w32))
+        y, s = cuops.add_rms_norm(xg, rg, wg, 1e-5, dtype=dtype)
+        torch.autograd.backward([y, s], [dy if dtype else dy.float(), torch.ones_like(s)])
+        grads.append((xg.grad, rg.grad, wg.grad))
+    for got, want in zip(*grads):
+        assert got.dtype == want.dtype and rel_error(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rows_read_in_place_and_sliced(device):
     """x's rows a leading stride apart (a slice of wider rows) and a transposed x (copied first)."""
     base = make((5, 2 * 1024), torch.bfloat16, device)
@@ -159,6 +188,8 @@ def test_errors_name_the_argument(device):
         cuops.rms_norm(torch.ones((), device=device), w)
     with pytest.raises(RuntimeError, match=r"cuops::rms_norm: expected weight to have dtype"):
         cuops.rms_norm(x, w.int())
+    with pytest.raises(RuntimeError, match=r"cuops::add_rms_norm: expected dtype float32, .* got int"):
+        cuops.add_rms_norm(x, x, w, dtype=torch.int32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -168,9 +199,12 @@ def test_opcheck(device):
     torch.library.opcheck(ops.rms_norm, (x.clone().requires_grad_(), w.clone().requires_grad_(), 1e-6))
     torch.library.opcheck(ops.add_rms_norm, (x.clone().requires_grad_(), r.clone().requires_grad_(),
                                              w.clone().requires_grad_(), 1e-6))
-    torch.library.opcheck(ops._rms_norm_fwd, (x, r, w, 1e-6))
-    torch.library.opcheck(ops._rms_norm_fwd, (x, None, w, 1e-6))
-    _, s, rstd = ops._rms_norm_fwd(x, r, w, 1e-6)
+    torch.library.opcheck(ops._rms_norm_fwd, (x, r, w, 1e-6, None))
+    torch.library.opcheck(ops._rms_norm_fwd, (x, None, w, 1e-6, None))
+    torch.library.opcheck(ops._rms_norm_fwd, (x, r, w, 1e-6, torch.bfloat16))
+    torch.library.opcheck(ops.rms_norm, (x.clone().requires_grad_(), w.clone().requires_grad_(), 1e-6),
+                          {"dtype": torch.float16})
+    _, s, rstd = ops._rms_norm_fwd(x, r, w, 1e-6, None)
     torch.library.opcheck(ops._rms_norm_bwd, (make((6, 16), torch.float32, device), s, w, rstd, None, [True, True]))
     torch.library.opcheck(ops._rms_norm_bwd, (make((6, 16), torch.float32, device), s, w, rstd, r, [True, False]))
 
