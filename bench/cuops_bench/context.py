@@ -101,6 +101,31 @@ class RmsNormBench:
     compiled: bool = True
 
 
+@dataclass(frozen=True)
+class HfLlamaBench:
+    """The hf_llama section: transformers' LlamaForCausalLM (issue 50's model) unpatched and patched:
+    the training step's batch, timing and loss check; decode's batches and fixed KV length; prefill."""
+    layers: int = 8
+    hidden: int = 2048
+    ffn: int = 5632
+    heads: int = 16
+    kv_heads: int = 4
+    vocab: int = 128256
+    batch: int = 8
+    seq: int = 1024
+    steps: int = 3          # back-to-back steps a timed round
+    rounds: int = 5         # rounds a variant, alternating
+    warmup: int = 3         # steps before timing (compiles the compiled variants)
+    loss_steps: int = 50    # eager steps from the common start whose losses are compared
+    modes: tuple = ("eager", "compile")
+    lr: float = 3e-4
+    decode_batches: tuple = (1, 8)
+    kv: int = 512
+    decode_steps: int = 32
+    prefill_tokens: int = 2048
+    seed: int = 0
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -113,6 +138,7 @@ class Config:
     fused: FusedBench = field(default_factory=FusedBench)
     cross_entropy: CrossEntropyBench = field(default_factory=CrossEntropyBench)
     rms_norm: RmsNormBench = field(default_factory=RmsNormBench)
+    hf_llama: HfLlamaBench = field(default_factory=HfLlamaBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -137,7 +163,11 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
              fused=FusedBench(models=(("tiny", 64, 224),), tokens=(32,), decode=(1,), spots=(), rounds=1,
                               compiled=False),
              cross_entropy=CrossEntropyBench(shapes=((64, 32, 500),), rounds=1, compiled=False),
-             rms_norm=RmsNormBench(shapes=((64, 256),), mixes=("float32",), rounds=1, compiled=False))
+             rms_norm=RmsNormBench(shapes=((64, 256),), mixes=("float32",), rounds=1, compiled=False),
+             # float32 eager only (inductor's C++ build of a training graph takes minutes on CI's 2 cores)
+             hf_llama=HfLlamaBench(layers=2, hidden=64, ffn=112, heads=4, kv_heads=2, vocab=96, batch=2, seq=16,
+                                   steps=1, rounds=2, warmup=1, loss_steps=3, modes=("eager",), kv=8,
+                                   decode_steps=2, prefill_tokens=16))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,

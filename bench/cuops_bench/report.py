@@ -176,6 +176,7 @@ def table_lines(results: dict) -> list[str]:
     lines += fused_lines(results)
     lines += rms_norm_lines(results)
     lines += cross_entropy_lines(results)
+    lines += hf_llama_lines(results)
     return lines
 
 
@@ -412,6 +413,60 @@ def rms_norm_lines(results: dict) -> list[str]:
             parts.append(f"compiled {geo:.3f}x (worst {low:.3f}x at {worst['dtype']} {worst['size']})")
         if parts:
             lines.append(f"{op} {kind}: " + "; ".join(parts))
+    return lines
+
+
+HF_TRAIN_HEAD = (f"{'variant':<14} {'ms/step':>9} {'vs torch eager':>14} {'vs torch compile':>16} {'GB a step adds':>14} "
+                 f"{'vs torch eager':>14}")
+HF_INFER_HEAD = f"{'op':<8} {'batch':>5} {'size':<14} {'patch':>9} {'torch':>9} {'ratio':>7} {'argmax agree':>12}"
+
+
+def hf_llama_lines(results: dict) -> list[str]:
+    """transformers' Llama unpatched and patched (sections/hf_llama.py): the training step's four variants
+    (time, ratios, the memory a step adds), the loss check; eager decode and prefill."""
+    rows = [r for r in results["rows"] if r["family"] == "hf_llama"]
+    if not rows:
+        return []
+    cfg = (results.get("hf_llama") or {}).get("config") or {}
+    lines = ["", f"hf_llama (transformers LlamaForCausalLM, {cfg.get('layers')} layers, width {cfg.get('hidden')}, "
+             f"FFN {cfg.get('ffn')}, {cfg.get('heads')}/{cfg.get('kv_heads')} heads, vocab {cfg.get('vocab')}; "
+             f"training {cfg.get('batch')} x {cfg.get('seq')} tokens, {(results.get('hf_llama') or {}).get('optimizer')}): "
+             "patch = cuops.patch(model)"]
+    train = [r for r in rows if r["op"] == "train_step"]
+    done = [r for r in train if r.get("status") == "ok"]
+    if done:
+        figures = {}
+        for r in done:
+            figures[f"patch {r['mode']}"] = (r["cuops_ms"], r.get("cuops_added_gb"))
+            for key, b in r["baselines"].items():
+                figures.setdefault(key, (b["ms"], b.get("added_gb")))
+        eager, comp = figures.get("torch eager"), figures.get("torch compile")
+        lines += [HF_TRAIN_HEAD, "-" * len(HF_TRAIN_HEAD)]
+        for key in ("torch eager", "torch compile", "patch eager", "patch compile"):
+            if key not in figures:
+                continue
+            ms, gb = figures[key]
+            mem = f"{gb:>14.2f} {fmt_ratio(gb / eager[1] if gb and eager and eager[1] else None):>14}" if gb else ""
+            lines.append(f"{key:<14} {fmt_time(ms):>9} {fmt_ratio(eager[0] / ms if eager else None):>14} "
+                         f"{fmt_ratio(comp[0] / ms if comp else None):>16} {mem}")
+        check = done[0]["check"]
+        lines.append(f"losses over the first {len(check['losses']['torch'])} eager steps from the same weights: largest "
+                     f"|patch - torch| / torch {check['max_rel_loss_diff']:.4f} (torch's median step-to-step change "
+                     f"{check['median_step_change'] or 0:.4f}); first {check['losses']['torch'][0]:.4f}, last torch "
+                     f"{check['losses']['torch'][-1]:.4f} / patch {check['losses']['patch'][-1]:.4f}")
+    for r in train:
+        if r.get("status") != "ok":
+            lines.append(not_run_line(f"train_step {r['mode']}", r))
+    infer = [r for r in rows if r["op"] != "train_step"]
+    if infer:
+        lines += [HF_INFER_HEAD, "-" * len(HF_INFER_HEAD)]
+    for r in infer:
+        lead = f"{r['op']:<8} {r['batch']:>5} {r['size']:<14}"
+        if r.get("status") != "ok":
+            lines.append(not_run_line(lead, r))
+            continue
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {fmt_time(r['baselines']['torch']['ms']):>9} "
+                     f"{fmt_ratio(r['ratio']):>7} {r['check']['argmax_agreement']:>12.2f}")
     return lines
 
 

@@ -45,7 +45,8 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     training step, the fused ops, the LM-head loss), at the cpu config's tiny sizes: every row runs, the class summary and
     the models' agreement checks are filled."""
     library = str(LIBRARY.absolute())
-    proc = run([BENCH / "run.py", "--device", "cpu", "--only", "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm",
+    proc = run([BENCH / "run.py", "--device", "cpu", "--only",
+                "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm,hf_llama",
                 "--out", tmp_path], tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
@@ -101,6 +102,16 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     for r in norms.values():
         assert r["status"] == "ok" and r["baselines"]["eager"]["ratio"] > 0 and r["fraction"] > 0, r
     assert any(ln.startswith("add_rms_norm  bwd") for ln in lines), proc.stdout
+    # transformers' Llama patched against unpatched: the eager training step (float32 on the cpu: the
+    # losses from the same weights agree closely), decode at both batches and prefill.
+    hf = {(r["op"], r.get("mode"), r["batch"]): r for r in results["rows"] if r["family"] == "hf_llama"}
+    assert set(hf) == {("train_step", "eager", 2), ("decode", None, 1), ("decode", None, 8), ("prefill", None, 1)}, hf
+    for r in hf.values():
+        assert r["status"] == "ok" and r["ratio"] > 0, r
+    train = hf[("train_step", "eager", 2)]
+    assert train["check"]["max_rel_loss_diff"] < 1e-4 and "torch eager" in train["baselines"], train
+    assert all(hf[k]["check"]["argmax_agreement"] == 1.0 for k in hf if k[0] != "train_step")
+    assert any(ln.startswith("patch eager ") for ln in lines) and any(ln.startswith("decode       8") for ln in lines)
 
 
 def test_check_reads_committed_results():
