@@ -119,15 +119,23 @@ __device__ __forceinline__ A sum_vec(const Vec<T, V>& x, const Vec<T, V>& y, G g
   return static_cast<A>(s);
 }
 
-// E elements of U at p into f (as A, a float type), one vector access of E * sizeof(U)
-// bytes where E > 1 (16-byte chunks), else one element.
+// E elements of U at p into f (as A, a float type): 16-byte accesses, or one of E * sizeof(U) bytes
+// where that is less (8: four half-type elements beside float32 operands), or one element.
 template <typename U, int E, typename A>
 __device__ __forceinline__ void load_elems(const U* p, A (&f)[E]) {
+  constexpr int kBytes = E * sizeof(U) < 16 ? E * sizeof(U) : 16;  // an access's bytes
+  constexpr int kChunk = kBytes / sizeof(U);                       // elements an access holds
+  static_assert(E == 1 || (E % kChunk == 0 && (kBytes == 16 || kBytes == 8)),
+                "a vector is whole 8- or 16-byte accesses of each operand");
   if constexpr (E == 1) {
     f[0] = static_cast<A>(to_acc(p[0]));
+  } else if constexpr (kBytes == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    U u[E];
+    __builtin_memcpy(u, &raw, 8);
+#pragma unroll
+    for (int i = 0; i < E; ++i) f[i] = static_cast<A>(to_acc(u[i]));
   } else {
-    constexpr int kChunk = 16 / sizeof(U);  // elements a 16-byte chunk holds
-    static_assert(E % kChunk == 0, "a vector is whole 16-byte chunks of each operand");
 #pragma unroll
     for (int c = 0; c < E / kChunk; ++c) {
       const uint4 raw = *reinterpret_cast<const uint4*>(p + c * kChunk);
@@ -143,20 +151,24 @@ __device__ __forceinline__ void load_elems(const U* p, A (&f)[E]) {
 // 16-bit elements put the rotary backward's bf16 stores through 8 bytes of stack).
 template <typename U, int E, typename A>
 __device__ __forceinline__ void store_elems(U* p, const A (&f)[E]) {
-  if constexpr (is_half_type<U> && E % 8 == 0) {
+  if constexpr (is_half_type<U> && E % 4 == 0) {
+    uint32_t w[E / 2];
 #pragma unroll
-    for (int c = 0; c < E / 8; ++c) {
-      uint4 raw;
-      raw.x = pack_pair(static_cast<float>(f[c * 8 + 0]), static_cast<float>(f[c * 8 + 1]), U{});
-      raw.y = pack_pair(static_cast<float>(f[c * 8 + 2]), static_cast<float>(f[c * 8 + 3]), U{});
-      raw.z = pack_pair(static_cast<float>(f[c * 8 + 4]), static_cast<float>(f[c * 8 + 5]), U{});
-      raw.w = pack_pair(static_cast<float>(f[c * 8 + 6]), static_cast<float>(f[c * 8 + 7]), U{});
-      *reinterpret_cast<uint4*>(p + c * 8) = raw;
+    for (int i = 0; i < E / 2; ++i)
+      w[i] = pack_pair(static_cast<float>(f[2 * i]), static_cast<float>(f[2 * i + 1]), U{});
+    if constexpr (E == 4) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < E / 8; ++c)
+        *reinterpret_cast<uint4*>(p + c * 8) =
+            make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
     }
   } else if constexpr (E == 1) {
     p[0] = from_acc<U>(static_cast<acc_t<U>>(f[0]));
   } else {
     constexpr int kChunk = 16 / sizeof(U);
+    static_assert(E % kChunk == 0, "a vector is whole 16-byte chunks of each operand");
     U u[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) u[i] = from_acc<U>(static_cast<acc_t<U>>(f[i]));

@@ -88,8 +88,8 @@ struct RmsNormBwdArgs {
   void* workspace;
 };
 // vec: every row (x, res, y, sum; w) 16-byte aligned with d a whole number of
-// rms_norm_vector_elems(types, true) elements, so rows go in 16-byte vectors of the narrowest dtype;
-// otherwise one element at a time (one dtype throughout only). rms_norm_fits: whether rows of d take
+// rms_norm_vector_elems(types, true) elements (16 bytes of x's dtype; the sum's, backward), so rows
+// go in vectors of that many elements; otherwise one element at a time (one dtype throughout only). rms_norm_fits: whether rows of d take
 // the forward (backward) kernel at all: up to 512 x 4 (512 x 2) vectors, 16384 (8192) bf16 elements.
 bool rms_norm_supports(const RmsNormTypes& types, bool vec);
 bool rms_norm_bwd_supports(const RmsNormTypes& types, bool vec);

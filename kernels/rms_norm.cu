@@ -329,21 +329,17 @@ template <typename F> cudaError_t with_type(DType t, F&& f) {
 
 int size_of(DType t) { return t == DType::Float64 ? 8 : t == DType::Float32 ? 4 : 2; }
 
-// The instance's vector: 16 bytes of the narrowest operand where vec, else one element (one dtype
-// throughout only).
-int vector_elems(std::initializer_list<DType> types, bool vec) {
-  int narrowest = 8;
-  for (DType t : types) narrowest = std::min(narrowest, size_of(t));
-  return vec ? 16 / narrowest : 1;
-}
+// The instance's vector: 16 bytes of x's type (the sum's, backward) where vec, else one element (one
+// dtype throughout only). Not the narrowest operand's: the group's shape, and so the order the sum of
+// squares is added in, is then the same whatever y's type, so a half y is the float32 y rounded.
+int vector_elems(DType base, bool vec) { return vec ? 16 / size_of(base) : 1; }
 
 template <typename T, typename S, typename W, typename Y>
 cudaError_t fwd_pick(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {
   if constexpr (!fwd_instance<T, S, W, Y>()) {
     return cudaErrorInvalidValue;
   } else {
-    constexpr int kVec = 16 / std::min({sizeof(T), sizeof(S), sizeof(W), sizeof(Y)});
-    if (vec) return fwd_typed<T, S, W, Y, kVec>(a, sms, stream);
+    if (vec) return fwd_typed<T, S, W, Y, 16 / sizeof(T)>(a, sms, stream);
     if constexpr (kSame<S, T> && kSame<W, T> && kSame<Y, T>)
       return fwd_typed<T, S, W, Y, 1>(a, sms, stream);
     return cudaErrorInvalidValue;
@@ -355,8 +351,7 @@ cudaError_t bwd_pick(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
   if constexpr (!bwd_instance<S, W, Y>()) {
     return cudaErrorInvalidValue;
   } else {
-    constexpr int kVec = 16 / std::min({sizeof(S), sizeof(W), sizeof(Y)});
-    if (vec) return bwd_typed<S, W, Y, kVec>(a, stream);
+    if (vec) return bwd_typed<S, W, Y, 16 / sizeof(S)>(a, stream);
     if constexpr (kSame<S, W> && kSame<S, Y>) return bwd_typed<S, W, Y, 1>(a, stream);
     return cudaErrorInvalidValue;
   }
@@ -396,12 +391,12 @@ bool rms_norm_bwd_supports(const RmsNormTypes& t, bool vec) {
 }
 
 int rms_norm_vector_elems(const RmsNormTypes& t, bool vec) {
-  return detail::vector_elems({t.x, t.s, t.w, t.y}, vec);
+  return detail::vector_elems(t.x, vec);
 }
 
 int64_t rms_norm_bwd_workspace_bytes(const RmsNormTypes& t, int64_t rows, int64_t d, bool vec) {
   detail::Shape sh;
-  if (!detail::make_shape(sh, rows, d, detail::vector_elems({t.s, t.w, t.y}, vec), detail::kBwdPer,
+  if (!detail::make_shape(sh, rows, d, detail::vector_elems(t.s, vec), detail::kBwdPer,
                           detail::kBwdPer))
     return 0;
   return detail::bwd_blocks(sh) * d * (t.s == DType::Float64 ? 8 : 4);
