@@ -117,8 +117,9 @@ class HfLlamaBench:
     rounds: int = 5         # rounds a variant, alternating
     warmup: int = 3         # steps before timing (compiles the compiled variants)
     loss_steps: int = 50    # eager steps from the common start whose losses are compared
+    batches: int = 64       # distinct random batches, cycled
     modes: tuple = ("eager", "compile")
-    lr: float = 3e-4
+    lr: float = 1e-4
     decode_batches: tuple = (1, 8)
     kv: int = 512
     decode_steps: int = 32
@@ -166,7 +167,7 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
              rms_norm=RmsNormBench(shapes=((64, 256),), mixes=("float32",), rounds=1, compiled=False),
              # float32 eager only (inductor's C++ build of a training graph takes minutes on CI's 2 cores)
              hf_llama=HfLlamaBench(layers=2, hidden=64, ffn=112, heads=4, kv_heads=2, vocab=96, batch=2, seq=16,
-                                   steps=1, rounds=2, warmup=1, loss_steps=3, modes=("eager",), kv=8,
+                                   steps=1, rounds=2, warmup=1, loss_steps=3, batches=4, modes=("eager",), kv=8,
                                    decode_steps=2, prefill_tokens=16))
 
 
