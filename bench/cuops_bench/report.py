@@ -451,8 +451,8 @@ def hf_llama_lines(results: dict) -> list[str]:
                          f"{fmt_ratio(comp[0] / ms if comp else None):>16} {mem}")
         check = done[0]["check"]
         lines.append(f"losses over the first {len(check['losses']['torch'])} eager steps from the same weights: largest "
-                     f"|patch - torch| / torch {check['max_rel_loss_diff']:.4f} (torch's median step-to-step change "
-                     f"{check['median_step_change'] or 0:.4f}); first {check['losses']['torch'][0]:.4f}, last torch "
+                     f"|patch - torch| / torch {check['max_rel_loss_diff']:.2e} (torch's median step-to-step change "
+                     f"{check['median_step_change'] or 0:.2e}); first {check['losses']['torch'][0]:.4f}, last torch "
                      f"{check['losses']['torch'][-1]:.4f} / patch {check['losses']['patch'][-1]:.4f}")
     for r in train:
         if r.get("status") != "ok":
