@@ -7,6 +7,7 @@ logits_to_keep=1. Sides alternate over rounds; medians. An experiment: its outpu
     python3 bench/sweep/hf_llama.py [train] [decode] [prefill] [profile]
 """
 import copy
+import re
 import statistics
 import sys
 import time
@@ -62,6 +63,14 @@ def train_steps(sides=("torch", "patch")):
     return variants
 
 
+# A kernel's class by its name (first match): where a step's GPU time goes.
+CLASSES = [("gemm", r"gemm|nvjet|cutlass|xmma|sm90_"), ("attention", r"sdpa|flash|fmha|attention"),
+           ("optimizer", r"multi_tensor|adam"), ("norm", r"rms_norm|mean_mul_pow_rsqrt|pow_sum"),
+           ("rotary", r"rotary|cos_mul_neg_sin"), ("loss", r"ce_rows|log_softmax|nll|cross"),
+           ("swiglu/silu", r"swiglu|silu"), ("cast/copy", r"copy|cast|convert"),
+           ("add/mul", r"add|mul|fill"), ("triton", r"triton")]
+
+
 def profile(keys=("torch compile", "patch compile", "patch eager"), top=22):
     """Each variant's kernels over 2 steps after warm-up, summed by name (PDL overlap inflates the sums
     of cuops' GEMMs: where to look, not a timing)."""
@@ -81,6 +90,11 @@ def profile(keys=("torch compile", "patch compile", "patch eager"), top=22):
                 sums[e.name] = sums.get(e.name, 0) + e.device_time_total / 2e3
         total = sum(sums.values())
         print(f"== {key}: {total:.1f} ms of kernels a step")
+        classes = {}
+        for name, ms in sums.items():
+            label = next((c for c, pat in CLASSES if re.search(pat, name, re.I)), "other")
+            classes[label] = classes.get(label, 0) + ms
+        print("  by class: " + ", ".join(f"{c} {ms:.2f}" for c, ms in sorted(classes.items(), key=lambda kv: -kv[1])))
         for name, ms in sorted(sums.items(), key=lambda kv: -kv[1])[:top]:
             print(f"  {ms:7.2f}  {name[:110]}")
 
