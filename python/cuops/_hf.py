@@ -1,12 +1,14 @@
 """cuops.patch: a built Hugging Face Llama-family model onto cuops' fused ops, in place (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
-- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a decoder layer's input norm, whose
-  output only the q, k and v projections read, emits their autocast dtype directly (HF's float32 norm
-  cast to it, without the cast's pass each way);
+- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm;
 - a decoder layer adds the attention output to the residual stream inside its post-attention norm
-  (cuops.add_rms_norm, the norm in the MLP's autocast dtype likewise); the add after the MLP, which crosses to the next layer, stays, so a layer is
-  still a unit that exports on its own;
+  (cuops.add_rms_norm); the add after the MLP, which crosses to the next layer, stays, so a layer is
+  still a unit that exports on its own. Where the MLP is patched and CUDA autocast is on, the norm
+  comes out in autocast's dtype: its one reader, cuops.swiglu, would cast it to that first, and
+  the values are HF's float32 norm cast, without the cast's pass each way. (The input norm stays
+  float32: three projections read it, and their bf16 gradients must meet in float32, as HF's casts'
+  do; cuops.rms_norm's dtype argument would sum them in bf16.)
 - attention rotates q and k with cuops.rotary (one pass, both heads' sets);
 - the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
   without biases (other MLPs are left alone);
@@ -61,17 +63,16 @@ def _swap_forward(module: nn.Module, forward: Callable) -> None:
     module.__class__ = sub
 
 
-def _gemm_input_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype a GEMM reading x casts it to: autocast's on x's device, else None (x as it is). A
-    norm whose output only a GEMM reads emits it directly: the values of HF's float32 norm cast to
-    it, without the cast's pass each way."""
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+def _swiglu_input_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype cuops.swiglu casts a float32 x to: CUDA autocast's where it is on (cuops registers
+    AutocastCUDA only: under CPU autocast swiglu runs as its inputs come), else None."""
+    if x.device.type != "cuda" or x.dtype == torch.float64 or not torch.is_autocast_enabled("cuda"):
+        return None
+    return torch.get_autocast_dtype("cuda")
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    dtype = _gemm_input_dtype(hidden_states) if self._cuops_feeds_gemm else None
-    return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon, dtype=dtype)
+    return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +89,8 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
     post = self.post_attention_layernorm
     # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
     # `residual + hidden_states` makes it (float32 beside a half h under autocast).
-    normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon,
-                                        dtype=_gemm_input_dtype(hidden_states))
+    dtype = _swiglu_input_dtype(hidden_states) if type(self.mlp).forward is _mlp_forward else None
+    normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon, dtype=dtype)
     return summed + self.mlp(normed)
 
 
@@ -129,7 +130,7 @@ def _causal_lm_forward(base: type) -> Callable:
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
         shift_labels = kwargs.get("shift_labels")
-        if not self.training or (labels is None and shift_labels is None):
+        if not self.training or labels is None:  # transformers makes a loss only from labels
             return base.forward(self, input_ids=input_ids, attention_mask=attention_mask,
                                 position_ids=position_ids, past_key_values=past_key_values,
                                 inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
@@ -140,6 +141,8 @@ def _causal_lm_forward(base: type) -> Callable:
         num_items = kwargs.pop("num_items_in_batch", None)
         ignore_index = kwargs.pop("ignore_index", -100)
         return_dict = kwargs.pop("return_dict", None)
+        if return_dict is None:  # as transformers' can_return_tuple: the config decides
+            return_dict = getattr(self.config, "return_dict", True)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              **kwargs)
@@ -153,7 +156,7 @@ def _causal_lm_forward(base: type) -> Callable:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
         out = CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-        return out.to_tuple() if return_dict is False else out
+        return out if return_dict else out.to_tuple()
 
     return forward
 
@@ -182,11 +185,6 @@ def patch(model: nn.Module) -> nn.Module:
         for kind, forward in swaps:
             if isinstance(module, kind):
                 _swap_forward(module, forward)
-        if isinstance(module, cls("RMSNorm")):
-            module._cuops_feeds_gemm = False  # a plain attribute: not in the state_dict
-        if isinstance(module, cls("DecoderLayer")):
-            # Its input norm's output goes to the q, k and v projections only.
-            module.input_layernorm._cuops_feeds_gemm = True
         if isinstance(module, cls("MLP")) and _is_plain_swiglu(module):
             _swap_forward(module, _mlp_forward)
     if isinstance(model, cls("ForCausalLM")):

@@ -90,6 +90,10 @@ def test_fused_loss_follows_hugging_face_loss_kwargs(device):
         assert rel_error(got, want) <= 1e-5, kw.keys()
     loss, *_ = model(ids, labels=labels, return_dict=False)
     assert rel_error(loss, ref(ids, labels=labels).loss) <= 1e-5
+    # shift_labels without labels: transformers makes no loss (logits as usual).
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].contiguous()
+    out = model(ids, shift_labels=shifted)
+    assert out.loss is None and rel_error(out.logits, ref(ids, shift_labels=shifted).logits) <= 1e-5
     model.eval(), ref.eval()
     with torch.no_grad():
         out, want = model(ids, labels=labels), ref(ids, labels=labels)
@@ -118,6 +122,30 @@ def test_bf16_autocast_within_torchs_own_error(family):
         m.zero_grad(set_to_none=True)
     for mine, theirs in zip(errs["cuops"], errs["torch"]):
         assert mine <= 2 * theirs + 2e-3, (mine, theirs)
+    # Inside a layer: the input norm float32 (three projections read it); the post-attention norm in
+    # autocast's bf16 (the patched MLP's swiglu reads it alone).
+    seen = {}
+    layer = model.model.layers[0]
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, a, k: seen.setdefault("attn", k["hidden_states"].dtype),
+                                                       with_kwargs=True),
+             layer.mlp.register_forward_pre_hook(lambda m, a: seen.setdefault("mlp", a[0].dtype))]
+    with torch.autocast("cuda", torch.bfloat16):
+        model(ids, labels=ids)
+    for h in hooks:
+        h.remove()
+    assert seen == {"attn": torch.float32, "mlp": torch.bfloat16}, seen
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cpu_autocast_runs_as_torch(family):
+    """Under CPU autocast (cuops casts under CUDA autocast only): the patched model runs, its loss within
+    bf16's error of the unpatched one's."""
+    ref, model = twins(family, "cpu")
+    ids = tokens(2, 12, "cpu")
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = model(ids, labels=ids).loss, ref(ids, labels=ids).loss
+    got.backward()
+    assert rel_error(got, want) <= 2e-2
 
 
 @pytest.mark.parametrize("device", DEVICES)
