@@ -313,20 +313,6 @@ template <typename S, typename W, typename Y> constexpr bool bwd_instance() {
   return kF32<S> && kF32<W> && is_half_type<Y>;
 }
 
-template <typename F> cudaError_t with_type(DType t, F&& f) {
-  switch (t) {
-    case DType::BFloat16:
-      return f(__nv_bfloat16{});
-    case DType::Float16:
-      return f(__half{});
-    case DType::Float32:
-      return f(float{});
-    case DType::Float64:
-      return f(double{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 int size_of(DType t) { return t == DType::Float64 ? 8 : t == DType::Float32 ? 4 : 2; }
 
 // The instance's vector: 16 bytes of x's type (the sum's, backward) where vec, else one element (one
@@ -362,10 +348,10 @@ cudaError_t bwd_pick(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
 
 bool rms_norm_supports(const RmsNormTypes& t, bool vec) {
   const bool same = t.x == t.s && t.x == t.w && t.x == t.y;
-  const cudaError_t found = detail::with_type(t.x, [&](auto x) {
-    return detail::with_type(t.s, [&](auto s) {
-      return detail::with_type(t.w, [&](auto w) {
-        return detail::with_type(t.y, [&](auto y) {
+  const cudaError_t found = detail::dispatch_dtype(t.x, [&](auto x) {
+    return detail::dispatch_dtype(t.s, [&](auto s) {
+      return detail::dispatch_dtype(t.w, [&](auto w) {
+        return detail::dispatch_dtype(t.y, [&](auto y) {
           return detail::fwd_instance<decltype(x), decltype(s), decltype(w), decltype(y)>()
                      ? cudaSuccess
                      : cudaErrorInvalidValue;
@@ -378,9 +364,9 @@ bool rms_norm_supports(const RmsNormTypes& t, bool vec) {
 
 bool rms_norm_bwd_supports(const RmsNormTypes& t, bool vec) {
   const bool same = t.s == t.w && t.s == t.y;
-  const cudaError_t found = detail::with_type(t.s, [&](auto s) {
-    return detail::with_type(t.w, [&](auto w) {
-      return detail::with_type(t.y, [&](auto y) {
+  const cudaError_t found = detail::dispatch_dtype(t.s, [&](auto s) {
+    return detail::dispatch_dtype(t.w, [&](auto w) {
+      return detail::dispatch_dtype(t.y, [&](auto y) {
         return detail::bwd_instance<decltype(s), decltype(w), decltype(y)>()
                    ? cudaSuccess
                    : cudaErrorInvalidValue;
@@ -410,10 +396,10 @@ bool rms_norm_fits(int64_t d, int vector_elems, bool backward) {
 
 cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {
   if (a.rows == 0 || a.d == 0) return cudaSuccess;
-  return detail::with_type(a.types.x, [&](auto x) {
-    return detail::with_type(a.types.s, [&](auto s) {
-      return detail::with_type(a.types.w, [&](auto w) {
-        return detail::with_type(a.types.y, [&](auto y) {
+  return detail::dispatch_dtype(a.types.x, [&](auto x) {
+    return detail::dispatch_dtype(a.types.s, [&](auto s) {
+      return detail::dispatch_dtype(a.types.w, [&](auto w) {
+        return detail::dispatch_dtype(a.types.y, [&](auto y) {
           return detail::fwd_pick<decltype(x), decltype(s), decltype(w), decltype(y)>(a, vec, sms,
                                                                                       stream);
         });
@@ -424,9 +410,9 @@ cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, int sms, cudaStr
 
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
   if (a.rows == 0 || a.d == 0) return cudaSuccess;
-  return detail::with_type(a.types.s, [&](auto s) {
-    return detail::with_type(a.types.w, [&](auto w) {
-      return detail::with_type(a.types.y, [&](auto y) {
+  return detail::dispatch_dtype(a.types.s, [&](auto s) {
+    return detail::dispatch_dtype(a.types.w, [&](auto w) {
+      return detail::dispatch_dtype(a.types.y, [&](auto y) {
         return detail::bwd_pick<decltype(s), decltype(w), decltype(y)>(a, vec, stream);
       });
     });

@@ -87,18 +87,7 @@ template <bool kBwd> cudaError_t dispatch(const RotaryArgs& a, bool vec, cudaStr
     if (vec) return launch_typed<T, T, T, 16 / sizeof(T), kBwd>(a, stream);
     return launch_typed<T, T, T, 1, kBwd>(a, stream);
   };
-  if (a.x == a.trig && a.trig == a.out) {
-    switch (a.x) {
-      case DType::BFloat16:
-        return same(__nv_bfloat16{});
-      case DType::Float16:
-        return same(__half{});
-      case DType::Float32:
-        return same(float{});
-      case DType::Float64:
-        return same(double{});
-    }
-  }
+  if (a.x == a.trig && a.trig == a.out) return dispatch_dtype(a.x, same);
   const DType h = a.x == DType::Float32 ? a.out : a.x;
   if (a.trig != DType::Float32 || (a.x != DType::Float32 && a.out != DType::Float32)) {
     return cudaErrorInvalidValue;
