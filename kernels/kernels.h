@@ -106,9 +106,10 @@ cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream
 // forward  o[:D/2] = x[:D/2] c[:D/2] - x[D/2:] s[:D/2],  o[D/2:] = x[D/2:] c[D/2:] + x[:D/2] s[D/2:];
 // backward o[:D/2] = x[:D/2] c[:D/2] + x[D/2:] s[D/2:],  o[D/2:] = x[D/2:] c[D/2:] - x[:D/2] s[:D/2],
 // in float32 (float64 for float64), rounded once. x: q's and k's dtype (the forward's) or their
-// gradients' (the backward's); trig: cos and sin's; out: the outputs'. All one dtype, or float32 beside a
-// half type: x half with trig and out float32 (the forward under autocast), x and trig float32 with out
-// half (its backward, giving q's dtype); rotary_supports says which. vec: every pointer and stride
+// gradients' (the backward's); trig: cos and sin's; out: the outputs'. All one dtype, or float32 cos and
+// sin beside one half type: x half with out float32 (the forward under autocast), x float32 with out
+// half (its backward, giving q's dtype), or x and out half (either way with the op's dtype set to q's
+// half type); rotary_supports says which. vec: every pointer and stride
 // 16-byte aligned and D/2 a multiple of rotary_vector_elems, so elements go 16 bytes at a time.
 struct RotaryTensor {
   void* p;

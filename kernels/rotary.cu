@@ -71,40 +71,42 @@ cudaError_t launch_typed(const RotaryArgs& a, cudaStream_t stream) {
 
 int size_of(DType t) { return t == DType::Float64 ? 8 : t == DType::Float32 ? 4 : 2; }
 
-// The instance for the dtypes: E = 16 bytes of the narrowest operand where vec, else 1. Mixes of a half
-// type with float32 run vectorised only (the op takes other cases to its composite).
+// The instance for the dtypes: E = 16 bytes of the narrowest operand where vec, else 1 (every dtype
+// pair the same arithmetic, so a result in dtype is the default result's cast bit for bit).
 template <bool kBwd> cudaError_t dispatch(const RotaryArgs& a, bool vec, cudaStream_t stream) {
-  auto half_mix = [&](auto h) -> cudaError_t {
-    using H = decltype(h);
-    if (!vec) return cudaErrorInvalidValue;
-    if (a.x == a.out) return cudaErrorInvalidValue;
-    if (a.trig == a.out)
-      return launch_typed<H, float, float, 8, kBwd>(a, stream);  // autocast's forward
-    return launch_typed<float, float, H, 8, kBwd>(a, stream);    // its backward
-  };
   auto same = [&](auto t) -> cudaError_t {
     using T = decltype(t);
     if (vec) return launch_typed<T, T, T, 16 / sizeof(T), kBwd>(a, stream);
     return launch_typed<T, T, T, 1, kBwd>(a, stream);
   };
   if (a.x == a.trig && a.trig == a.out) return dispatch_dtype(a.x, same);
-  const DType h = a.x == DType::Float32 ? a.out : a.x;
-  if (a.trig != DType::Float32 || (a.x != DType::Float32 && a.out != DType::Float32)) {
-    return cudaErrorInvalidValue;
-  }
-  if (h == DType::BFloat16) return half_mix(__nv_bfloat16{});
-  if (h == DType::Float16) return half_mix(__half{});
-  return cudaErrorInvalidValue;
+  if (!rotary_supports(a.x, a.trig, a.out, vec)) return cudaErrorInvalidValue;
+  auto half_mix = [&](auto h) -> cudaError_t {
+    using H = decltype(h);
+    auto go = [&](auto x, auto o) -> cudaError_t {
+      using X = decltype(x);
+      using O = decltype(o);
+      return vec ? launch_typed<X, float, O, 8, kBwd>(a, stream)
+                 : launch_typed<X, float, O, 1, kBwd>(a, stream);
+    };
+    if (a.x != DType::Float32 && a.out != DType::Float32)
+      return go(H{}, H{});                               // either way with dtype = x's
+    if (a.x != DType::Float32) return go(H{}, float{});  // autocast's forward
+    return go(float{}, H{});                             // its backward
+  };
+  return (a.x == DType::Float32 ? a.out : a.x) == DType::BFloat16 ? half_mix(__nv_bfloat16{})
+                                                                  : half_mix(__half{});
 }
 
 }  // namespace
 }  // namespace detail
 
-bool rotary_supports(DType x, DType trig, DType out, bool vec) {
+bool rotary_supports(DType x, DType trig, DType out, bool /*vec*/) {
   if (x == trig && trig == out) return true;
   const auto half = [](DType t) { return t == DType::BFloat16 || t == DType::Float16; };
-  return vec && trig == DType::Float32 &&
-         ((half(x) && out == DType::Float32) || (x == DType::Float32 && half(out)));
+  if (trig != DType::Float32) return false;
+  if (half(x) && half(out)) return x == out;
+  return (half(x) && out == DType::Float32) || (x == DType::Float32 && half(out));
 }
 
 int rotary_vector_elems(DType x, DType trig, DType out) {

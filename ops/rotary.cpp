@@ -4,19 +4,24 @@
 // Hugging Face's apply_rotary_pos_emb: q·cos + rotate_half(q)·sin (k likewise), cos and sin [B or 1,
 // T, D] broadcast over the heads, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]). The result in
 // promote(q, cos) (HF under autocast: bf16 q and k with float32 cos / sin give float32), the math in
-// float32 (float64 for float64), rounded once.
+// float32 (float64 for float64), rounded once. An optional dtype sets the outputs' dtype instead: the
+// half type attention reads under autocast, the default result's values cast to it without the cast's
+// pass each way (the gradients then arrive in it: half the bytes the backward reads).
 //
 // The outputs keep their input's layout (empty_like: HF's q is a transposed view of the projection,
 // and attention reads either layout). CPU runs the reference's composite of torch ops; CUDA runs
 // kernels/rotary.cu in one pass (q and k read once), with the composite for mixes the kernel has no
-// instance for (a float32 q with half cos, fp16 with bf16) and for unaligned mixes.
+// instance for (a float32 q with half cos, fp16 with bf16) and for rows without a unit element stride.
 #include "ops/common.h"
 
 namespace cuops::ops {
 namespace {
 
 void check_rotary(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                  const at::Tensor& sin) {
+                  const at::Tensor& sin, std::optional<at::ScalarType> dtype = std::nullopt) {
+  TORCH_CHECK(!dtype.has_value() || is_supported_dtype(*dtype), "cuops::", op,
+              ": expected dtype float32, float64, float16 or bfloat16 (or None), got ",
+              dtype.has_value() ? dtype_name(*dtype) : "");
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q},
                                 {"k", &k},
                                 {"cos", &cos},
@@ -50,8 +55,10 @@ void check_rotary(const char* op, const at::Tensor& q, const at::Tensor& k, cons
   TORCH_CHECK(d % 2 == 0, "cuops::", op, ": expected an even head dimension D, got ", d);
 }
 
-at::ScalarType out_dtype(const at::Tensor& q, const at::Tensor& cos) {
-  return at::promote_types(q.scalar_type(), cos.scalar_type());
+// dtype where given, else Hugging Face's promote(q, cos).
+at::ScalarType out_dtype(const at::Tensor& q, const at::Tensor& cos,
+                         std::optional<at::ScalarType> dtype) {
+  return dtype.value_or(at::promote_types(q.scalar_type(), cos.scalar_type()));
 }
 
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -59,10 +66,12 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
 }
 
-// x·cos + rotate_half(x)·sin in the math dtype, rounded once to `out`.
+// x·cos + rotate_half(x)·sin in the math dtype (promote(x, cos)'s), rounded once to `out`.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                   at::ScalarType out) {
-  const auto acc = out == at::kDouble ? at::kDouble : at::kFloat;
+  const auto acc = at::promote_types(x.scalar_type(), cos.scalar_type()) == at::kDouble
+                       ? at::kDouble
+                       : at::kFloat;
   const at::Tensor xa = x.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
   return (xa * c + rotate_half(xa) * s).to(out).contiguous();
 }
@@ -73,19 +82,23 @@ at::Tensor like(const at::Tensor& x, at::ScalarType dtype) {
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor& q, const at::Tensor& k,
-                                              const at::Tensor& cos, const at::Tensor& sin) {
-  check_rotary("rotary", q, k, cos, sin);
-  const auto out = out_dtype(q, cos);
+                                              const at::Tensor& cos, const at::Tensor& sin,
+                                              std::optional<at::ScalarType> dtype) {
+  check_rotary("rotary", q, k, cos, sin, dtype);
+  const auto out = out_dtype(q, cos, dtype);
   return {like(q, out).copy_(rotate(q, cos, sin, out)),
           like(k, out).copy_(rotate(k, cos, sin, out))};
 }
 
-// The gradient of x from g = d(x·cos + rotate_half(x)·sin): g·cos - rotate_half(g·sin), in g's
-// dtype (the callers round it to the dtype asked).
-at::Tensor unrotate(const at::Tensor& g, const at::Tensor& cos, const at::Tensor& sin) {
-  const auto acc = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+// The gradient of x from g = d(x·cos + rotate_half(x)·sin): g·cos - rotate_half(g·sin) in the math
+// dtype, rounded once to `out`.
+at::Tensor unrotate(const at::Tensor& g, const at::Tensor& cos, const at::Tensor& sin,
+                    at::ScalarType out) {
+  const auto acc = at::promote_types(g.scalar_type(), cos.scalar_type()) == at::kDouble
+                       ? at::kDouble
+                       : at::kFloat;
   const at::Tensor ga = g.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
-  return (ga * c - rotate_half(ga * s)).to(g.scalar_type()).contiguous();
+  return (ga * c - rotate_half(ga * s)).to(out).contiguous();
 }
 
 void check_rotary_bwd(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& cos,
@@ -101,8 +114,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_bwd_cpu(const at::Tensor& gq, const at
                                                   const at::Tensor& cos, const at::Tensor& sin,
                                                   at::ScalarType dtype) {
   check_rotary_bwd(gq, gk, cos, sin, dtype);
-  return {like(gq, dtype).copy_(unrotate(gq, cos, sin)),
-          like(gk, dtype).copy_(unrotate(gk, cos, sin))};
+  return {like(gq, dtype).copy_(unrotate(gq, cos, sin, dtype)),
+          like(gk, dtype).copy_(unrotate(gk, cos, sin, dtype))};
 }
 
 // ---- CUDA
@@ -137,7 +150,9 @@ std::tuple<at::Tensor, at::Tensor> rotary_cuda_pass(const at::Tensor& q_in, cons
                    aligned16(sin) && aligned16(oq) && aligned16(ok);
   if (!kernels::rotary_supports(x_t, trig_t, out_t, vec) || !unit(q_in) || !unit(k_in) ||
       !unit(oq) || !unit(ok)) {
-    if (backward) return {oq.copy_(unrotate(q_in, cos, sin)), ok.copy_(unrotate(k_in, cos, sin))};
+    if (backward) {
+      return {oq.copy_(unrotate(q_in, cos, sin, out)), ok.copy_(unrotate(k_in, cos, sin, out))};
+    }
     return {oq.copy_(rotate(q_in, cos, sin, out)), ok.copy_(rotate(k_in, cos, sin, out))};
   }
   kernels::RotaryArgs a{};
@@ -152,9 +167,10 @@ std::tuple<at::Tensor, at::Tensor> rotary_cuda_pass(const at::Tensor& q_in, cons
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_cuda(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& cos, const at::Tensor& sin) {
-  check_rotary("rotary", q, k, cos, sin);
-  return rotary_cuda_pass(q, k, cos, sin, out_dtype(q, cos), false);
+                                               const at::Tensor& cos, const at::Tensor& sin,
+                                               std::optional<at::ScalarType> dtype) {
+  check_rotary("rotary", q, k, cos, sin, dtype);
+  return rotary_cuda_pass(q, k, cos, sin, out_dtype(q, cos, dtype), false);
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_bwd_cuda(const at::Tensor& gq, const at::Tensor& gk,
@@ -167,9 +183,10 @@ std::tuple<at::Tensor, at::Tensor> rotary_bwd_cuda(const at::Tensor& gq, const a
 // ---- Meta: shapes and dtypes only.
 
 std::tuple<at::Tensor, at::Tensor> rotary_meta(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& cos, const at::Tensor& sin) {
-  check_rotary("rotary", q, k, cos, sin);
-  const auto out = out_dtype(q, cos);
+                                               const at::Tensor& cos, const at::Tensor& sin,
+                                               std::optional<at::ScalarType> dtype) {
+  check_rotary("rotary", q, k, cos, sin, dtype);
+  const auto out = out_dtype(q, cos, dtype);
   return {like(q, out), like(k, out)};
 }
 
@@ -185,9 +202,10 @@ std::tuple<at::Tensor, at::Tensor> rotary_bwd_meta(const at::Tensor& gq, const a
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& cos, const at::Tensor& sin) {
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               std::optional<at::ScalarType> dtype) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [oq, ok] = cuops::rotary(q, k, cos, sin);
+    auto [oq, ok] = cuops::rotary(q, k, cos, sin, dtype);
     const bool trig_grad = cos.requires_grad() || sin.requires_grad();
     ctx->save_for_backward(trig_grad ? variable_list{cos, sin, q, k} : variable_list{cos, sin});
     ctx->saved_data["q_dtype"] = q.scalar_type();
@@ -216,20 +234,21 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
       dsin = reduce(gqa * rotate_half(qa), gka * rotate_half(ka)).to(sin.scalar_type());
     }
     return {ctx->needs_input_grad(0) ? dq : at::Tensor(),
-            ctx->needs_input_grad(1) ? dk : at::Tensor(), dcos, dsin};
+            ctx->needs_input_grad(1) ? dk : at::Tensor(), dcos, dsin, at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> rotary_autograd(const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& cos, const at::Tensor& sin) {
-  check_rotary("rotary", q, k, cos, sin);
+                                                   const at::Tensor& cos, const at::Tensor& sin,
+                                                   std::optional<at::ScalarType> dtype) {
+  check_rotary("rotary", q, k, cos, sin, dtype);
   const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
                                                     cos.requires_grad() || sin.requires_grad());
   if (!grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return cuops::rotary(q, k, cos, sin);
+    return cuops::rotary(q, k, cos, sin, dtype);
   }
-  auto out = RotaryFunction::apply(q, k, cos, sin);
+  auto out = RotaryFunction::apply(q, k, cos, sin, dtype);
   return {out[0], out[1]};
 }
 

@@ -92,8 +92,12 @@ TORCH_LIBRARY(cuops, m) {
       "output_mask) -> (Tensor, Tensor)",
       tags);
   // (q cos + rotate_half(q) sin, k cos + rotate_half(k) sin), Hugging Face's rotary embedding: q [B,
-  // Hq, T, D], k [B, Hk, T, D], cos and sin [B or 1, T, D]; in promote(q, cos) (docs/ops.md#rotary).
-  m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)", tags);
+  // Hq, T, D], k [B, Hk, T, D], cos and sin [B or 1, T, D]; in promote(q, cos), or dtype where given
+  // (docs/ops.md#rotary).
+  m.def(
+      "rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, ScalarType? dtype=None) -> (Tensor, "
+      "Tensor)",
+      tags);
   // The gradients of q and k from the outputs' gradients, in dtype (q's; internal).
   m.def(
       "_rotary_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, ScalarType dtype) -> "

@@ -4,9 +4,10 @@ torch.compile, patch eager, patch + compile) with the memory a step adds over th
 state; eager decode at batch 1 and 8 with the KV length held fixed; eager prefill 1 x 2048 with
 logits_to_keep=1. Sides alternate over rounds; medians. An experiment: its output is not committed.
 
-    python3 bench/sweep/hf_llama.py [train] [decode] [prefill] [profile]
+    python3 bench/sweep/hf_llama.py [train] [decode] [prefill] [profile] [parts]
 """
 import copy
+import os
 import re
 import statistics
 import sys
@@ -97,6 +98,71 @@ def profile(keys=("torch compile", "patch compile", "patch eager"), top=22):
         print("  by class: " + ", ".join(f"{c} {ms:.2f}" for c, ms in sorted(classes.items(), key=lambda kv: -kv[1])))
         for name, ms in sorted(sums.items(), key=lambda kv: -kv[1])[:top]:
             print(f"  {ms:7.2f}  {name[:110]}")
+
+
+def kernel_sums(fn, steps=2):
+    """{kernel name: ms a call} over `steps` calls of fn after warm-up."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    sums = {}
+    for e in p.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            sums[e.name] = sums.get(e.name, 0) + e.device_time_total / steps / 1e3
+    return sums
+
+
+def parts(rounds=6, profile_layer=True):
+    """The training step's pieces on their own, forward + backward under bf16 autocast, the four
+    variants alternating: one decoder layer (float32 residual stream in and out) and the head (a model
+    of 0 layers: embeddings, final norm, lm_head and the loss). 8 layers + head ~ the step less AdamW."""
+    from triton.testing import do_bench
+    torch._dynamo.config.cache_size_limit = 64
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, CONFIG["vocab_size"], (8, 1024), device="cuda", generator=g)
+    h = torch.randn(8, 1024, CONFIG["hidden_size"], device="cuda", generator=g).requires_grad_()
+    dy = torch.randn(h.shape, device="cuda", generator=g)
+    pos = torch.arange(1024, device="cuda")[None]
+    torch.manual_seed(0)
+    full = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).cuda()
+    head = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG, "num_hidden_layers": 0})).cuda()
+    pe = full.model.rotary_emb(h, pos)
+    pieces = {"layer": full.model.layers[0], "head": head}
+    pieces = {k: v for k, v in pieces.items() if k in os.environ.get("PARTS", "layer,head").split(",")}
+
+    def run(piece, m):
+        with torch.autocast("cuda", torch.bfloat16):
+            if piece == "head":
+                return m(input_ids=ids, labels=ids).loss.backward()
+            out = m(h, position_embeddings=pe, position_ids=pos)
+        (out[0] if isinstance(out, tuple) else out).backward(dy)
+
+    for piece, ref in pieces.items():
+        pat = cuops.patch(copy.deepcopy(head)) if piece == "head" else cuops.patch(copy.deepcopy(full)).model.layers[0]
+        sides = {"torch eager": ref, "torch compile": torch.compile(ref), "patch eager": pat,
+                 "patch compile": torch.compile(pat)}
+        params = [p for m in (ref, pat) for p in m.parameters()] + [h]
+        fns = {k: (lambda m=m: run(piece, m)) for k, m in sides.items()}
+        for f in fns.values():
+            f()
+        times = {k: [] for k in fns}
+        for r in range(rounds):
+            for key in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                times[key].append(do_bench(fns[key], warmup=25, rep=150, grad_to_none=params))
+        base = statistics.median(times["torch compile"])
+        if piece == "layer" and profile_layer:
+            for key in ("torch compile", "patch compile"):
+                sums = kernel_sums(fns[key])
+                print(f"== {key}: {sum(sums.values()):.3f} ms of kernels a layer")
+                for name, ms in sorted(sums.items(), key=lambda kv: -kv[1])[:30]:
+                    print(f"  {ms * 1e3:8.1f} us  {name[:120]}")
+        print(f"{piece}: " + ", ".join(f"{k} {statistics.median(v):.3f} ms ({base / statistics.median(v):.3f}x compile)"
+                                      for k, v in times.items()), flush=True)
 
 
 def train(rounds=5, steps=3):

@@ -229,12 +229,15 @@ inline std::tuple<at::Tensor, at::Tensor> _rms_norm_bwd(const at::Tensor& dy, co
 
 // Hugging Face's rotary embedding of q [B, Hq, T, D] and k [B, Hk, T, D] by cos and sin [B or 1, T,
 // D] (broadcast over the heads): (q cos + rotate_half(q) sin, k cos + rotate_half(k) sin) in
-// promote(q, cos). Differentiable in every input.
-inline std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k,
-                                                 const at::Tensor& cos, const at::Tensor& sin) {
+// promote(q, cos), or dtype (the half type attention reads under autocast). Differentiable in every
+// tensor input.
+inline std::tuple<at::Tensor, at::Tensor> rotary(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    std::optional<at::ScalarType> dtype = std::nullopt) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::rotary");
-  return handle.call(q, k, cos, sin);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      std::optional<at::ScalarType>)>("cuops::rotary");
+  return handle.call(q, k, cos, sin, dtype);
 }
 // rotary's backward of q and k, in dtype (q's; internal; its schema may change).
 inline std::tuple<at::Tensor, at::Tensor> _rotary_bwd(const at::Tensor& grad_q,

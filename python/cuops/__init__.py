@@ -410,8 +410,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return torch.ops.cuops.add_rms_norm(x, residual, weight, eps, dtype)
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Hugging Face's apply_rotary_pos_emb: (q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)
     with cos and sin broadcast over the heads (docs/ops.md#rotary).
 
@@ -420,10 +420,13 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         k: the [B, Hk, T, D] keys (Hk may differ from Hq: grouped-query attention).
         cos: the [B or 1, T, D] cosines (LlamaRotaryEmbedding's output).
         sin: the [B or 1, T, D] sines, cos's shape and dtype.
+        dtype: the outputs' dtype instead of the default: the half type attention reads under
+            autocast, so no cast pass follows (the values are the default result's cast to it; the
+            gradients come back in it).
 
     Returns:
-        (q rotated, k rotated) in torch.promote_types(q.dtype, cos.dtype): a bf16 q with float32 cos
-        gives float32, as Hugging Face's code does under autocast.
+        (q rotated, k rotated) in torch.promote_types(q.dtype, cos.dtype) (or dtype): a bf16 q with
+        float32 cos gives float32, as Hugging Face's code does under autocast.
 
     Dtypes: float32, float64, float16, bfloat16 (q and k one dtype, cos and sin one dtype); the math
     in float32 (float64 for float64), rounded once. Under autocast nothing is cast.
@@ -436,7 +439,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
     Calls torch.ops.cuops.rotary.
     """
-    return torch.ops.cuops.rotary(q, k, cos, sin)
+    return torch.ops.cuops.rotary(q, k, cos, sin, dtype)
 
 
 def patch(model: torch.nn.Module) -> torch.nn.Module:

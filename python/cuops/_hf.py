@@ -1,15 +1,18 @@
 """cuops.patch: a built Hugging Face Llama-family model onto cuops' fused ops, in place (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
-- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm;
+- every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a layer's input norm comes out in
+  the half type the projections read under CUDA autocast (HF's float32 norm cast, without the cast's
+  pass each way);
 - a decoder layer adds the attention output to the residual stream inside its post-attention norm
   (cuops.add_rms_norm); the add after the MLP, which crosses to the next layer, stays, so a layer is
   still a unit that exports on its own. Where the MLP is patched and CUDA autocast is on, the norm
   comes out in autocast's dtype: its one reader, cuops.swiglu, would cast it to that first, and
-  the values are HF's float32 norm cast, without the cast's pass each way. (The input norm stays
-  float32: three projections read it, and their bf16 gradients must meet in float32, as HF's casts'
-  do; cuops.rms_norm's dtype argument would sum them in bf16.)
-- attention rotates q and k with cuops.rotary (one pass, both heads' sets);
+  the values are HF's float32 norm cast, without the cast's pass each way.
+- attention projects q, k and v in one GEMM in training (x's three gradients meet in its float32
+  accumulator: the bf16 input norm gets no sum of rounded ones), three in eval; it rotates q and k
+  with cuops.rotary (one pass, both heads' sets), under CUDA autocast in the half type attention reads
+  (so a KV cache keeps keys in the values' dtype);
 - the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
   without biases (other MLPs are left alone);
 - the causal LM's training forward with labels returns the loss of cuops.linear_cross_entropy over
@@ -63,9 +66,9 @@ def _swap_forward(module: nn.Module, forward: Callable) -> None:
     module.__class__ = sub
 
 
-def _swiglu_input_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype cuops.swiglu casts a float32 x to: CUDA autocast's where it is on (cuops registers
-    AutocastCUDA only: under CPU autocast swiglu runs as its inputs come), else None."""
+def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype the GEMM or attention reading x casts it to: CUDA autocast's where it is on (cuops
+    registers AutocastCUDA only: under CPU autocast swiglu runs as its inputs come), else None."""
     if x.device.type != "cuda" or x.dtype == torch.float64 or not torch.is_autocast_enabled("cuda"):
         return None
     return torch.get_autocast_dtype("cuda")
@@ -82,16 +85,39 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                            use_cache=False, position_embeddings=None, **kwargs):
     residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
+    norm = self.input_layernorm
+    # In the half type the projections read under CUDA autocast: in training one GEMM reads it (the
+    # attention's fused q/k/v projection, so x's three gradients meet in its float32 accumulator), in
+    # inference three GEMMs that need no gradient.
+    hidden_states = cuops.rms_norm(hidden_states, norm.weight, norm.variance_epsilon,
+                                   dtype=_autocast_dtype(hidden_states))
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     post = self.post_attention_layernorm
     # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
     # `residual + hidden_states` makes it (float32 beside a half h under autocast).
-    dtype = _swiglu_input_dtype(hidden_states) if type(self.mlp).forward is _mlp_forward else None
+    dtype = _autocast_dtype(hidden_states) if type(self.mlp).forward is _mlp_forward else None
     normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon, dtype=dtype)
     return summed + self.mlp(normed)
+
+
+def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v projections of x. In training, one GEMM of the three weights concatenated (their cast
+    and concatenation one pass over 6M weights a layer, fused under torch.compile): one wider product in
+    place of three (two of them 512 wide), and x's gradient one product accumulating all three in float32
+    (HF sums three rounded ones). In eval (decode reads every weight for a few tokens: a concatenation
+    would double what it reads), or where a projection is not a plain nn.Linear (an adapter), three."""
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not attn.training or any(type(p) is not nn.Linear for p in projs):
+        return tuple(p(x) for p in projs)
+    biases = [p.bias for p in projs]
+    has_bias = [b is not None for b in biases]
+    if len(set(has_bias)) > 1:
+        return tuple(p(x) for p in projs)
+    w = torch.cat([p.weight for p in projs])
+    qkv = nn.functional.linear(x, w, torch.cat(biases) if has_bias[0] else None)
+    return qkv.split([p.out_features for p in projs], dim=-1)
 
 
 @functools.lru_cache(maxsize=None)  # one forward (so one subclass) a family
@@ -102,13 +128,15 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
                 **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q = self.q_proj(hidden_states).view(hidden_shape)
-        k = self.k_proj(hidden_states).view(hidden_shape)
+        q, k, v = _qkv(self, hidden_states)
+        q, k = q.view(hidden_shape), k.view(hidden_shape)
         if family.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        v = v.view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
-        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        # In the dtype attention casts q and k to under autocast (HF's float32 values cast, without
+        # the cast's pass each way; the KV cache then holds keys in the values' dtype).
+        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype=_autocast_dtype(q))
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)

@@ -239,8 +239,8 @@ def register() -> bool:
         return rules
 
     @register_sharding(ops.rotary.default)
-    def rotary_rule(q, k, cos, sin):
-        return rotary_entries(q, cos, [])
+    def rotary_rule(q, k, cos, sin, dtype=None):
+        return rotary_entries(q, cos, [None])
 
     @register_sharding(ops._rotary_bwd.default)
     def rotary_bwd_rule(grad_q, grad_k, cos, sin, dtype):

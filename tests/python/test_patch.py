@@ -122,18 +122,22 @@ def test_bf16_autocast_within_torchs_own_error(family):
         m.zero_grad(set_to_none=True)
     for mine, theirs in zip(errs["cuops"], errs["torch"]):
         assert mine <= 2 * theirs + 2e-3, (mine, theirs)
-    # Inside a layer: the input norm float32 (three projections read it); the post-attention norm in
-    # autocast's bf16 (the patched MLP's swiglu reads it alone).
+    # Inside a layer: both norms in autocast's bf16 (the fused q/k/v projection reads the input norm,
+    # the patched MLP's swiglu the post-attention norm).
     seen = {}
     layer = model.model.layers[0]
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, a, k: seen.setdefault("attn", k["hidden_states"].dtype),
+
+    def note(key, x):  # a pre-hook returning a value would replace the module's inputs
+        seen.setdefault(key, x.dtype)
+
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, a, k: note("attn", k["hidden_states"]),
                                                        with_kwargs=True),
-             layer.mlp.register_forward_pre_hook(lambda m, a: seen.setdefault("mlp", a[0].dtype))]
+             layer.mlp.register_forward_pre_hook(lambda m, a: note("mlp", a[0]))]
     with torch.autocast("cuda", torch.bfloat16):
         model(ids, labels=ids)
     for h in hooks:
         h.remove()
-    assert seen == {"attn": torch.float32, "mlp": torch.bfloat16}, seen
+    assert seen == {"attn": torch.bfloat16, "mlp": torch.bfloat16}, seen
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -224,6 +228,32 @@ def test_tied_embeddings_stay_tied_and_patching_twice_changes_nothing(device):
     ids = tokens(1, 6, device)
     model(ids, labels=ids).loss.backward()
     assert model.lm_head.weight.grad is model.model.embed_tokens.weight.grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_wrapped_projection_is_called_not_bypassed(device):
+    """In training the patch projects q, k and v in one product of the three weights, but only where each
+    is a plain nn.Linear: a projection wrapped by something else (an adapter) runs as its module."""
+
+    class Doubled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return 2 * self.inner(x)
+
+    ref, model = twins("llama", device)
+    for m in (ref, model):
+        attn = m.model.layers[1].self_attn
+        attn.k_proj = Doubled(attn.k_proj)
+    ids = tokens(2, 9, device)
+    out_ref, out = ref(ids, labels=ids), model(ids, labels=ids)
+    assert rel_error(out.loss, out_ref.loss) <= 1e-5
+    out_ref.loss.backward(), out.loss.backward()
+    g_ref, g = grads(ref), grads(model)
+    for n in g_ref:
+        assert rel_error(g[n], g_ref[n]) <= 1e-4, n
 
 
 def test_unknown_models_are_refused():

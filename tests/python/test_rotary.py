@@ -138,6 +138,44 @@ def test_autocast_mix_follows_hugging_face(device, half):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("d", [6, 128], ids=str)
+def test_dtype_gives_the_default_result_cast(device, half, d):
+    """dtype (the half type attention reads under autocast): the values are the default result's cast to it,
+    bit for bit, for autocast's mix (half q and k, float32 cos / sin; d = 6 takes the composite), float32 q
+    and k (Qwen3's q/k norms under autocast) and one dtype; the gradients, arriving in dtype, equal the
+    default op's given the same gradients in its own dtype, bit for bit, in q's dtype."""
+    cos, sin = hf_cos_sin(2, 7, d, torch.float32, device)
+    for x_dtype in (half, torch.float32):
+        q, k = heads_layout(2, 4, 7, d, x_dtype, device), heads_layout(2, 2, 7, d, x_dtype, device)
+        for c, s in ((cos, sin), (cos.to(x_dtype), sin.to(x_dtype))):
+            oq, ok = cuops.rotary(q, k, c, s, dtype=half)
+            wq, wk = cuops.rotary(q, k, c, s)
+            assert oq.dtype == ok.dtype == half and oq.stride() == wq.stride()
+            assert torch.equal(oq, wq.to(half)) and torch.equal(ok, wk.to(half))
+        grads = []
+        gq, gk = make(q.shape, half, device), make(k.shape, half, device)
+        for dtype in (half, None):
+            qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+            oq, ok = cuops.rotary(qg, kg, cos, sin, dtype=dtype)
+            torch.autograd.backward([oq, ok], [gq.to(oq.dtype), gk.to(ok.dtype)])
+            grads.append((qg.grad, kg.grad))
+        for got, want in zip(*grads):
+            assert got.dtype == want.dtype == x_dtype and torch.equal(got, want)
+
+
+@requires_cuda
+def test_cuda_dtype_is_one_launch_each_way():
+    """Autocast's mix with dtype = q's half type: one kernel forward, one backward (gradients in bf16)."""
+    q, k = heads_layout(2, 8, 33, 128, torch.bfloat16, "cuda"), heads_layout(2, 2, 33, 128, torch.bfloat16, "cuda")
+    cos, sin = hf_cos_sin(2, 33, 128, torch.float32, "cuda")
+    names = cuda_kernels(lambda: ops.rotary(q, k, cos, sin, torch.bfloat16))
+    assert len(names) == 1 and "rotary" in names[0], names
+    names = cuda_kernels(lambda: ops._rotary_bwd(q, k, cos, sin, torch.bfloat16))
+    assert len(names) == 1 and "rotary" in names[0], names
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gradients_match_float64(device, dtype):
     b, hq, hk, t, d = 2, 3, 1, 5, 32
@@ -178,6 +216,8 @@ def test_errors_name_the_argument(device):
         cuops.rotary(q, k.double(), cos, sin)
     with pytest.raises(RuntimeError, match=r"cuops::rotary: expected sin to have the dtype of cos"):
         cuops.rotary(q, k, cos, sin.double())
+    with pytest.raises(RuntimeError, match=r"cuops::rotary: expected dtype float32, .* \(or None\), got int"):
+        cuops.rotary(q, k, cos, sin, dtype=torch.int32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -186,6 +226,8 @@ def test_opcheck(device):
     cos, sin = make((2, 3, 8), torch.float32, device), make((2, 3, 8), torch.float32, device)
     torch.library.opcheck(ops.rotary, tuple(t.clone().requires_grad_() for t in (q, k, cos, sin)))
     torch.library.opcheck(ops.rotary, (q, k, cos[:1], sin[:1]))
+    torch.library.opcheck(ops.rotary, tuple(t.clone().requires_grad_() for t in (q.bfloat16(), k.bfloat16(), cos, sin))
+                          + (torch.bfloat16,))
     torch.library.opcheck(ops._rotary_bwd, (q, k, cos, sin, torch.float32))
     torch.library.opcheck(ops._rotary_bwd, (q, k, cos, sin, torch.float64))
 
