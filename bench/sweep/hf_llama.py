@@ -65,7 +65,7 @@ def train_steps(sides=("torch", "patch")):
 
 
 # A kernel's class by its name (first match): where a step's GPU time goes.
-CLASSES = [("gemm", r"gemm|nvjet|cutlass|xmma|sm90_"), ("attention", r"sdpa|flash|fmha|attention"),
+CLASSES = [("attention", r"sdpa|flash|fmha|attention"), ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_"),
            ("optimizer", r"multi_tensor|adam"), ("norm", r"rms_norm|mean_mul_pow_rsqrt|pow_sum"),
            ("rotary", r"rotary|cos_mul_neg_sin"), ("loss", r"ce_rows|log_softmax|nll|cross"),
            ("swiglu/silu", r"swiglu|silu"), ("cast/copy", r"copy|cast|convert"),

@@ -219,6 +219,45 @@ def test_decoder_layer_compiles_without_graph_breaks(device, family):
         assert rel_error(h.grad, want) <= 1e-5
 
 
+def sdpa_masks(model, *args, **kwargs):
+    """(the loss of model compiled, each attention call's (attn_mask, is_causal) in dynamo's graphs)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend=backend)(*args, **kwargs).loss
+    calls = [n for g in graphs for n in g.graph.nodes if n.target is torch._C._nn.scaled_dot_product_attention]
+    return loss, [(n.kwargs.get("attn_mask"), n.kwargs.get("is_causal")) for n in calls]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_training_forward_gives_sdpa_is_causal(device):
+    """transformers materialises the causal mask under torch.compile (never skipping one while tracing);
+    the patched training forward, where the mask is the plain causal one, gives sdpa is_causal and no
+    mask, with the loss and gradients of the unpatched model eager. A padding mask is kept."""
+    ref, model = twins("llama", device)
+    ids = tokens(2, 9, device)
+    _, theirs = sdpa_masks(ref, ids, labels=ids)
+    assert theirs and all(mask is not None for mask, _ in theirs)  # the premise: HF's compiled graph
+    loss, mine = sdpa_masks(model, ids, labels=ids)
+    assert len(mine) == len(theirs) and all(mask is None and causal for mask, causal in mine), mine
+    out_ref = ref(ids, labels=ids)
+    assert rel_error(loss, out_ref.loss) <= 1e-5
+    loss.backward(), out_ref.loss.backward()
+    g_ref, g = grads(ref), grads(model)
+    for n in g_ref:
+        assert rel_error(g[n], g_ref[n]) <= 1e-4, n
+    pad = torch.ones_like(ids)
+    pad[0, :2] = 0
+    loss, mine = sdpa_masks(model, ids, attention_mask=pad, labels=ids)
+    assert mine and all(mask is not None for mask, _ in mine)
+    assert rel_error(loss, ref(ids, attention_mask=pad, labels=ids).loss) <= 1e-5
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_tied_embeddings_stay_tied_and_patching_twice_changes_nothing(device):
     ref, model = twins("qwen2", device, tie=True)
