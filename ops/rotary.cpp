@@ -85,9 +85,10 @@ std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor& q, const at::Ten
                                               const at::Tensor& cos, const at::Tensor& sin,
                                               std::optional<at::ScalarType> dtype) {
   check_rotary("rotary", q, k, cos, sin, dtype);
-  const auto out = out_dtype(q, cos, dtype);
-  return {like(q, out).copy_(rotate(q, cos, sin, out)),
-          like(k, out).copy_(rotate(k, cos, sin, out))};
+  const auto out = out_dtype(q, cos, dtype), def = out_dtype(q, cos, std::nullopt);
+  // The default result, cast: what dtype means, a wider one included.
+  return {like(q, out).copy_(rotate(q, cos, sin, def)),
+          like(k, out).copy_(rotate(k, cos, sin, def))};
 }
 
 // The gradient of x from g = d(x·cos + rotate_half(x)·sin): g·cos - rotate_half(g·sin) in the math
@@ -170,7 +171,17 @@ std::tuple<at::Tensor, at::Tensor> rotary_cuda(const at::Tensor& q, const at::Te
                                                const at::Tensor& cos, const at::Tensor& sin,
                                                std::optional<at::ScalarType> dtype) {
   check_rotary("rotary", q, k, cos, sin, dtype);
-  return rotary_cuda_pass(q, k, cos, sin, out_dtype(q, cos, dtype), false);
+  const auto out = out_dtype(q, cos, dtype), def = out_dtype(q, cos, std::nullopt);
+  // A dtype the kernel has no instance for (a wider one, another half type): the default result,
+  // cast, so that dtype means that cast on every path. The instances round their float32 math to
+  // dtype once, which is that cast.
+  if (out != def &&
+      !kernels::rotary_supports(kernel_dtype(q.scalar_type()), kernel_dtype(cos.scalar_type()),
+                                kernel_dtype(out), true)) {
+    auto [oq, ok] = rotary_cuda_pass(q, k, cos, sin, def, false);
+    return {like(q, out).copy_(oq), like(k, out).copy_(ok)};
+  }
+  return rotary_cuda_pass(q, k, cos, sin, out, false);
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_bwd_cuda(const at::Tensor& gq, const at::Tensor& gk,

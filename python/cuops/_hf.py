@@ -87,11 +87,13 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
                            use_cache=False, position_embeddings=None, **kwargs):
     residual = hidden_states
     norm = self.input_layernorm
-    # In the half type the projections read under CUDA autocast: in training one GEMM reads it (the
-    # attention's fused q/k/v projection, so x's three gradients meet in its float32 accumulator), in
-    # inference three GEMMs that need no gradient.
+    # In the half type the projections read under CUDA autocast where one GEMM reads it (the fused
+    # q/k/v projection: x's three gradients meet in its float32 accumulator) or no gradient comes back;
+    # float32 where three projections' gradients do (HF sums their bf16 gradients in float32).
+    attn = self.self_attn
+    one_reader = not torch.is_grad_enabled() or (getattr(type(attn), "_cuops_patched", False) and _fuses_qkv(attn))
     hidden_states = cuops.rms_norm(hidden_states, norm.weight, norm.variance_epsilon,
-                                   dtype=_autocast_dtype(hidden_states))
+                                   dtype=_autocast_dtype(hidden_states) if one_reader else None)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
@@ -103,21 +105,39 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
     return summed + self.mlp(normed)
 
 
-def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k and v projections of x. In training, one GEMM of the three weights concatenated (their cast
-    and concatenation one pass over 6M weights a layer, fused under torch.compile): one wider product in
-    place of three (two of them 512 wide), and x's gradient one product accumulating all three in float32
-    (HF sums three rounded ones). In eval (decode reads every weight for a few tokens: a concatenation
-    would double what it reads), or where a projection is not a plain nn.Linear (an adapter), three."""
+def _fuses_qkv(attn: nn.Module) -> bool:
+    """Whether the patched attention projects q, k and v in one GEMM (_qkv): in training, where each
+    projection is a plain nn.Linear that would run as one (no hooks, no forward set on the instance, no
+    DTensor weight: tensor parallelism, per-Linear sharding, adapters and observers keep their
+    modules), with biases on all three or none. Eval keeps three: decode reads every weight for a few
+    tokens, and a concatenation would double what it reads."""
+    if not attn.training or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return False
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if not attn.training or any(type(p) is not nn.Linear for p in projs):
+    for p in projs:
+        if (type(p) is not nn.Linear or "forward" in p.__dict__ or p._forward_hooks or p._forward_pre_hooks
+                or p._backward_hooks or p._backward_pre_hooks or _is_dtensor(p.weight)):
+            return False
+    return len({p.bias is None for p in projs}) == 1
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v projections of x: where _fuses_qkv, one GEMM of the three weights concatenated (a
+    float32 concatenation and autocast's cast of 6M weights a layer eager, one fused pass under
+    torch.compile): one wider product in place of three (two of them 512 wide), and x's gradient one
+    product accumulating all three in float32 (HF sums three rounded ones). Else the three modules."""
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not _fuses_qkv(attn):
         return tuple(p(x) for p in projs)
-    biases = [p.bias for p in projs]
-    has_bias = [b is not None for b in biases]
-    if len(set(has_bias)) > 1:
-        return tuple(p(x) for p in projs)
-    w = torch.cat([p.weight for p in projs])
-    qkv = nn.functional.linear(x, w, torch.cat(biases) if has_bias[0] else None)
+    bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
+    qkv = nn.functional.linear(x, torch.cat([p.weight for p in projs]), bias)
     return qkv.split([p.out_features for p in projs], dim=-1)
 
 
@@ -174,8 +194,9 @@ def _causal_lm_forward(base: type) -> Callable:
         return_dict = kwargs.pop("return_dict", None)
         if return_dict is None:  # as transformers' can_return_tuple: the config decides
             return_dict = getattr(self.config, "return_dict", True)
-        if _plain_causal(self.config, attention_mask, position_ids, past_key_values,
-                         (input_ids if input_ids is not None else inputs_embeds).shape[1]):
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        if tokens is not None and _plain_causal(self.config, attention_mask, position_ids, past_key_values,
+                                                tokens.shape[1]):
             kwargs["_cuops_plain_causal"] = True  # read and removed by the patched attention
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,

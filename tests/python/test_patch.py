@@ -255,6 +255,26 @@ def test_compiled_training_forward_gives_sdpa_is_causal(device):
     loss, mine = sdpa_masks(model, ids, attention_mask=pad, labels=ids)
     assert mine and all(mask is not None for mask, _ in mine)
     assert rel_error(loss, ref(ids, attention_mask=pad, labels=ids).loss) <= 1e-5
+    # Positions given (packed sequences restart them): the mask is kept.
+    pos = torch.cat([torch.arange(5), torch.arange(4)]).to(device)[None].expand(2, 9)
+    loss, mine = sdpa_masks(model, ids, position_ids=pos, labels=ids)
+    assert mine and all(mask is not None for mask, _ in mine)
+    assert rel_error(loss, ref(ids, position_ids=pos, labels=ids).loss) <= 1e-5
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_sliding_window_shorter_than_the_sequence_keeps_the_mask(device):
+    """Mistral with a 4-token window over 9 tokens: the mask is not the plain causal one; it is kept,
+    and the compiled patched loss is HF's; a window of 16 over 9 tokens is plain causal again."""
+    ref, model = twins("mistral", device, sliding_window=4)
+    ids = tokens(2, 9, device)
+    loss, mine = sdpa_masks(model, ids, labels=ids)
+    assert mine and all(mask is not None for mask, _ in mine)
+    assert rel_error(loss, ref(ids, labels=ids).loss) <= 1e-5
+    _, model = twins("mistral", device, sliding_window=16)
+    _, mine = sdpa_masks(model, ids, labels=ids)
+    assert mine and all(mask is None and causal for mask, causal in mine)
     torch._dynamo.reset()
 
 
@@ -285,7 +305,8 @@ def test_a_wrapped_projection_is_called_not_bypassed(device):
     ref, model = twins("llama", device)
     for m in (ref, model):
         attn = m.model.layers[1].self_attn
-        attn.k_proj = Doubled(attn.k_proj)
+        attn.k_proj = Doubled(attn.k_proj)  # a wrapper module
+        m.model.layers[0].self_attn.v_proj.register_forward_hook(lambda mod, a, out: 3 * out)  # a hook
     ids = tokens(2, 9, device)
     out_ref, out = ref(ids, labels=ids), model(ids, labels=ids)
     assert rel_error(out.loss, out_ref.loss) <= 1e-5
@@ -293,6 +314,34 @@ def test_a_wrapped_projection_is_called_not_bypassed(device):
     g_ref, g = grads(ref), grads(model)
     for n in g_ref:
         assert rel_error(g[n], g_ref[n]) <= 1e-4, n
+
+
+@requires_cuda
+def test_input_norm_dtype_follows_its_readers():
+    """Under CUDA autocast the input norm comes out bf16 where one GEMM reads it (the fused projection,
+    training) or no gradient comes back (no_grad); float32 where three projections' gradients return (eval
+    with gradients, or a projection the patch leaves as a module), so they meet in float32 as in HF."""
+    _, model = twins("llama", "cuda")
+    layer = model.model.layers[0]
+    seen = []
+    layer.self_attn.register_forward_pre_hook(lambda m, a, k: seen.append(k["hidden_states"].dtype) and None,
+                                              with_kwargs=True)
+    ids = tokens(2, 9, "cuda")
+
+    def run():
+        seen.clear()
+        with torch.autocast("cuda", torch.bfloat16):
+            model(ids)
+        return seen[0]
+
+    assert run() == torch.bfloat16  # training: the fused projection
+    model.eval()
+    assert run() == torch.float32  # eval, gradients on: three projections
+    with torch.no_grad():
+        assert run() == torch.bfloat16
+    model.train()
+    layer.self_attn.q_proj.register_forward_hook(lambda mod, a, out: None)
+    assert run() == torch.float32  # a hooked projection runs as its module
 
 
 def test_unknown_models_are_refused():

@@ -127,10 +127,12 @@ def test_cuda_rotary_is_one_launch(trig):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
-def test_autocast_mix_follows_hugging_face(device, half):
-    """Under autocast HF's q and k are half (projections) and cos / sin float32: the result is float32."""
-    q, k = heads_layout(1, 4, 9, 128, half, device), heads_layout(1, 1, 9, 128, half, device)
-    cos, sin = hf_cos_sin(1, 9, 128, torch.float32, device)
+@pytest.mark.parametrize("d", [6, 128], ids=str)
+def test_autocast_mix_follows_hugging_face(device, half, d):
+    """Under autocast HF's q and k are half (projections) and cos / sin float32: the result is float32
+    (d = 6: one element at a time)."""
+    q, k = heads_layout(1, 4, 9, d, half, device), heads_layout(1, 1, 9, d, half, device)
+    cos, sin = hf_cos_sin(1, 9, d, torch.float32, device)
     oq, ok = cuops.rotary(q, k, cos, sin)
     wq, wk = hf_apply_rotary_pos_emb(q, k, cos, sin)
     assert oq.dtype == wq.dtype == torch.float32 and ok.dtype == wk.dtype
@@ -141,18 +143,21 @@ def test_autocast_mix_follows_hugging_face(device, half):
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("d", [6, 128], ids=str)
 def test_dtype_gives_the_default_result_cast(device, half, d):
-    """dtype (the half type attention reads under autocast): the values are the default result's cast to it,
-    bit for bit, for autocast's mix (half q and k, float32 cos / sin; d = 6 takes the composite), float32 q
-    and k (Qwen3's q/k norms under autocast) and one dtype; the gradients, arriving in dtype, equal the
-    default op's given the same gradients in its own dtype, bit for bit, in q's dtype."""
+    """dtype: the values are the default result's cast to it, bit for bit: the half type attention reads
+    under autocast (half q and k with float32 cos / sin; float32 q and k, Qwen3's q/k norms under autocast;
+    one dtype; d = 6 one element at a time), and the kernel's other cases (the other half type, a wider
+    dtype); the gradients, arriving in dtype, equal the default op's given the same gradients in its own
+    dtype, bit for bit, in q's dtype."""
     cos, sin = hf_cos_sin(2, 7, d, torch.float32, device)
+    other = torch.float16 if half == torch.bfloat16 else torch.bfloat16
     for x_dtype in (half, torch.float32):
         q, k = heads_layout(2, 4, 7, d, x_dtype, device), heads_layout(2, 2, 7, d, x_dtype, device)
         for c, s in ((cos, sin), (cos.to(x_dtype), sin.to(x_dtype))):
-            oq, ok = cuops.rotary(q, k, c, s, dtype=half)
             wq, wk = cuops.rotary(q, k, c, s)
-            assert oq.dtype == ok.dtype == half and oq.stride() == wq.stride()
-            assert torch.equal(oq, wq.to(half)) and torch.equal(ok, wk.to(half))
+            for dtype in (half, other, torch.float32, torch.float64):
+                oq, ok = cuops.rotary(q, k, c, s, dtype=dtype)
+                assert oq.dtype == ok.dtype == dtype and oq.stride() == wq.stride()
+                assert torch.equal(oq, wq.to(dtype)) and torch.equal(ok, wk.to(dtype)), (x_dtype, c.dtype, dtype)
         grads = []
         gq, gk = make(q.shape, half, device), make(k.shape, half, device)
         for dtype in (half, None):
