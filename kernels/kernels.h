@@ -109,7 +109,7 @@ cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream
 // gradients' (the backward's); trig: cos and sin's; out: the outputs'. All one dtype, or float32 cos and
 // sin beside one half type: x half with out float32 (the forward under autocast), x float32 with out
 // half (its backward, giving q's dtype), or x and out half (either way with the op's dtype set to q's
-// half type); rotary_supports says which. vec: every pointer and stride
+// half type); rotary_supports says which (each with and without vec). vec: every pointer and stride
 // 16-byte aligned and D/2 a multiple of rotary_vector_elems, so elements go 16 bytes at a time.
 struct RotaryTensor {
   void* p;
@@ -124,7 +124,7 @@ struct RotaryArgs {
   const void* sin;
   int64_t trig_sb;
 };
-bool rotary_supports(DType x, DType trig, DType out, bool vec);
+bool rotary_supports(DType x, DType trig, DType out);
 int rotary_vector_elems(DType x, DType trig, DType out);
 cudaError_t launch_rotary(const RotaryArgs& args, bool vec, cudaStream_t stream);
 

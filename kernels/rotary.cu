@@ -80,7 +80,7 @@ template <bool kBwd> cudaError_t dispatch(const RotaryArgs& a, bool vec, cudaStr
     return launch_typed<T, T, T, 1, kBwd>(a, stream);
   };
   if (a.x == a.trig && a.trig == a.out) return dispatch_dtype(a.x, same);
-  if (!rotary_supports(a.x, a.trig, a.out, vec)) return cudaErrorInvalidValue;
+  if (!rotary_supports(a.x, a.trig, a.out)) return cudaErrorInvalidValue;
   auto half_mix = [&](auto h) -> cudaError_t {
     using H = decltype(h);
     auto go = [&](auto x, auto o) -> cudaError_t {
@@ -101,7 +101,7 @@ template <bool kBwd> cudaError_t dispatch(const RotaryArgs& a, bool vec, cudaStr
 }  // namespace
 }  // namespace detail
 
-bool rotary_supports(DType x, DType trig, DType out, bool /*vec*/) {
+bool rotary_supports(DType x, DType trig, DType out) {
   if (x == trig && trig == out) return true;
   const auto half = [](DType t) { return t == DType::BFloat16 || t == DType::Float16; };
   if (trig != DType::Float32) return false;

@@ -171,9 +171,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_cuda(
   const int e = kernels::rms_norm_vector_elems(m.types, true);
   const bool vec = d % e == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
                    (!res.defined() || (aligned16(res) && aligned16(s)));
-  if (!kernels::rms_norm_supports(m.types, vec) ||
+  if (d == 0 || !kernels::rms_norm_supports(m.types, vec) ||
       !kernels::rms_norm_fits(d, kernels::rms_norm_vector_elems(m.types, vec), false)) {
-    // Rows too long for the kernels' registers, or a mix without a kernel: the reference.
+    // Rows too long for the kernels' registers, a mix without a kernel, or empty rows (whose mean
+    // square, and so rstd, is NaN, as the reference has it): the reference.
     auto [y_ref, s_ref, r_ref] = rms_norm_fwd_cpu(x_in, residual, weight, eps, dtype);
     return {y_ref.view(x_in.sizes()), residual.has_value() ? s_ref.view(x_in.sizes()) : s_ref,
             r_ref.view({rows})};

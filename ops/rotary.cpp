@@ -133,8 +133,7 @@ bool aligned16(const at::Tensor& t) {
 }
 
 // The forward's outputs or the backward's gradients of q and k in one launch, in `out`; the composite
-// where the kernel has no instance (rotary_supports: mixes other than autocast's, rows without a unit
-// element stride).
+// where the kernel has no instance (rotary_supports) or q, k or an output lacks a unit element stride.
 std::tuple<at::Tensor, at::Tensor> rotary_cuda_pass(const at::Tensor& q_in, const at::Tensor& k_in,
                                                     const at::Tensor& cos_in,
                                                     const at::Tensor& sin_in, at::ScalarType out,
@@ -149,8 +148,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_cuda_pass(const at::Tensor& q_in, cons
   const auto unit = [](const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1; };
   const bool vec = (d / 2) % e == 0 && aligned16(q_in) && aligned16(k_in) && aligned16(cos) &&
                    aligned16(sin) && aligned16(oq) && aligned16(ok);
-  if (!kernels::rotary_supports(x_t, trig_t, out_t, vec) || !unit(q_in) || !unit(k_in) ||
-      !unit(oq) || !unit(ok)) {
+  if (!kernels::rotary_supports(x_t, trig_t, out_t) || !unit(q_in) || !unit(k_in) || !unit(oq) ||
+      !unit(ok)) {
     if (backward) {
       return {oq.copy_(unrotate(q_in, cos, sin, out)), ok.copy_(unrotate(k_in, cos, sin, out))};
     }
@@ -175,9 +174,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_cuda(const at::Tensor& q, const at::Te
   // A dtype the kernel has no instance for (a wider one, another half type): the default result,
   // cast, so that dtype means that cast on every path. The instances round their float32 math to
   // dtype once, which is that cast.
-  if (out != def &&
-      !kernels::rotary_supports(kernel_dtype(q.scalar_type()), kernel_dtype(cos.scalar_type()),
-                                kernel_dtype(out), true)) {
+  if (out != def && !kernels::rotary_supports(kernel_dtype(q.scalar_type()),
+                                              kernel_dtype(cos.scalar_type()), kernel_dtype(out))) {
     auto [oq, ok] = rotary_cuda_pass(q, k, cos, sin, def, false);
     return {like(q, out).copy_(oq), like(k, out).copy_(ok)};
   }

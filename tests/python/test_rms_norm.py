@@ -115,6 +115,23 @@ def test_dtype_gives_the_default_result_cast(device, half, d):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_empty_rows(device):
+    """D = 0: empty results of the right shapes and dtypes, 1 / rms NaN per row (the mean of no squares)
+    on every device, and empty gradients."""
+    x = make((3, 0), torch.float32, device).requires_grad_()
+    r = make((3, 0), torch.float32, device)
+    w = make((0,), torch.float32, device).requires_grad_()
+    y, s, rstd = ops._rms_norm_fwd(x, r, w, 1e-6, None)
+    assert y.shape == s.shape == (3, 0) and rstd.shape == (3,) and torch.isnan(rstd).all()
+    y = cuops.rms_norm(x, w)
+    assert y.shape == (3, 0) and y.dtype == torch.float32
+    y.sum().backward()
+    assert x.grad.shape == (3, 0) and w.grad.shape == (0,)
+    y, s = cuops.add_rms_norm(x, r, w, dtype=torch.bfloat16)
+    assert y.shape == s.shape == (3, 0) and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rows_read_in_place_and_sliced(device):
     """x's rows a leading stride apart (a slice of wider rows) and a transposed x (copied first)."""
     base = make((5, 2 * 1024), torch.bfloat16, device)

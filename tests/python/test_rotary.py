@@ -146,12 +146,13 @@ def test_dtype_gives_the_default_result_cast(device, half, d):
     """dtype: the values are the default result's cast to it, bit for bit: the half type attention reads
     under autocast (half q and k with float32 cos / sin; float32 q and k, Qwen3's q/k norms under autocast;
     one dtype; d = 6 one element at a time), and the kernel's other cases (the other half type, a wider
-    dtype); the gradients, arriving in dtype, equal the default op's given the same gradients in its own
-    dtype, bit for bit, in q's dtype."""
+    dtype); q and k in HF's layout, as slices of one fused q/k/v projection, and offset rows. The
+    gradients, arriving in dtype, equal the default op's given the same gradients in its own dtype, bit
+    for bit, in q's dtype."""
     cos, sin = hf_cos_sin(2, 7, d, torch.float32, device)
     other = torch.float16 if half == torch.bfloat16 else torch.bfloat16
-    for x_dtype in (half, torch.float32):
-        q, k = heads_layout(2, 4, 7, d, x_dtype, device), heads_layout(2, 2, 7, d, x_dtype, device)
+    for x_dtype, layout in ((half, "hf"), (half, "fused_qkv"), (half, "offset"), (torch.float32, "hf")):
+        q, k = qk_in_layout(layout, 2, 4, 2, 7, d, x_dtype, device)
         for c, s in ((cos, sin), (cos.to(x_dtype), sin.to(x_dtype))):
             wq, wk = cuops.rotary(q, k, c, s)
             for dtype in (half, other, torch.float32, torch.float64):
