@@ -66,12 +66,16 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
 }
 
-// x·cos + rotate_half(x)·sin in the math dtype (promote(x, cos)'s), rounded once to `out`.
+// The math dtype of x (q, k or their gradients) with cos: float64 where either is, else float32.
+at::ScalarType math_dtype(const at::Tensor& x, const at::Tensor& cos) {
+  return at::promote_types(x.scalar_type(), cos.scalar_type()) == at::kDouble ? at::kDouble
+                                                                              : at::kFloat;
+}
+
+// x·cos + rotate_half(x)·sin in the math dtype, rounded once to `out`.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                   at::ScalarType out) {
-  const auto acc = at::promote_types(x.scalar_type(), cos.scalar_type()) == at::kDouble
-                       ? at::kDouble
-                       : at::kFloat;
+  const auto acc = math_dtype(x, cos);
   const at::Tensor xa = x.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
   return (xa * c + rotate_half(xa) * s).to(out).contiguous();
 }
@@ -95,9 +99,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_cpu(const at::Tensor& q, const at::Ten
 // dtype, rounded once to `out`.
 at::Tensor unrotate(const at::Tensor& g, const at::Tensor& cos, const at::Tensor& sin,
                     at::ScalarType out) {
-  const auto acc = at::promote_types(g.scalar_type(), cos.scalar_type()) == at::kDouble
-                       ? at::kDouble
-                       : at::kFloat;
+  const auto acc = math_dtype(g, cos);
   const at::Tensor ga = g.to(acc), c = cos.to(acc).unsqueeze(1), s = sin.to(acc).unsqueeze(1);
   return (ga * c - rotate_half(ga * s)).to(out).contiguous();
 }
