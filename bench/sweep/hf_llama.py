@@ -75,20 +75,9 @@ CLASSES = [("attention", r"sdpa|flash|fmha|attention"), ("gemm", r"gemm|nvjet|cu
 def profile(keys=("torch compile", "patch compile", "patch eager"), top=22):
     """Each variant's kernels over 2 steps after warm-up, summed by name (PDL overlap inflates the sums
     of cuops' GEMMs: where to look, not a timing)."""
-    from torch.profiler import ProfilerActivity, profile as prof
     variants = train_steps()
     for key in keys:
-        for _ in range(3):
-            variants[key]()
-        torch.cuda.synchronize()
-        with prof(activities=[ProfilerActivity.CUDA]) as p:
-            for _ in range(2):
-                variants[key]()
-            torch.cuda.synchronize()
-        sums = {}
-        for e in p.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                sums[e.name] = sums.get(e.name, 0) + e.device_time_total / 2e3
+        sums = kernel_sums(variants[key])
         total = sum(sums.values())
         print(f"== {key}: {total:.1f} ms of kernels a step")
         classes = {}
@@ -156,8 +145,10 @@ def parts(rounds=6, profile_layer=True):
                 times[key].append(do_bench(fns[key], warmup=25, rep=150, grad_to_none=params))
         base = statistics.median(times["torch compile"])
         if piece == "layer" and profile_layer:
+            def fresh(fn):  # gradients set to None first, as do_bench's grad_to_none: no accumulation adds
+                return lambda: ([setattr(p, "grad", None) for p in params], fn())
             for key in ("torch compile", "patch compile"):
-                sums = kernel_sums(fns[key])
+                sums = kernel_sums(fresh(fns[key]))
                 print(f"== {key}: {sum(sums.values()):.3f} ms of kernels a layer")
                 for name, ms in sorted(sums.items(), key=lambda kv: -kv[1])[:30]:
                     print(f"  {ms * 1e3:8.1f} us  {name[:120]}")
