@@ -96,8 +96,7 @@ bool rms_norm_bwd_supports(const RmsNormTypes& types, bool vec);
 int rms_norm_vector_elems(const RmsNormTypes& types, bool vec);
 bool rms_norm_fits(int64_t d, int vector_elems, bool backward);
 int64_t rms_norm_bwd_workspace_bytes(const RmsNormTypes& types, int64_t rows, int64_t d, bool vec);
-cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, int multiprocessors,
-                                cudaStream_t stream);
+cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, cudaStream_t stream);
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream_t stream);
 
 // Hugging Face's rotary embedding (kernels/rotary.cu) over q [B, Hq, T, D] and k [B, Hk, T, D] into

@@ -22,19 +22,20 @@
 // added in group order), and a second kernel adds the partials in block order. No float atomics.
 #include "common.cuh"
 
-#include <atomic>
-
 namespace cuops::kernels {
 namespace detail {
 namespace {
 
 // kMaxGroup: a block of at most 512 threads leaves the compiler 128 registers a thread (1024
 // capped them at 64: the backward spilled).
-// kBwdThreads: the backward's blocks hold up to this many threads in all (132 SMs x 1024): at 264 x
-// 256 (two blocks an SM at D = 4096) the float32 backward of 8192 x 4096 took 196 us, at 528 x 256
-// 151 us, at 1056 x 256 157 us (the weight gradient's partial rows grow with the blocks).
+// The backward runs a fixed grid of kBwdBlocks blocks of kBwdBlock threads (two an SM on an H100's
+// 132), each summing its rows' weight gradient into one partial row: 264 partial rows. Blocks of 128
+// threads (1056 of them, 84 registers a thread: 5 resident an SM, so two waves) wrote 1056 partial
+// rows, 8.6 MB at D = 2048, that the column sums then read latency-bound; the bf16 backward ran at
+// 0.45-0.68 of copy. The rows a thread holds stay in their loaded bytes (a bf16 element in half a
+// register, not a float), so the kernel fits 64 registers a thread.
 constexpr int kFwdPer = 4, kBwdPer = 2, kMinBlock = 128, kMaxGroup = 512;
-constexpr int64_t kBwdThreads = 132 * 1024;
+constexpr int kBwdBlock = 512, kBwdBlocks = 264;
 
 // The sum of v over the group of g threads holding a row (g a power of two; lanes of one warp below
 // 32, whole warps above): the same value in every thread of the group, added in one fixed order.
@@ -50,6 +51,45 @@ template <typename A> __device__ __forceinline__ A group_sum(A v, int g, A* red)
   A total = red[first];
   for (int w = 1; w < warps; ++w) total += red[first + w];
   return total;
+}
+
+// E elements of U as loaded: whole 32-bit words (a half-type pair in one), so a row held across the
+// backward's reduction costs its bytes in registers, not a float an element.
+template <typename U, int E> struct Raw {
+  uint32_t w[(E * sizeof(U) + 3) / 4];
+};
+template <typename U, int E> __device__ __forceinline__ void load_raw(const U* p, Raw<U, E>& r) {
+  constexpr int kBytes = E * sizeof(U);
+  static_assert(E == 1 || kBytes % 16 == 0 || kBytes == 8, "whole 8- or 16-byte accesses");
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[c];
+      r.w[4 * c] = v.x, r.w[4 * c + 1] = v.y, r.w[4 * c + 2] = v.z, r.w[4 * c + 3] = v.w;
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = v.x, r.w[1] = v.y;
+  } else {  // one element (E = 1)
+    r.w[0] = 0;
+    const U u = p[0];
+    __builtin_memcpy(r.w, &u, sizeof(U));
+  }
+}
+template <typename U, int E, typename A>
+__device__ __forceinline__ void unpack_raw(const Raw<U, E>& r, A (&f)[E]) {
+  if constexpr (is_half_type<U> && E % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+      const float2 p = unpack_pair(r.w[i], U{});
+      f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    }
+  } else {
+    U u[E];
+    __builtin_memcpy(u, r.w, sizeof(u));
+#pragma unroll
+    for (int i = 0; i < E; ++i) f[i] = static_cast<A>(to_acc(u[i]));
+  }
 }
 
 struct Shape {
@@ -111,13 +151,13 @@ __global__ void __launch_bounds__(kMaxGroup)
 // dy s rstd summed per column into partial[blockIdx.x][.] (rows in order; the block's groups added
 // in slot order).
 template <typename S, typename W, typename Y, int E, int kPer = kBwdPer>
-__global__ void __launch_bounds__(kMaxGroup)
+__global__ void __launch_bounds__(kBwdBlock, 2)
     rms_norm_bwd(Shape sh, const Y* dy, const S* s, const W* w, const acc_t<S>* rstd, const S* dsum,
                  S* ds, acc_t<S>* partial) {
   using A = acc_t<S>;
   extern __shared__ unsigned char smem_raw[];  // the slots' column sums (rows_a_block > 1)
-  __shared__ A red[kMaxGroup / 32];
-  const int g = sh.g, per = sh.per, rows_a_block = static_cast<int>(blockDim.x) / g;
+  __shared__ A red[kBwdBlock / 32];
+  const int g = sh.g, per = sh.per, rows_a_block = kBwdBlock / g;
   const int slot = static_cast<int>(threadIdx.x) / g, lane = static_cast<int>(threadIdx.x) % g;
   const int64_t vecs = sh.d / E;
   A dw[kPer][E] = {};
@@ -125,22 +165,30 @@ __global__ void __launch_bounds__(kMaxGroup)
        base += int64_t{gridDim.x} * rows_a_block) {
     const int64_t row = base + slot;
     const bool live = row < sh.rows;
-    A gv[kPer][E], sv[kPer][E];
+    Raw<Y, E> gr[kPer];
+    Raw<S, E> sr[kPer];
     A dot = 0;
     const A r = live ? rstd[row] : A(0);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
-        A wv[E];
-        load_elems<Y, E>(dy + row * sh.d + j * E, gv[i]);
-        load_elems<S, E>(s + row * sh.d + j * E, sv[i]);
+        load_raw<Y, E>(dy + row * sh.d + j * E, gr[i]);
+        load_raw<S, E>(s + row * sh.d + j * E, sr[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t j = lane + int64_t{i} * g;
+      if (i < per && live && j < vecs) {
+        A gv[E], sv[E], wv[E];
+        unpack_raw(gr[i], gv);
+        unpack_raw(sr[i], sv);
         load_elems<W, E>(w + j * E, wv);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          if (partial != nullptr) dw[i][e] += gv[i][e] * sv[i][e] * r;
-          gv[i][e] *= wv[e];
-          dot += gv[i][e] * sv[i][e];
+          if (partial != nullptr) dw[i][e] += gv[e] * sv[e] * r;
+          dot += gv[e] * wv[e] * sv[e];
         }
       }
     }
@@ -150,7 +198,10 @@ __global__ void __launch_bounds__(kMaxGroup)
     for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
-        A out[E];
+        A gv[E], sv[E], wv[E], out[E];
+        unpack_raw(gr[i], gv);
+        unpack_raw(sr[i], sv);
+        load_elems<W, E>(w + j * E, wv);
         if (dsum != nullptr) {
           load_elems<S, E>(dsum + row * sh.d + j * E, out);
         } else {
@@ -158,7 +209,7 @@ __global__ void __launch_bounds__(kMaxGroup)
           for (int e = 0; e < E; ++e) out[e] = 0;
         }
 #pragma unroll
-        for (int e = 0; e < E; ++e) out[e] += r * (gv[i][e] - sv[i][e] * c);
+        for (int e = 0; e < E; ++e) out[e] += r * (gv[e] * wv[e] - sv[e] * c);
         store_elems<S, E>(ds + row * sh.d + j * E, out);
       }
     }
@@ -195,9 +246,10 @@ __global__ void __launch_bounds__(kMaxGroup)
 
 // dweight[c] = the blocks' partials of column c added in a fixed order, rounded to W: a block of
 // kColSlices x 32 threads takes 32 columns, slice i adds its run of partial rows in order, and the
-// slices' totals are added in slice order. (One thread a column over all 264 partials put 16 blocks on
-// the GPU for d = 4096: a latency-bound tail after the row pass.)
-constexpr int kColSlices = 8;
+// slices' totals are added in slice order. (One thread a column over all the partials put 16 blocks
+// on the GPU for d = 4096, and 8 slices left a run of 33 loads a thread: a latency-bound tail after
+// the row pass.)
+constexpr int kColSlices = 32;
 template <typename A, typename W> __global__ void __launch_bounds__(32 * kColSlices)
     rms_norm_dweight(const A* partial, int64_t blocks, int64_t d, W* dweight) {
   __shared__ A slice_sum[kColSlices][32];
@@ -238,35 +290,23 @@ bool make_shape(Shape& sh, int64_t rows, int64_t d, int e, int max_per, int targ
 int block_threads(const Shape& sh) { return std::max(sh.g, kMinBlock); }
 
 // The backward's blocks (so its partial rows of the weight gradient): one a block's worth of rows,
-// up to enough threads to fill an H100 (a fixed number, not the GPU's: the sums' order, and so
-// their bits, are a function of the shape only).
+// up to kBwdBlocks (a fixed number, not the GPU's: the sums' order, and so their bits, are a function
+// of the shape only).
 int64_t bwd_blocks(const Shape& sh) {
-  const int threads = block_threads(sh), rows_a_block = threads / sh.g;
-  return std::clamp<int64_t>((sh.rows + rows_a_block - 1) / rows_a_block, 1, kBwdThreads / threads);
+  const int rows_a_block = kBwdBlock / sh.g;
+  return std::clamp<int64_t>((sh.rows + rows_a_block - 1) / rows_a_block, 1, kBwdBlocks);
 }
 
 template <typename T, typename S, typename W, typename Y, int E>
-cudaError_t fwd_typed(const RmsNormArgs& a, int sms, cudaStream_t stream) {
+cudaError_t fwd_typed(const RmsNormArgs& a, cudaStream_t stream) {
   Shape sh;
   if (!make_shape(sh, a.rows, a.d, E, kFwdPer, kFwdPer)) return cudaErrorInvalidValue;
   const int threads = block_threads(sh);
-  const int64_t blocks_needed = (a.rows + threads / sh.g - 1) / (threads / sh.g);
-  // One wave of resident blocks looping over the rows (registers, not 2048 threads, bound an SM's
-  // blocks: 64 a thread at kFwdPer 4).
-  static std::atomic<int>
-      resident_by_size[3];  // blocks of 128, 256, 512 threads (0: not asked yet)
-  std::atomic<int>& cached = resident_by_size[threads <= 128 ? 0 : threads <= 256 ? 1 : 2];
-  int resident = cached.load(std::memory_order_relaxed);
-  if (resident == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, rms_norm_fwd<T, S, W, Y, E>,
-                                                      threads, 0) != cudaSuccess) {
-      (void)cudaGetLastError();  // not left for the launch check below to find
-      resident = 0;
-    }
-    resident = std::max(resident, 1);
-    cached.store(resident, std::memory_order_relaxed);
-  }
-  const int64_t grid = std::clamp<int64_t>(blocks_needed, 1, int64_t{sms} * resident);
+  // A block for each block's worth of rows, not one wave of resident blocks looping over them: the
+  // blocks that come later start as others finish, 2-5 % faster at 8192-131072 rows (float32 rows
+  // at 8192 x 4096: 96.4 against 101.1 us). The kernel still loops past gridDim's limit.
+  const int64_t grid =
+      std::min<int64_t>((a.rows + threads / sh.g - 1) / (threads / sh.g), 0x7fffffff);
   rms_norm_fwd<T, S, W, Y, E><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
       sh, static_cast<const T*>(a.x), a.ld_x, static_cast<const S*>(a.res), a.ld_res,
       static_cast<const W*>(a.w), static_cast<acc_t<T>>(a.eps), static_cast<Y*>(a.y),
@@ -279,13 +319,15 @@ cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
   using A = acc_t<S>;
   Shape sh;
   if (!make_shape(sh, a.rows, a.d, E, kBwdPer, kBwdPer)) return cudaErrorInvalidValue;
-  const int threads = block_threads(sh), rows_a_block = threads / sh.g;
+  const int rows_a_block = kBwdBlock / sh.g;
   const int64_t grid = bwd_blocks(sh);
   if (a.dweight != nullptr && a.workspace == nullptr) return cudaErrorInvalidValue;
   const size_t smem = a.dweight != nullptr && rows_a_block > 1 ? sizeof(A) * rows_a_block * a.d : 0;
-  if (smem > 48 * 1024) return cudaErrorInvalidValue;  // make_shape keeps short rows short
+  // make_shape's groups hold at least half a row's vectors: at most 2 g E elements a row, so 1024 E
+  // values (32 KB of float at E = 8).
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
   A* partial = a.dweight != nullptr ? static_cast<A*>(a.workspace) : nullptr;
-  rms_norm_bwd<S, W, Y, E><<<static_cast<unsigned>(grid), threads, smem, stream>>>(
+  rms_norm_bwd<S, W, Y, E><<<static_cast<unsigned>(grid), kBwdBlock, smem, stream>>>(
       sh, static_cast<const Y*>(a.dy), static_cast<const S*>(a.s), static_cast<const W*>(a.w),
       static_cast<const A*>(a.rstd), static_cast<const S*>(a.dsum), static_cast<S*>(a.ds), partial);
   cudaError_t err = cudaGetLastError();
@@ -321,13 +363,13 @@ int size_of(DType t) { return t == DType::Float64 ? 8 : t == DType::Float32 ? 4 
 int vector_elems(DType base, bool vec) { return vec ? 16 / size_of(base) : 1; }
 
 template <typename T, typename S, typename W, typename Y>
-cudaError_t fwd_pick(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {
+cudaError_t fwd_pick(const RmsNormArgs& a, bool vec, cudaStream_t stream) {
   if constexpr (!fwd_instance<T, S, W, Y>()) {
     return cudaErrorInvalidValue;
   } else {
-    if (vec) return fwd_typed<T, S, W, Y, 16 / sizeof(T)>(a, sms, stream);
+    if (vec) return fwd_typed<T, S, W, Y, 16 / sizeof(T)>(a, stream);
     if constexpr (kSame<S, T> && kSame<W, T> && kSame<Y, T>)
-      return fwd_typed<T, S, W, Y, 1>(a, sms, stream);
+      return fwd_typed<T, S, W, Y, 1>(a, stream);
     return cudaErrorInvalidValue;
   }
 }
@@ -394,13 +436,13 @@ bool rms_norm_fits(int64_t d, int vector_elems, bool backward) {
   return detail::make_shape(sh, 1, d, vector_elems, max_per, max_per);
 }
 
-cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, int sms, cudaStream_t stream) {
+cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, cudaStream_t stream) {
   if (a.rows == 0 || a.d == 0) return cudaSuccess;
   return detail::dispatch_dtype(a.types.x, [&](auto x) {
     return detail::dispatch_dtype(a.types.s, [&](auto s) {
       return detail::dispatch_dtype(a.types.w, [&](auto w) {
         return detail::dispatch_dtype(a.types.y, [&](auto y) {
-          return detail::fwd_pick<decltype(x), decltype(s), decltype(w), decltype(y)>(a, vec, sms,
+          return detail::fwd_pick<decltype(x), decltype(s), decltype(w), decltype(y)>(a, vec,
                                                                                       stream);
         });
       });

@@ -187,8 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_cuda(
   a.ld_res = res.defined() && rows > 0 ? res.stride(0) : d;
   a.w = w.data_ptr(), a.eps = eps;
   a.y = y.data_ptr(), a.sum = res.defined() ? s.data_ptr() : nullptr, a.rstd = rstd.data_ptr();
-  const int sms = at::cuda::getDeviceProperties(x_in.get_device())->multiProcessorCount;
-  C10_CUDA_CHECK(kernels::launch_rms_norm_fwd(a, vec, sms, current_stream(x_in)));
+  C10_CUDA_CHECK(kernels::launch_rms_norm_fwd(a, vec, current_stream(x_in)));
   return {y.view(x_in.sizes()), res.defined() ? s.view(x_in.sizes()) : s, rstd};
 }
 

@@ -167,6 +167,26 @@ def test_gradients_match_float64(device, dtype):
         assert rel_error(xg.grad, x64.grad) <= tol and rel_error(wg.grad, w64.grad) <= tol
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradients_over_many_blocks(dtype):
+    """Rows past the backward's fixed grid (264 blocks of 512 threads: 4 rows a block at a time at D =
+    2048, 64 at D = 128, one at 8192), so each block takes several turns of rows and adds them into its
+    partial row of the weight's gradient; beside float32, autocast's input norm (float32 rows, a bf16
+    y and dy)."""
+    out_dtypes = [None] + ([torch.bfloat16] if dtype == torch.float32 else [])
+    for rows, d in ((264 * 4 * 2 + 5, 2048), (264 * 64 + 70, 128), (300, 8192)):
+        for out in out_dtypes:
+            x, w = make((rows, d), dtype, "cuda").requires_grad_(), make((d,), dtype, "cuda").requires_grad_()
+            dy = make((rows, d), out or dtype, "cuda")
+            cuops.rms_norm(x, w, dtype=out).backward(dy)
+            x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+            reference(x64, w64, 1e-6).backward(dy.double())
+            tol = 20 * TOL[dtype] if dtype in HALF_TOL else 10 * TOL[dtype]
+            assert rel_error(x.grad, x64.grad) <= tol, (rows, d, out)
+            assert rel_error(w.grad, w64.grad) <= tol, (rows, d, out)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradcheck_float64(device):
     x, r, w = (make(s, torch.float64, device).requires_grad_() for s in ((3, 8), (3, 8), (8,)))

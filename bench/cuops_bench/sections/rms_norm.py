@@ -3,7 +3,8 @@ LlamaRMSNorm's forward and the decoder layer's `residual + x` before it, eager a
 torch.compile(mode="default"), and the copy rate. Rows of model widths (tokens x hidden) and of a
 q/k norm (tokens x heads x 128), in bf16 and in autocast's mix ("auto": a bf16 sublayer output x
 beside a float32 residual stream and float32 weight; rms_norm normalises the stream). The forward,
-and the backward alone (torch.autograd.grad on a kept graph, so nothing accumulates). Bytes: the
+and the backward alone (torch.autograd.grad on a kept graph, so nothing accumulates, replayed from a
+CUDA graph: autograd's host work outlasts the smaller backwards). Bytes: the
 inputs read once and the outputs written once (backward: dy, the sum's gradient, the saved sum, the
 gradients; a gradient in a second dtype written again); the weight and the per-row statistics left
 out. Sides alternate over rounds; L2 is flushed before every call (do_bench)."""
@@ -15,7 +16,7 @@ import time
 import torch
 
 from ..context import Run
-from ..harness import guarded, log
+from ..harness import graphed, guarded, log
 from .norm import allow_recompiles
 
 COMPILED = 'torch.compile(f, mode="default")'
@@ -89,7 +90,7 @@ def one_shape(ctx: Run, op: str, mix: str, rows: int, d: int, compiled) -> None:
                "size": f"{rows}x{d}", "rows": rows, "D": d, "bytes": rows * d * per_row}
 
         def measure(row, kind=kind):
-            calls = {key: make_call(fn, args, kind) for key, fn in fns.items()}
+            calls = {key: make_call(bench, fn, args, kind) for key, fn in fns.items()}
             time_sides(bench, row, calls, ctx.cfg.rms_norm.rounds)
             copy = ctx.ceiling.at(max(4, row["bytes"] // 2 // 4 * 4))
             row.update(GBps=row["bytes"] / row["cuops_ms"] / 1e6, copy_GBps=copy.get("GBps"))
@@ -98,15 +99,19 @@ def one_shape(ctx: Run, op: str, mix: str, rows: int, d: int, compiled) -> None:
         guarded(ctx.rows, row, measure)
 
 
-def make_call(fn, args, kind):
-    """fn's forward, or its backward alone on one kept graph (torch.autograd.grad: no accumulation)."""
+def make_call(bench, fn, args, kind):
+    """fn's forward, or its backward alone on one kept graph (torch.autograd.grad: no accumulation),
+    replayed from a CUDA graph (harness.graphed: the kernels, not autograd's host work)."""
     if kind == "fwd":
         return lambda: fn(*args)
-    leaves = [a.detach().requires_grad_() for a in args]
-    out = fn(*leaves)
-    outs = out if isinstance(out, tuple) else (out,)
-    grads = [torch.randn_like(o) for o in outs]
-    return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+
+    def backward():
+        leaves = [a.detach().requires_grad_() for a in args]
+        out = fn(*leaves)
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = [torch.randn_like(o) for o in outs]
+        return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+    return graphed(bench, backward)
 
 
 def time_sides(bench, row: dict, calls: dict, rounds: int) -> None:
