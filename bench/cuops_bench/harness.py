@@ -122,7 +122,10 @@ def graphed(bench, make):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         fn()
-    return graph.replay
+
+    def replay(fn=fn):  # fn holds the tensors the graph reads: they live as long as the replay
+        graph.replay()
+    return replay
 
 
 def guarded(rows: list, row: dict, work) -> None:
