@@ -93,9 +93,11 @@ class CrossEntropyBench:
 @dataclass(frozen=True)
 class RmsNormBench:
     """The rms_norm section: (rows, D) of model widths (tokens x hidden) and a q/k norm (tokens x heads
-    x 128); mixes: bfloat16, or autocast's (a bf16 x beside a float32 residual stream and weight);
-    sides alternating over `rounds`; compiled: the torch.compile side."""
+    x 128); rotary's (batch, tokens, q heads, k heads, head dim), issue 50's Llama; mixes: bfloat16,
+    or autocast's (a bf16 x beside a float32 residual stream and weight; bf16 q and k beside float32
+    cos and sin); sides alternating over `rounds`; compiled: the torch.compile side."""
     shapes: tuple = ((8192, 2048), (8192, 4096), (16384, 4096), (131072, 128))
+    rotary: tuple = (8, 1024, 16, 4, 128)
     mixes: tuple = ("bfloat16", "auto")
     rounds: int = 3
     compiled: bool = True
@@ -164,7 +166,8 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
              fused=FusedBench(models=(("tiny", 64, 224),), tokens=(32,), decode=(1,), spots=(), rounds=1,
                               compiled=False),
              cross_entropy=CrossEntropyBench(shapes=((64, 32, 500),), rounds=1, compiled=False),
-             rms_norm=RmsNormBench(shapes=((64, 256),), mixes=("float32",), rounds=1, compiled=False),
+             rms_norm=RmsNormBench(shapes=((64, 256),), rotary=(2, 16, 4, 2, 32), mixes=("float32",), rounds=1,
+                                   compiled=False),
              # float32 eager only (inductor's C++ build of a training graph takes minutes on CI's 2 cores)
              hf_llama=HfLlamaBench(layers=2, hidden=64, ffn=112, heads=4, kv_heads=2, vocab=96, batch=2, seq=16,
                                    steps=1, rounds=2, warmup=1, loss_steps=3, batches=4, modes=("eager",), kv=8,

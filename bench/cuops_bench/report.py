@@ -389,8 +389,9 @@ def rms_norm_lines(results: dict) -> list[str]:
     rows = [r for r in results["rows"] if r["family"] == "rms_norm"]
     if not rows:
         return []
-    lines = ["", "rms_norm, add_rms_norm: frac = bytes moved per second / the copy's; ratio = Hugging Face's code's "
-             "time / cuops' (eager; compiled); bwd = the backward alone", RMS_HEAD, "-" * len(RMS_HEAD)]
+    lines = ["", "rms_norm, add_rms_norm, rotary: frac = bytes moved per second / the copy's; ratio = Hugging Face's "
+             "code's time / cuops' (eager; compiled); bwd = the backward alone; rotary's rows x D: tokens x (q + k "
+             "heads) x D", RMS_HEAD, "-" * len(RMS_HEAD)]
     for r in rows:
         lead = f"{r['op']:<13} {r['kind']:<4} {r['dtype']:<8} {r['size']:<12}"
         if r.get("status") != "ok":

@@ -95,13 +95,15 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     assert lce[0]["status"] == "ok" and lce[0]["baselines"]["eager"]["ratio"] > 0, lce[0]
     assert lce[0]["cuops_added_bytes"] is None and "compiled" not in lce[0]["baselines"], lce[0]
     assert any(ln.startswith("   64    32    500") for ln in lines), proc.stdout
-    # The norms: forward and the backward alone of both ops against Hugging Face's code eager (no compiled
-    # side on the cpu), with the copy fraction.
+    # The norms and rotary: forward and the backward alone of each op against Hugging Face's code eager (no
+    # compiled side on the cpu), with the copy fraction.
     norms = {(r["op"], r["kind"]): r for r in results["rows"] if r["family"] == "rms_norm"}
-    assert set(norms) == {(op, kind) for op in ("rms_norm", "add_rms_norm") for kind in ("fwd", "bwd")}, norms
+    assert set(norms) == {(op, kind) for op in ("rms_norm", "add_rms_norm", "rotary") for kind in ("fwd", "bwd")}, norms
     for r in norms.values():
         assert r["status"] == "ok" and r["baselines"]["eager"]["ratio"] > 0 and r["fraction"] > 0, r
+    assert norms[("rotary", "bwd")]["size"] == "32x6x32", norms[("rotary", "bwd")]
     assert any(ln.startswith("add_rms_norm  bwd") for ln in lines), proc.stdout
+    assert any(ln.startswith("rotary        bwd") for ln in lines), proc.stdout
     # transformers' Llama patched against unpatched: the eager training step (float32 on the cpu: the
     # losses from the same weights agree closely), decode at both batches and prefill.
     hf = {(r["op"], r.get("mode"), r["batch"]): r for r in results["rows"] if r["family"] == "hf_llama"}

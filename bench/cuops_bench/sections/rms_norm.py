@@ -1,6 +1,8 @@
-"""rms_norm and add_rms_norm against Hugging Face's code (SPEC.md §3, "rms_norm, add_rms_norm, rotary"):
-LlamaRMSNorm's forward and the decoder layer's `residual + x` before it, eager and under
-torch.compile(mode="default"), and the copy rate. Rows of model widths (tokens x hidden) and of a
+"""rms_norm, add_rms_norm and rotary against Hugging Face's code (SPEC.md §3, "rms_norm, add_rms_norm,
+rotary"): LlamaRMSNorm's forward and the decoder layer's `residual + x` before it, and
+apply_rotary_pos_emb on q and k in the projections' transposed layout (the gradients of q and k only:
+cos and sin come from a no-grad module), eager and under torch.compile(mode="default"), and the copy
+rate. Rows of model widths (tokens x hidden) and of a
 q/k norm (tokens x heads x 128), in bf16 and in autocast's mix ("auto": a bf16 sublayer output x
 beside a float32 residual stream and float32 weight; rms_norm normalises the stream). The forward,
 and the backward alone (torch.autograd.grad on a kept graph, so nothing accumulates, replayed from a
@@ -43,6 +45,21 @@ def cuops_add_norm(x, r, w):
     return torch.ops.cuops.add_rms_norm(x, r, w, EPS)
 
 
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def hf_rotary(q, k, cos, sin):
+    """transformers' apply_rotary_pos_emb (unsqueeze_dim=1)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def cuops_rotary(q, k, cos, sin):
+    return torch.ops.cuops.rotary(q, k, cos, sin)
+
+
 def run(ctx: Run) -> None:
     allow_recompiles()
     cfg = ctx.cfg.rms_norm
@@ -58,6 +75,43 @@ def run(ctx: Run) -> None:
                     one_shape(ctx, op, mix, rows, d, compiled[op])
                 log(f"rms_norm {mix} {rows}x{d}: {time.perf_counter() - started:.1f}s")
                 ctx.bench.free_memory()
+        compiled_rotary = torch.compile(hf_rotary, mode="default") if cfg.compiled else None
+        for mix in cfg.mixes:
+            rotary_rows(ctx, mix, compiled_rotary)
+            ctx.bench.free_memory()
+
+
+def rotary_rows(ctx: Run, mix: str, compiled) -> None:
+    """rotary forward and backward on q [B, Hq, T, D] and k [B, Hk, T, D] as the projections' transposed
+    views, cos / sin [B, T, D] in the residual stream's dtype of the mix (float32 under autocast, whose
+    outputs are then float32). Bytes: q and k read and their results written (backward: the outputs'
+    gradients read, q's and k's written), cos and sin read once a position."""
+    bench, dev = ctx.bench, ctx.bench.device
+    b, t, hq, hk, d = ctx.cfg.rms_norm.rotary
+    xt, rt, _ = dtypes(mix)
+    q = torch.randn(b, t, hq * d, device=dev, dtype=xt).view(b, t, hq, d).transpose(1, 2)
+    k = torch.randn(b, t, hk * d, device=dev, dtype=xt).view(b, t, hk, d).transpose(1, 2)
+    angle = torch.arange(t, device=dev, dtype=torch.float32)[:, None] * torch.rand(d, device=dev)
+    cos, sin = (f(angle)[None].expand(b, t, d).to(rt).contiguous() for f in (torch.cos, torch.sin))
+    size = {dt: torch.empty((), dtype=dt).element_size() for dt in (xt, rt)}
+    out_size = max(size[xt], size[rt])
+    elems, trig = b * t * (hq + hk) * d, 2 * b * t * d * size[rt]
+    fns = {"cuops": cuops_rotary, "eager": hf_rotary}
+    if compiled is not None:
+        fns["compiled"] = compiled
+    for kind, per_elem in (("fwd", size[xt] + out_size), ("bwd", out_size + size[xt])):
+        row = {"family": "rms_norm", "op": "rotary", "kind": kind, "dtype": mix, "precision": None,
+               "size": f"{b * t}x{hq + hk}x{d}", "rows": b * t * (hq + hk), "D": d,
+               "bytes": elems * per_elem + trig}
+
+        def measure(row, kind=kind):
+            calls = {key: make_call(bench, fn, (q, k, cos, sin), kind, grads_of=2) for key, fn in fns.items()}
+            time_sides(bench, row, calls, ctx.cfg.rms_norm.rounds)
+            copy = ctx.ceiling.at(max(4, row["bytes"] // 2 // 4 * 4))
+            row.update(GBps=row["bytes"] / row["cuops_ms"] / 1e6, copy_GBps=copy.get("GBps"))
+            if copy.get("GBps"):
+                row["fraction"] = row["GBps"] / copy["GBps"]
+        guarded(ctx.rows, row, measure)
 
 
 def dtypes(mix: str):
@@ -99,15 +153,17 @@ def one_shape(ctx: Run, op: str, mix: str, rows: int, d: int, compiled) -> None:
         guarded(ctx.rows, row, measure)
 
 
-def make_call(bench, fn, args, kind):
-    """fn's forward, or its backward alone on one kept graph (torch.autograd.grad: no accumulation),
-    replayed from a CUDA graph (harness.graphed: the kernels, not autograd's host work)."""
+def make_call(bench, fn, args, kind, grads_of=None):
+    """fn's forward, or its backward alone on one kept graph (torch.autograd.grad: no accumulation) to
+    the first grads_of arguments (all by default), replayed from a CUDA graph (harness.graphed: the
+    kernels, not autograd's host work)."""
     if kind == "fwd":
         return lambda: fn(*args)
+    n = len(args) if grads_of is None else grads_of
 
     def backward():
-        leaves = [a.detach().requires_grad_() for a in args]
-        out = fn(*leaves)
+        leaves = [a.detach().requires_grad_() for a in args[:n]]
+        out = fn(*leaves, *args[n:])
         outs = out if isinstance(out, tuple) else (out,)
         grads = [torch.randn_like(o) for o in outs]
         return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
