@@ -6,20 +6,15 @@ is not committed.
 
     python3 bench/sweep/rotary_rates.py
 """
+import sys
+from pathlib import Path
+
 import torch
 from triton.testing import do_bench
 
-import cuops
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def hf_rotary(q, k, cos, sin):
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cuops  # noqa: E402
+from cuops_bench.sections.rms_norm import hf_rotary  # noqa: E402  (the bench section's HF code)
 
 
 def copy_rate(nbytes):

@@ -86,7 +86,7 @@ def rotary_rows(ctx: Run, mix: str, compiled) -> None:
     views, cos / sin [B, T, D] in the residual stream's dtype of the mix (float32 under autocast, whose
     outputs are then float32). Bytes: q and k read and their results written (backward: the outputs'
     gradients read, q's and k's written), cos and sin read once a position."""
-    bench, dev = ctx.bench, ctx.bench.device
+    dev = ctx.bench.device
     b, t, hq, hk, d = ctx.cfg.rms_norm.rotary
     xt, rt, _ = dtypes(mix)
     q = torch.randn(b, t, hq * d, device=dev, dtype=xt).view(b, t, hq, d).transpose(1, 2)
@@ -103,15 +103,7 @@ def rotary_rows(ctx: Run, mix: str, compiled) -> None:
         row = {"family": "rms_norm", "op": "rotary", "kind": kind, "dtype": mix, "precision": None,
                "size": f"{b * t}x{hq + hk}x{d}", "rows": b * t * (hq + hk), "D": d,
                "bytes": elems * per_elem + trig}
-
-        def measure(row, kind=kind):
-            calls = {key: make_call(bench, fn, (q, k, cos, sin), kind, grads_of=2) for key, fn in fns.items()}
-            time_sides(bench, row, calls, ctx.cfg.rms_norm.rounds)
-            copy = ctx.ceiling.at(max(4, row["bytes"] // 2 // 4 * 4))
-            row.update(GBps=row["bytes"] / row["cuops_ms"] / 1e6, copy_GBps=copy.get("GBps"))
-            if copy.get("GBps"):
-                row["fraction"] = row["GBps"] / copy["GBps"]
-        guarded(ctx.rows, row, measure)
+        measure_row(ctx, row, fns, (q, k, cos, sin), grads_of=2)
 
 
 def dtypes(mix: str):
@@ -121,7 +113,7 @@ def dtypes(mix: str):
 
 
 def one_shape(ctx: Run, op: str, mix: str, rows: int, d: int, compiled) -> None:
-    bench, dev = ctx.bench, ctx.bench.device
+    dev = ctx.bench.device
     xt, rt, wt = dtypes(mix)
     x, r = torch.randn(rows, d, device=dev, dtype=xt), torch.randn(rows, d, device=dev, dtype=rt)
     w = torch.randn(d, device=dev, dtype=wt)
@@ -142,15 +134,20 @@ def one_shape(ctx: Run, op: str, mix: str, rows: int, d: int, compiled) -> None:
     for kind, per_row in (("fwd", fwd), ("bwd", bwd)):
         row = {"family": "rms_norm", "op": op, "kind": kind, "dtype": mix, "precision": None,
                "size": f"{rows}x{d}", "rows": rows, "D": d, "bytes": rows * d * per_row}
+        measure_row(ctx, row, fns, args)
 
-        def measure(row, kind=kind):
-            calls = {key: make_call(bench, fn, args, kind) for key, fn in fns.items()}
-            time_sides(bench, row, calls, ctx.cfg.rms_norm.rounds)
-            copy = ctx.ceiling.at(max(4, row["bytes"] // 2 // 4 * 4))
-            row.update(GBps=row["bytes"] / row["cuops_ms"] / 1e6, copy_GBps=copy.get("GBps"))
-            if copy.get("GBps"):
-                row["fraction"] = row["GBps"] / copy["GBps"]
-        guarded(ctx.rows, row, measure)
+
+def measure_row(ctx: Run, row: dict, fns: dict, args: tuple, grads_of=None) -> None:
+    """Every side of row's pass (row["kind"]) timed in alternating rounds, and the bytes per second
+    against the copy's at the operands' size; a failure recorded in the row."""
+    def measure(row):
+        calls = {key: make_call(ctx.bench, fn, args, row["kind"], grads_of) for key, fn in fns.items()}
+        time_sides(ctx.bench, row, calls, ctx.cfg.rms_norm.rounds)
+        copy = ctx.ceiling.at(max(4, row["bytes"] // 2 // 4 * 4))
+        row.update(GBps=row["bytes"] / row["cuops_ms"] / 1e6, copy_GBps=copy.get("GBps"))
+        if copy.get("GBps"):
+            row["fraction"] = row["GBps"] / copy["GBps"]
+    guarded(ctx.rows, row, measure)
 
 
 def make_call(bench, fn, args, kind, grads_of=None):
