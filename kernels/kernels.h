@@ -69,12 +69,14 @@ struct RmsNormArgs {
   void* sum;
   void* rstd;
 };
-// The backward: ds = rstd (dy w - s rstd^2 mean(dy w s)) (+ dsum where set) [rows, d] in s's dtype,
-// and, where dweight is set, dweight = the column sums of dy s rstd in w's dtype, added in a fixed
-// order through `workspace` (rms_norm_bwd_workspace_bytes, 16-byte aligned). dy [rows, d] in y's
-// dtype, s, dsum, ds [rows, d] contiguous. types.x is not read (s stands for x); the mixes: one dtype,
-// a half s with a float32 w and a float32 or half dy, or float32 s and w with a half dy
-// (rms_norm_bwd_supports).
+// The backward: ds = rstd (dy w - s rstd^2 mean(dy w s)) (+ dsum where set) [rows, d] in s's dtype
+// where ds is set; the same values rounded on to types.x in dx where dx is set (types.x differs from
+// types.s exactly where dx is set: add_rms_norm's x narrower than its sum); and, where dweight is
+// set, dweight = the column sums of dy s rstd in w's dtype, added in a fixed order through
+// `workspace` (rms_norm_bwd_workspace_bytes, 16-byte aligned). dy [rows, d] in y's dtype, s, dsum,
+// ds, dx [rows, d] contiguous. The mixes: one dtype, a half s with a float32 w and a float32 or half
+// dy, float32 s and w with a half dy, or float32 s and w with a half dx and dy in dx's type or
+// float32 (rms_norm_bwd_supports).
 struct RmsNormBwdArgs {
   RmsNormTypes types;
   int64_t rows, d;
@@ -84,6 +86,7 @@ struct RmsNormBwdArgs {
   const void* rstd;
   const void* dsum;
   void* ds;
+  void* dx;
   void* dweight;
   void* workspace;
 };

@@ -147,13 +147,14 @@ __global__ void __launch_bounds__(kMaxGroup)
   }
 }
 
-// ds = rstd (g - s rstd^2 sum(g s) / d) + dsum, g = dy w; where partial is set, this block's rows'
-// dy s rstd summed per column into partial[blockIdx.x][.] (rows in order; the block's groups added
-// in slot order).
-template <typename S, typename W, typename Y, int E, int kPer = kBwdPer>
+// ds = rstd (g - s rstd^2 sum(g s) / d) + dsum, g = dy w, stored where ds is set, and rounded on to
+// X in dx where X is another type and dx is set (the bits of ds.to(X), without the cast's pass over
+// ds); where partial is set, this block's rows' dy s rstd summed per column into
+// partial[blockIdx.x][.] (rows in order; the block's groups added in slot order).
+template <typename S, typename W, typename Y, typename X, int E, int kPer = kBwdPer>
 __global__ void __launch_bounds__(kBwdBlock, 2)
     rms_norm_bwd(Shape sh, const Y* dy, const S* s, const W* w, const acc_t<S>* rstd, const S* dsum,
-                 S* ds, acc_t<S>* partial) {
+                 S* ds, X* dx, acc_t<S>* partial) {
   using A = acc_t<S>;
   extern __shared__ unsigned char smem_raw[];  // the slots' column sums (rows_a_block > 1)
   __shared__ A red[kBwdBlock / 32];
@@ -210,7 +211,14 @@ __global__ void __launch_bounds__(kBwdBlock, 2)
         }
 #pragma unroll
         for (int e = 0; e < E; ++e) out[e] += r * (gv[e] * wv[e] - sv[e] * c);
-        store_elems<S, E>(ds + row * sh.d + j * E, out);
+        if (ds != nullptr) store_elems<S, E>(ds + row * sh.d + j * E, out);
+        if constexpr (!std::is_same_v<X, S>) {
+          if (dx != nullptr) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) out[e] = static_cast<A>(to_acc(from_acc<S>(out[e])));
+            store_elems<X, E>(dx + row * sh.d + j * E, out);
+          }
+        }
       }
     }
   }
@@ -314,7 +322,7 @@ cudaError_t fwd_typed(const RmsNormArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename S, typename W, typename Y, int E>
+template <typename S, typename W, typename Y, typename X, int E>
 cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
   using A = acc_t<S>;
   Shape sh;
@@ -327,9 +335,10 @@ cudaError_t bwd_typed(const RmsNormBwdArgs& a, cudaStream_t stream) {
   // values (32 KB of float at E = 8).
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   A* partial = a.dweight != nullptr ? static_cast<A*>(a.workspace) : nullptr;
-  rms_norm_bwd<S, W, Y, E><<<static_cast<unsigned>(grid), kBwdBlock, smem, stream>>>(
+  rms_norm_bwd<S, W, Y, X, E><<<static_cast<unsigned>(grid), kBwdBlock, smem, stream>>>(
       sh, static_cast<const Y*>(a.dy), static_cast<const S*>(a.s), static_cast<const W*>(a.w),
-      static_cast<const A*>(a.rstd), static_cast<const S*>(a.dsum), static_cast<S*>(a.ds), partial);
+      static_cast<const A*>(a.rstd), static_cast<const S*>(a.dsum), static_cast<S*>(a.ds),
+      static_cast<X*>(a.dx), partial);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.dweight == nullptr) return err;
   rms_norm_dweight<A, W><<<static_cast<unsigned>((a.d + 31) / 32), 32 * kColSlices, 0, stream>>>(
@@ -348,7 +357,10 @@ template <typename T, typename S, typename W, typename Y> constexpr bool fwd_ins
            !(kSame<S, T> && kSame<W, T>);
   return kF32<T> && kF32<S> && kF32<W> && is_half_type<Y>;  // float32 rows, a half y
 }
-template <typename S, typename W, typename Y> constexpr bool bwd_instance() {
+// X: dx's type where the kernel writes one beside ds; S where it does not.
+template <typename S, typename W, typename Y, typename X> constexpr bool bwd_instance() {
+  if constexpr (!kSame<X, S>)  // add_rms_norm's half x beside a float32 residual (autocast's)
+    return is_half_type<X> && kF32<S> && kF32<W> && (kF32<Y> || kSame<Y, X>);
   if constexpr (kSame<S, W> && kSame<S, Y>) return true;
   if constexpr (is_half_type<S>)  // a half sum with a float32 weight; dy float32 or the half type
     return kF32<W> && (kF32<Y> || kSame<Y, S>);
@@ -374,13 +386,14 @@ cudaError_t fwd_pick(const RmsNormArgs& a, bool vec, cudaStream_t stream) {
   }
 }
 
-template <typename S, typename W, typename Y>
+template <typename S, typename W, typename Y, typename X>
 cudaError_t bwd_pick(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
-  if constexpr (!bwd_instance<S, W, Y>()) {
+  if constexpr (!bwd_instance<S, W, Y, X>()) {
     return cudaErrorInvalidValue;
   } else {
-    if (vec) return bwd_typed<S, W, Y, 16 / sizeof(S)>(a, stream);
-    if constexpr (kSame<S, W> && kSame<S, Y>) return bwd_typed<S, W, Y, 1>(a, stream);
+    if (vec) return bwd_typed<S, W, Y, X, 16 / sizeof(S)>(a, stream);
+    if constexpr (kSame<S, W> && kSame<S, Y> && kSame<X, S>)
+      return bwd_typed<S, W, Y, X, 1>(a, stream);
     return cudaErrorInvalidValue;
   }
 }
@@ -405,13 +418,15 @@ bool rms_norm_supports(const RmsNormTypes& t, bool vec) {
 }
 
 bool rms_norm_bwd_supports(const RmsNormTypes& t, bool vec) {
-  const bool same = t.s == t.w && t.s == t.y;
+  const bool same = t.s == t.w && t.s == t.y && t.x == t.s;
   const cudaError_t found = detail::dispatch_dtype(t.s, [&](auto s) {
     return detail::dispatch_dtype(t.w, [&](auto w) {
       return detail::dispatch_dtype(t.y, [&](auto y) {
-        return detail::bwd_instance<decltype(s), decltype(w), decltype(y)>()
-                   ? cudaSuccess
-                   : cudaErrorInvalidValue;
+        return detail::dispatch_dtype(t.x, [&](auto x) {
+          return detail::bwd_instance<decltype(s), decltype(w), decltype(y), decltype(x)>()
+                     ? cudaSuccess
+                     : cudaErrorInvalidValue;
+        });
       });
     });
   });
@@ -452,10 +467,14 @@ cudaError_t launch_rms_norm_fwd(const RmsNormArgs& a, bool vec, cudaStream_t str
 
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& a, bool vec, cudaStream_t stream) {
   if (a.rows == 0 || a.d == 0) return cudaSuccess;
+  if ((a.dx != nullptr) != (a.types.x != a.types.s)) return cudaErrorInvalidValue;
   return detail::dispatch_dtype(a.types.s, [&](auto s) {
     return detail::dispatch_dtype(a.types.w, [&](auto w) {
       return detail::dispatch_dtype(a.types.y, [&](auto y) {
-        return detail::bwd_pick<decltype(s), decltype(w), decltype(y)>(a, vec, stream);
+        return detail::dispatch_dtype(a.types.x, [&](auto x) {
+          return detail::bwd_pick<decltype(s), decltype(w), decltype(y), decltype(x)>(a, vec,
+                                                                                      stream);
+        });
       });
     });
   });

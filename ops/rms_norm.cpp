@@ -94,9 +94,13 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_reference(const at::Tensor& dy, 
 }
 
 void check_rms_norm_bwd(const at::Tensor& dy, const at::Tensor& s, const at::Tensor& weight,
-                        const at::Tensor& rstd, const std::optional<at::Tensor>& dsum) {
+                        const at::Tensor& rstd, const std::optional<at::Tensor>& dsum,
+                        std::optional<at::ScalarType> x_dtype) {
   const char* op = "_rms_norm_bwd";
   check_rms_norm(op, s, dsum, weight, 0.0);
+  TORCH_CHECK(!x_dtype.has_value() || is_supported_dtype(*x_dtype), "cuops::", op,
+              ": expected x_dtype float32, float64, float16 or bfloat16 (or None), got ",
+              x_dtype.has_value() ? dtype_name(*x_dtype) : "");
   check_same_shape(op, {{"s", &s}, {"dy", &dy}});
   TORCH_CHECK(is_supported_dtype(dy.scalar_type()), "cuops::", op,
               ": expected dy to have dtype float32, float64, float16 or bfloat16, got ",
@@ -108,14 +112,21 @@ void check_rms_norm_bwd(const at::Tensor& dy, const at::Tensor& s, const at::Ten
               "cuops::", op, ": expected rstd to hold one value per row of s in the math dtype");
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cpu(const at::Tensor& dy, const at::Tensor& s,
-                                                    const at::Tensor& weight,
-                                                    const at::Tensor& rstd,
-                                                    const std::optional<at::Tensor>& dsum,
-                                                    std::array<bool, 2> mask) {
-  check_rms_norm_bwd(dy, s, weight, rstd, dsum);
+// The gradient in x's dtype: a copy, never ds itself (an op's outputs do not alias).
+at::Tensor narrow_grad(const at::Tensor& ds, const at::Tensor& s,
+                       std::optional<at::ScalarType> x_dtype) {
+  if (!x_dtype.has_value()) return at::empty({0}, s.options());
+  return ds.to(*x_dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_bwd_cpu(
+    const at::Tensor& dy, const at::Tensor& s, const at::Tensor& weight, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& dsum, std::array<bool, 2> mask,
+    std::optional<at::ScalarType> x_dtype) {
+  check_rms_norm_bwd(dy, s, weight, rstd, dsum, x_dtype);
   auto [ds, dweight] = rms_norm_bwd_reference(dy, s, weight, rstd, dsum, mask[1]);
-  return {mask[0] ? ds : at::empty({0}, s.options()), dweight};
+  at::Tensor dx = narrow_grad(ds, s, x_dtype);
+  return {mask[0] ? ds : at::empty({0}, s.options()), dweight, dx};
 }
 
 // ---- CUDA
@@ -191,15 +202,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_cuda(
   return {y.view(x_in.sizes()), res.defined() ? s.view(x_in.sizes()) : s, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_bwd_cuda(
     const at::Tensor& dy_in, const at::Tensor& s_in, const at::Tensor& weight,
-    const at::Tensor& rstd, const std::optional<at::Tensor>& dsum_in, std::array<bool, 2> mask) {
-  check_rms_norm_bwd(dy_in, s_in, weight, rstd, dsum_in);
+    const at::Tensor& rstd, const std::optional<at::Tensor>& dsum_in, std::array<bool, 2> mask,
+    std::optional<at::ScalarType> x_dtype) {
+  check_rms_norm_bwd(dy_in, s_in, weight, rstd, dsum_in, x_dtype);
   const c10::cuda::CUDAGuard guard(s_in.device());
   const int64_t d = s_in.size(-1);
   const auto s_type = kernel_dtype(s_in.scalar_type());
-  const kernels::RmsNormTypes types{s_type, s_type, kernel_dtype(weight.scalar_type()),
-                                    kernel_dtype(dy_in.scalar_type())};
+  // The kernels' vectors are the sum's (types.x = s's type); types.x is dx's type where the kernel
+  // writes x's gradient from its own pass: the mix it has for that (a half x beside a float32 sum).
+  kernels::RmsNormTypes types{s_type, s_type, kernel_dtype(weight.scalar_type()),
+                              kernel_dtype(dy_in.scalar_type())};
   const at::Tensor dy = as_rows(dy_in).contiguous(), s = as_rows(s_in).contiguous();
   const at::Tensor dsum = dsum_in.has_value() ? as_rows(*dsum_in).contiguous() : at::Tensor();
   const at::Tensor w = weight.contiguous(), r = rstd.contiguous();
@@ -210,14 +224,29 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(
   if (!kernels::rms_norm_bwd_supports(types, vec) ||
       !kernels::rms_norm_fits(d, kernels::rms_norm_vector_elems(types, vec), true)) {
     auto [ds, dw] = rms_norm_bwd_reference(dy_in, s_in, weight, rstd, dsum_in, mask[1]);
-    return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dw};
+    at::Tensor dx = narrow_grad(ds, s_in, x_dtype);
+    return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dw,
+            x_dtype.has_value() ? dx.view(s_in.sizes()) : dx};
   }
-  at::Tensor ds = at::empty({rows, d}, s.options());
+  kernels::RmsNormTypes one_pass = types;
+  if (x_dtype.has_value()) one_pass.x = kernel_dtype(*x_dtype);
+  const bool dx_in_pass = one_pass.x != types.x && kernels::rms_norm_bwd_supports(one_pass, vec);
+  if (dx_in_pass) types = one_pass;
+  // ds where asked, or where a cast makes dx from it.
+  const bool want_ds = mask[0] || (x_dtype.has_value() && !dx_in_pass);
+  at::Tensor ds = want_ds ? at::empty({rows, d}, s.options()) : at::empty({0}, s.options());
+  at::Tensor dx =
+      dx_in_pass ? at::empty({rows, d}, s.options().dtype(*x_dtype)) : at::empty({0}, s.options());
   at::Tensor dweight =
       mask[1] ? at::empty({d}, weight.options()) : at::empty({0}, weight.options());
+  const auto finish = [&]() -> std::tuple<at::Tensor, at::Tensor, at::Tensor> {
+    if (x_dtype.has_value() && !dx_in_pass) dx = narrow_grad(ds, s_in, x_dtype);
+    return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dweight,
+            x_dtype.has_value() ? dx.view(s_in.sizes()) : dx};
+  };
   if (rows == 0) {
     if (mask[1]) dweight.zero_();
-    return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dweight};
+    return finish();
   }
   at::Tensor workspace;
   if (mask[1]) {
@@ -229,11 +258,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(
   a.rows = rows, a.d = d;
   a.dy = dy.data_ptr(), a.s = s.data_ptr(), a.w = w.data_ptr(), a.rstd = r.data_ptr();
   a.dsum = dsum.defined() ? dsum.data_ptr() : nullptr;
-  a.ds = ds.data_ptr();
+  a.ds = want_ds ? ds.data_ptr() : nullptr;
+  a.dx = dx_in_pass ? dx.data_ptr() : nullptr;
   a.dweight = mask[1] ? dweight.data_ptr() : nullptr;
   a.workspace = mask[1] ? workspace.data_ptr() : nullptr;
   C10_CUDA_CHECK(kernels::launch_rms_norm_bwd(a, vec, current_stream(s_in)));
-  return {mask[0] ? ds.view(s_in.sizes()) : at::empty({0}, s_in.options()), dweight};
+  return finish();
 }
 
 // ---- Meta
@@ -252,15 +282,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fwd_meta(
           at::empty_symint({rows}, x.options().dtype(math_dtype(s_type, weight.scalar_type())))};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_meta(const at::Tensor& dy, const at::Tensor& s,
-                                                     const at::Tensor& weight,
-                                                     const at::Tensor& rstd,
-                                                     const std::optional<at::Tensor>& dsum,
-                                                     std::array<bool, 2> mask) {
-  check_rms_norm_bwd(dy, s, weight, rstd, dsum);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_bwd_meta(
+    const at::Tensor& dy, const at::Tensor& s, const at::Tensor& weight, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& dsum, std::array<bool, 2> mask,
+    std::optional<at::ScalarType> x_dtype) {
+  check_rms_norm_bwd(dy, s, weight, rstd, dsum, x_dtype);
   return {mask[0] ? at::empty_symint(s.sym_sizes(), s.options()) : at::empty({0}, s.options()),
           mask[1] ? at::empty_symint(weight.sym_sizes(), weight.options())
-                  : at::empty({0}, weight.options())};
+                  : at::empty({0}, weight.options()),
+          x_dtype.has_value() ? at::empty_symint(s.sym_sizes(), s.options().dtype(*x_dtype))
+                              : at::empty({0}, s.options())};
 }
 
 // ---- The public ops below the autograd key: the internal forward on every backend (CPU, CUDA and
@@ -304,7 +335,14 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &s = saved[0], &weight = saved[1], &rstd = saved[2];
     const bool has_res = ctx->saved_data["has_res"].toBool();
-    const bool want_s = ctx->needs_input_grad(0) || (has_res && ctx->needs_input_grad(1));
+    const auto s_dtype = s.scalar_type();
+    const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
+    const auto res_dtype = ctx->saved_data["res_dtype"].toScalarType();
+    const bool want_x = ctx->needs_input_grad(0), want_res = has_res && ctx->needs_input_grad(1);
+    // x's gradient in its own (narrower) dtype comes from the backward's pass (autocast's half
+    // sublayer output beside a float32 stream), not from a cast pass over the sum's gradient.
+    const bool x_apart = want_x && x_dtype != s_dtype;
+    const bool want_s = (want_x && !x_apart) || want_res;
     // needs_input_grad counts the tensors given: the weight's is 1 without a residual.
     const bool want_w = ctx->needs_input_grad(has_res ? 2 : 1);
     at::Tensor dy = grads[0];
@@ -312,13 +350,13 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       dy = at::zeros(s.sizes(), s.options().dtype(ctx->saved_data["y_dtype"].toScalarType()));
     }
     std::optional<at::Tensor> dsum;
-    if (has_res && grads.size() > 1 && grads[1].defined()) dsum = grads[1].to(s.scalar_type());
-    auto [ds, dweight] = cuops::_rms_norm_bwd(dy, s, weight, rstd, dsum, {want_s, want_w});
-    const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
-    const auto res_dtype = ctx->saved_data["res_dtype"].toScalarType();
+    if (has_res && grads.size() > 1 && grads[1].defined()) dsum = grads[1].to(s_dtype);
+    auto [ds, dweight, dx_apart] =
+        cuops::_rms_norm_bwd(dy, s, weight, rstd, dsum, {want_s, want_w},
+                             x_apart ? std::optional<at::ScalarType>(x_dtype) : std::nullopt);
     at::Tensor dx, dres;
-    if (ctx->needs_input_grad(0)) dx = ds.to(x_dtype);
-    if (has_res && ctx->needs_input_grad(1)) dres = ds.to(res_dtype);
+    if (want_x) dx = x_apart ? dx_apart : ds;
+    if (want_res) dres = ds.to(res_dtype);
     return {dx, dres, want_w ? dweight : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -85,11 +85,12 @@ TORCH_LIBRARY(cuops, m) {
       "_rms_norm_fwd(Tensor x, Tensor? residual, Tensor weight, float eps, ScalarType? dtype) -> "
       "(Tensor, Tensor, Tensor)",
       tags);
-  // (the gradient of the normalised input s, plus dsum where given; the weight's gradient), those
-  // output_mask leaves out as empty [0] tensors (internal).
+  // (the gradient of the normalised input s, plus dsum where given; the weight's gradient; the first
+  // in x_dtype where given, from the same pass), those output_mask leaves out (and the third without
+  // x_dtype) as empty [0] tensors (internal).
   m.def(
       "_rms_norm_bwd(Tensor dy, Tensor s, Tensor weight, Tensor rstd, Tensor? dsum, bool[2] "
-      "output_mask) -> (Tensor, Tensor)",
+      "output_mask, ScalarType? x_dtype=None) -> (Tensor, Tensor, Tensor)",
       tags);
   // (q cos + rotate_half(q) sin, k cos + rotate_half(k) sin), Hugging Face's rotary embedding: q [B,
   // Hq, T, D], k [B, Hk, T, D], cos and sin [B or 1, T, D]; in promote(q, cos), or dtype where given

@@ -207,7 +207,8 @@ inline std::tuple<at::Tensor, at::Tensor> add_rms_norm(
 }
 
 // The norms' pieces (internal; their schemas may change): the output, the sum (empty without a
-// residual) and 1 / rms per row; the gradients of the normalised input and of the weight.
+// residual) and 1 / rms per row; the gradients of the normalised input and of the weight, and the
+// first again in x_dtype where given.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _rms_norm_fwd(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
     double eps, std::optional<at::ScalarType> dtype = std::nullopt) {
@@ -216,15 +217,15 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _rms_norm_fwd(
       std::optional<at::ScalarType>)>("cuops::_rms_norm_fwd");
   return handle.call(x, residual, weight, eps, dtype);
 }
-inline std::tuple<at::Tensor, at::Tensor> _rms_norm_bwd(const at::Tensor& dy, const at::Tensor& s,
-                                                        const at::Tensor& weight,
-                                                        const at::Tensor& rstd,
-                                                        const std::optional<at::Tensor>& dsum,
-                                                        std::array<bool, 2> output_mask) {
-  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _rms_norm_bwd(
+    const at::Tensor& dy, const at::Tensor& s, const at::Tensor& weight, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& dsum, std::array<bool, 2> output_mask,
+    std::optional<at::ScalarType> x_dtype = std::nullopt) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const std::optional<at::Tensor>&, std::array<bool, 2>)>("cuops::_rms_norm_bwd");
-  return handle.call(dy, s, weight, rstd, dsum, output_mask);
+      const std::optional<at::Tensor>&, std::array<bool, 2>, std::optional<at::ScalarType>)>(
+      "cuops::_rms_norm_bwd");
+  return handle.call(dy, s, weight, rstd, dsum, output_mask, x_dtype);
 }
 
 // Hugging Face's rotary embedding of q [B, Hq, T, D] and k [B, Hk, T, D] by cos and sin [B or 1, T,

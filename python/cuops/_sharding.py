@@ -219,10 +219,12 @@ def register() -> bool:
         return rules
 
     @register_sharding(ops._rms_norm_bwd.default)
-    def rms_norm_bwd_rule(dy, s, weight, rstd, dsum, output_mask):
-        # The weight's gradient sums over the rows: partial where the rows are sharded.
+    def rms_norm_bwd_rule(dy, s, weight, rstd, dsum, output_mask, x_dtype=None):
+        # The weight's gradient sums over the rows: partial where the rows are sharded; x's
+        # gradient in x_dtype (an empty [0] without it) follows the rows.
         def entry(p, pw):
-            return [p, pw], [p, p, Replicate(), p, p if dsum is not None else None, None]
+            dx = p if x_dtype is not None else Replicate()
+            return [p, pw, dx], [p, p, Replicate(), p, p if dsum is not None else None, None, None]
         rules = [entry(Replicate(), Replicate())]
         if s.ndim > 1:
             rules.append(entry(Shard(0), Partial()))

@@ -211,6 +211,53 @@ def test_mixed_dtype_gradients_take_their_inputs_dtypes(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+def test_narrow_x_gradient_from_the_same_pass(device, half):
+    """add_rms_norm of a half x beside a float32 residual (autocast's sublayer output and stream): x's
+    gradient comes from the backward's own pass in x's dtype, bit for bit the float32 gradient cast, for
+    every output mask, dy in x's dtype or float32, and rows past the backward's grid; through autograd with
+    and without the residual's gradient. On CUDA that is two kernels (the pass and the weight's column
+    sums), no cast."""
+    for rows, d in ((6, 2048), (264 * 4 + 9, 1024), (5, 1000 + 4)):
+        x, r, w = make((rows, d), half, device), make((rows, d), torch.float32, device), make((d,), torch.float32,
+                                                                                              device)
+        _, s, rstd = ops._rms_norm_fwd(x, r, w, 1e-6, None)
+        dsum = make((rows, d), torch.float32, device)
+        for dy_dtype in (half, torch.float32):
+            dy = make((rows, d), dy_dtype, device)
+            ds, dw, none = ops._rms_norm_bwd(dy, s, w, rstd, dsum, [True, True])
+            assert none.numel() == 0
+            for mask in ([True, True], [False, True], [True, False], [False, False]):
+                if device == "cuda":
+                    poison_allocator()
+                got_ds, got_dw, dx = ops._rms_norm_bwd(dy, s, w, rstd, dsum, mask, x_dtype=half)
+                assert dx.dtype == half and dx.shape == s.shape
+                assert torch.equal(dx, ds.to(half)), (rows, d, dy_dtype, mask)
+                assert torch.equal(got_ds, ds) if mask[0] else got_ds.numel() == 0
+                assert torch.equal(got_dw, dw) if mask[1] else got_dw.numel() == 0
+    x = make((40, 2048), half, device).requires_grad_()
+    w = make((2048,), torch.float32, device).requires_grad_()
+    dy = make((40, 2048), half, device)
+    for res_grad in (True, False):
+        r = make((40, 2048), torch.float32, device).requires_grad_(res_grad)
+        x.grad = w.grad = None
+        y, s = cuops.add_rms_norm(x, r, w, dtype=half)  # the norm handing the next GEMM x's type
+        y.backward(dy)
+        xs, rs, ws = (t.detach() for t in (x, r, w))
+        _, s_ref, rstd = ops._rms_norm_fwd(xs, rs, ws, 1e-6, half)
+        ds, dw, _ = ops._rms_norm_bwd(dy, s_ref, ws, rstd, None, [True, True])
+        assert x.grad.dtype == half and torch.equal(x.grad, ds.to(half))
+        assert torch.equal(w.grad, dw)
+        if res_grad:
+            assert torch.equal(r.grad, ds)
+        if device == "cuda":
+            from conftest import cuda_kernels
+            names = cuda_kernels(lambda: torch.autograd.grad(cuops.add_rms_norm(x, r, w, dtype=half)[0], [x, w], dy))
+            bwd = [n for n in names if "rms_norm_fwd" not in n]
+            assert len(bwd) == 2 and all("rms_norm" in n for n in bwd), names
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_errors_name_the_argument(device):
     x, w = make((4, 8), torch.float32, device), make((8,), torch.float32, device)
     with pytest.raises(RuntimeError, match=r"cuops::rms_norm: expected weight \[D\] to match x's last"):
@@ -244,6 +291,9 @@ def test_opcheck(device):
     _, s, rstd = ops._rms_norm_fwd(x, r, w, 1e-6, None)
     torch.library.opcheck(ops._rms_norm_bwd, (make((6, 16), torch.float32, device), s, w, rstd, None, [True, True]))
     torch.library.opcheck(ops._rms_norm_bwd, (make((6, 16), torch.float32, device), s, w, rstd, r, [True, False]))
+    for mask in ([True, True], [False, False]):
+        torch.library.opcheck(ops._rms_norm_bwd, (make((6, 16), torch.bfloat16, device), s, w, rstd, r, mask),
+                              {"x_dtype": torch.bfloat16})
 
 
 @pytest.mark.parametrize("device", DEVICES)
