@@ -321,6 +321,9 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                                double eps, std::optional<at::ScalarType> dtype) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, s, rstd] = cuops::_rms_norm_fwd(x, residual, weight, eps, dtype);
+    // An output nobody differentiates (the sum, say) comes back undefined, not as zeros to fill
+    // and read again.
+    ctx->set_materialize_grads(false);
     const bool has_res = residual.has_value();
     ctx->save_for_backward({has_res ? s : x, weight, rstd});
     ctx->saved_data["has_res"] = has_res;
