@@ -350,9 +350,9 @@ cudaError_t fwd_typed(const RmsNormArgs& a, cudaStream_t stream) {
   Shape sh;
   // Vectors a thread: kFwdPer where the sum and the weight are no wider than x; 2 (a group twice as
   // wide) where either is (a half x beside a float32 residual or weight: the thread holds or loads
-  // twice x's bytes a vector). On an H200 at 8192 x 2048: bf16 x, float32 sum, weight and y 63.5
-  // against 68.8 us; bf16 x, float32 weight and y 36.7 against 39.3 us; one width throughout, 4
-  // stays ahead (bf16: 22.0 against 29.0 us). The choice is not y's, so a half y is the float32 y
+  // twice x's bytes a vector). On an H100 at 8192 x 2048: bf16 x, float32 sum, weight and y 85.6
+  // against 89.5 us; bf16 x, float32 weight and y 44.0 against 46.5 us; one width throughout, 4
+  // stays ahead (bf16: 27.7 against 32.2 us). The choice is not y's, so a half y is the float32 y
   // rounded.
   constexpr int kTarget = sizeof(S) > sizeof(T) || sizeof(W) > sizeof(T) ? 2 : kFwdPer;
   if (!make_shape(sh, a.rows, a.d, E, kFwdPer, kTarget)) return cudaErrorInvalidValue;
