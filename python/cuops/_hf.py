@@ -22,7 +22,8 @@ What changes, module by module (the parameters, buffers and state_dict stay as t
 
 Each patched module's class is swapped for a subclass of its own that overrides forward (isinstance
 still holds, torch.compile and torch.export trace the override as the class's forward, FSDP2's own
-subclassing composes with it). Imports transformers; cuops itself does not.
+subclassing composes with it); a patched module pickles as its transformers class and is patched
+again on load. Imports transformers; cuops itself does not.
 """
 from __future__ import annotations
 
@@ -53,18 +54,59 @@ _FAMILIES = {
 _SUBCLASSES: dict[tuple[type, Callable], type] = {}
 
 
-def _swap_forward(module: nn.Module, forward: Callable) -> None:
+def _swap_forward(module: nn.Module, forward: Callable, role: str) -> None:
     """module's class becomes a subclass of it whose forward is `forward` (one subclass a class, so
-    every layer of a model, and every model, shares it); a module already patched is left as it is."""
+    every layer of a model, and every model, shares it); a module already patched is left as it is.
+    role names the forward (_forward_for makes it again when a pickled module is loaded)."""
     cls = type(module)
     if getattr(cls, "_cuops_patched", False):
         return
     sub = _SUBCLASSES.get((cls, forward))
     if sub is None:
         sub = type(f"Cuops{cls.__name__}", (cls,), {"forward": forward, "_cuops_patched": True,
+                                                    "_cuops_role": role, "__reduce_ex__": _reduce_patched,
                                                     "__module__": cls.__module__})
         _SUBCLASSES[(cls, forward)] = sub
     module.__class__ = sub
+
+
+def _reduce_patched(self, protocol):
+    """Pickles (and deep-copies) a patched module as its transformers class and its role, since the
+    subclass is made at run time and no module holds it by name: loading patches it again, in a
+    process that never called cuops.patch too. Another subclass on top (FSDP2's) keeps the default."""
+    sub = next(c for c in type(self).__mro__ if "_cuops_role" in c.__dict__)
+    reduced = object.__reduce_ex__(self, protocol)
+    if type(self) is not sub or not isinstance(reduced, tuple):
+        return reduced
+    return (_load_patched, (sub.__bases__[0], sub._cuops_role)) + reduced[2:]
+
+
+def _load_patched(cls: type, role: str) -> nn.Module:
+    module = cls.__new__(cls)
+    _swap_forward(module, _forward_for(cls, role), role)
+    return module
+
+
+def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=None) -> Callable:
+    """The patched forward of a module of class cls in role (patch() chooses the roles); attention's
+    needs the family and its modeling module, found from cls's transformers base where not given."""
+    if role == "rms_norm":
+        return _rms_norm_forward
+    if role == "decoder_layer":
+        return _decoder_layer_forward
+    if role == "mlp":
+        return _mlp_forward
+    if role == "causal_lm":
+        return _causal_lm_forward(cls)
+    if family is None:
+        for c in cls.__mro__:
+            name = c.__module__.rsplit(".", 1)[-1]
+            if c.__module__.startswith("transformers.models.") and name.removeprefix("modeling_") in _FAMILIES:
+                family, mod = _FAMILIES[name.removeprefix("modeling_")], importlib.import_module(c.__module__)
+                break
+        else:
+            raise TypeError(f"cuops.patch: {cls.__qualname__} is no Llama-family attention of transformers")
+    return _attention_forward(family, mod.eager_attention_forward)
 
 
 def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
@@ -246,17 +288,15 @@ def _family_of(model: nn.Module):
 def patch(model: nn.Module) -> nn.Module:
     family, mod = _family_of(model)
     cls = lambda name: getattr(mod, f"{family.prefix}{name}")  # noqa: E731
-    attention = _attention_forward(family, mod.eager_attention_forward)
-    swaps = [(cls("RMSNorm"), _rms_norm_forward), (cls("DecoderLayer"), _decoder_layer_forward),
-             (cls("Attention"), attention)]
+    roles = [(cls("RMSNorm"), "rms_norm"), (cls("DecoderLayer"), "decoder_layer"), (cls("Attention"), "attention")]
     for module in model.modules():
-        for kind, forward in swaps:
+        for kind, role in roles:
             if isinstance(module, kind):
-                _swap_forward(module, forward)
+                _swap_forward(module, _forward_for(type(module), role, family, mod), role)
         if isinstance(module, cls("MLP")) and _is_plain_swiglu(module):
-            _swap_forward(module, _mlp_forward)
+            _swap_forward(module, _mlp_forward, "mlp")
     if isinstance(model, cls("ForCausalLM")):
-        _swap_forward(model, _causal_lm_forward(type(model)))
+        _swap_forward(model, _causal_lm_forward(type(model)), "causal_lm")
     return model
 
 

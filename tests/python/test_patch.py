@@ -3,15 +3,19 @@ patched in place against the same model unpatched: outputs and every gradient (f
 autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
 shift_labels, ignored tokens; logits None), 50 training steps whose losses track, greedy generate()
 tokens equal, gradient checkpointing, no graph break inside a compiled decoder layer, the state_dict
-and tied embeddings untouched, patching twice, an unknown model refused; DDP and FSDP2 on two
-processes. Small random models (2 layers, width 64), built from configs: no download."""
+and tied embeddings untouched, patching twice, pickling the whole model, an unknown model refused; DDP
+and FSDP2 on two processes. Small random models (2 layers, width 64), built from configs: no download."""
 import copy
+import os
+import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import cuops
-from conftest import DEVICES, HAS_CUDA, rel_error, requires_cuda
+from conftest import DEVICES, HAS_CUDA, ROOT, rel_error, requires_cuda
 
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 
@@ -287,6 +291,36 @@ def test_tied_embeddings_stay_tied_and_patching_twice_changes_nothing(device):
     ids = tokens(1, 6, device)
     model(ids, labels=ids).loss.backward()
     assert model.lm_head.weight.grad is model.model.embed_tokens.weight.grad
+
+
+def test_a_pickled_patched_model_loads_patched(tmp_path):
+    """The whole patched model pickled (torch.save) or deep-copied: its subclasses are made at run time,
+    so each patched module pickles as its transformers class and its role and is patched again on
+    load, in this process and in a fresh one that never called cuops.patch; the outputs are the same."""
+    ref, model = twins("qwen3", "cpu")
+    model.eval()
+    ids = tokens(2, 7, "cpu")
+    with torch.no_grad():
+        want = model(ids).logits
+        for loaded in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+            assert [type(m) for m in loaded.modules()] == [type(m) for m in model.modules()]
+            assert torch.equal(loaded(ids).logits, want)
+    torch.save({"model": model, "ids": ids, "want": want}, tmp_path / "saved.pt")
+    code = (
+        "import torch\n"
+        "saved = torch.load('saved.pt', weights_only=False)\n"
+        "model = saved['model']\n"
+        "names = sorted({type(m).__name__ for m in model.modules() if getattr(type(m), '_cuops_patched', False)})\n"
+        "assert names == ['CuopsQwen3Attention', 'CuopsQwen3DecoderLayer', 'CuopsQwen3ForCausalLM',\n"
+        "                 'CuopsQwen3MLP', 'CuopsQwen3RMSNorm'], names\n"
+        "with torch.no_grad():\n"
+        "    assert torch.equal(model(saved['ids']).logits, saved['want'])\n"
+        "import cuops\n"
+        "assert cuops.patch(model) is model\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("device", DEVICES)
