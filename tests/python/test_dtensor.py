@@ -242,6 +242,18 @@ def check_ops(rank, world, port, device, backend):
             (y.full_tensor().sum() + (s.full_tensor() ** 2).sum()).backward()
             for piece, whole in zip(sharded, leaves):
                 torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
+        # A narrower x beside the residual (autocast's mix): x's gradient comes from the backward's pass
+        # in x's dtype (_rms_norm_bwd's x_dtype), sharded with the rows.
+        xf = a.float()
+        leaves = [t.clone().requires_grad_() for t in (xf, a.flip(0), nw)]
+        cuops.add_rms_norm(*leaves)[0].sum().backward()
+        for px in (Shard(0), Replicate()):
+            sharded = [dt(xf, px).requires_grad_(), dt(a.flip(0), px).requires_grad_(),
+                       dt(nw, Replicate()).requires_grad_()]
+            cuops.add_rms_norm(*sharded)[0].full_tensor().sum().backward()
+            assert sharded[0].grad.dtype == torch.float32 and sharded[0].grad.placements == (px,)
+            for piece, whole in zip(sharded, leaves):
+                torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-6, atol=1e-6)
         # rotary: batch, heads or positions sharded alike; cos and sin replicated or sharded with them.
         q4, k4 = randn(gen, 2, 4, 6, 8, device=dev), randn(gen, 2, 2, 6, 8, device=dev)
         cb, sb = randn(gen, 2, 6, 8, device=dev), randn(gen, 2, 6, 8, device=dev)
