@@ -9,8 +9,10 @@ TORCH_PIN=$(sed -n 's/^dependencies = \["torch==\([^"]*\)"\]$/\1/p' "$CUOPS_ROOT
 # wheel: the CUDA toolkit image CI runs on has nvcc but no cuobjdump) to check the built binary, and
 # nvdisasm (cuobjdump -sass needs it: the sm_90a GEMM's HGMMA check), and clang-format (tools/format.sh:
 # the C++ style, one release, since releases format differently), and transformers (cuops.patch's optional
-# dependency: tests/python/test_patch.py; the release the GPU machine has).
-PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37 clang-format==21.1.8 transformers==5.17.0"
+# dependency: tests/python/test_patch.py; the release the GPU machine has), and what a patched model is
+# tested under (tests/python/test_patch_peft.py): peft, accelerate (HF Trainer), trl and datasets (TRL's
+# SFTTrainer).
+PY_PINS="pytest==9.2.0 hypothesis==6.170.15 numpy==2.4.6 expecttest==0.3.0 scikit-build-core==1.1.2 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37 clang-format==21.1.8 transformers==5.17.0 peft==0.21.2 accelerate==1.15.0 trl==1.16.0 datasets==5.2.0"
 
 has_pinned_torch() {
   "$1" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" >/dev/null 2>&1

@@ -61,6 +61,8 @@ __all__ = [
     "rms_norm",
     "add_rms_norm",
     "rotary",
+    "patch",
+    "patch_report",
     "build_info",
     "set_switch",
     "switch",
@@ -442,17 +444,30 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return torch.ops.cuops.rotary(q, k, cos, sin, dtype)
 
 
-def patch(model: torch.nn.Module) -> torch.nn.Module:
+def patch(model: torch.nn.Module, fused_loss: bool = True) -> torch.nn.Module:
     """Puts a built Hugging Face Llama-family model (Llama, Mistral, Qwen2, Qwen3: the ForCausalLM or the
-    base Model) on cuops' fused ops, in place, and returns it (docs/patch.md).
+    base Model, or a PEFT model around one) on cuops' fused ops, in place, and returns it (docs/patch.md).
 
     RMSNorm (Qwen3's q/k norms too) -> rms_norm; each decoder layer's attention residual add and
-    post-attention norm -> add_rms_norm; the rotary embedding -> rotary; a silu-gated MLP without
-    biases -> swiglu + linear; the causal LM's training forward with labels -> linear_cross_entropy
-    on the hidden states, returning the loss with logits None (eval, or no labels: logits as before;
-    num_items_in_batch and shift_labels honoured). Parameters, buffers, the state_dict and tied
-    embeddings are untouched; the patched model trains eager and under torch.compile, with gradient
-    checkpointing, DDP and FSDP2, and generate() works. Patching twice changes nothing more.
+    post-attention norm -> add_rms_norm; the rotary embedding -> rotary; q, k and v in one GEMM in
+    training; a silu-gated MLP without biases -> swiglu + linear; the causal LM's training forward with
+    labels -> linear_cross_entropy on the hidden states, returning the loss without making the logits
+    (their place holds an object that raises, naming fused_loss, on any use; eval, or no labels:
+    logits as before; num_items_in_batch and shift_labels honoured).
+
+    One rule decides every path at each call: a fused op stands in for a module only where the module
+    would compute exactly what the op does; a module with hooks, a forward set on the instance, a
+    weight the op cannot read (DTensor, quantized), a PEFT adapter the ops do not take, or a user's
+    subclass with its own forward runs as its own module, and a custom model.loss_function, an
+    lm_head that is not a plain nn.Linear or logits_to_keep keep HF's loss. cuops.patch_report(model)
+    says which paths run fused and why the others do not. Parameters, buffers, the state_dict, tied
+    embeddings and class names are untouched; the patched model trains eager and under torch.compile,
+    with gradient checkpointing, DDP and FSDP2, and generate() works. Patching twice changes nothing
+    more.
+
+    Args:
+        fused_loss: False keeps HF's loss from the logits (training code that reads logits with labels);
+            it can be changed later by patching again.
 
     Imports transformers (an optional dependency: cuops itself does not need it).
 
@@ -460,7 +475,19 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
         TypeError: "cuops.patch: ..." for a model of another architecture, naming the supported ones.
     """
     from ._hf import patch as _patch
-    return _patch(model)
+    return _patch(model, fused_loss)
+
+
+def patch_report(model: torch.nn.Module):
+    """Which of a patched model's paths run on fused ops now (in its current train/eval mode) and why
+    each other runs as its module (docs/patch.md "The rule"); print() it for a table, .fused() lists
+    the paths that are.
+
+    Raises:
+        TypeError: as cuops.patch, for a model it does not patch.
+    """
+    from ._hf import patch_report as _report
+    return _report(model)
 
 
 def build_info() -> dict[str, Any]:

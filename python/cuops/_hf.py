@@ -16,11 +16,20 @@ What changes, module by module (the parameters, buffers and state_dict stay as t
 - the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
   without biases (other MLPs are left alone);
 - the causal LM's training forward with labels returns the loss of cuops.linear_cross_entropy over
-  the final hidden states, logits None (the [tokens, vocab] logits are never made), and gives
+  the final hidden states (the [tokens, vocab] logits are never made: LOGITS_NOT_MADE stands in their
+  place and raises, naming fused_loss=False, on any use), and gives
   attention sdpa's is_causal where the mask is the plain causal one (_plain_causal); eval, or no
   labels: logits as before.
 
-Each patched module's class is swapped for a subclass of its own that overrides forward (isinstance
+Every patched path obeys one rule (_plain, docs/patch.md "The rule"), decided at each call: a fused
+op stands in for a module only where the module would compute exactly what the op does -- a plain
+nn.Linear or a patched module, nothing run around it (hooks, a forward set on the instance), its
+parameters plain tensors; anything else (a PEFT adapter the ops do not take, a quantized or sharded
+weight, a user's subclass) runs as its own module. HF's contracts are delegated, not copied: the fused
+loss only where the model's loss_function is transformers' causal-LM loss and the LM head is plain.
+
+Each patched module's class is swapped for a subclass of its own, under the transformers class's
+name (tools read names: config.architectures, _no_split_modules), that overrides forward (isinstance
 still holds, torch.compile and torch.export trace the override as the class's forward, FSDP2's own
 subclassing composes with it); a patched module pickles as its transformers class and is patched
 again on load. Imports transformers; cuops itself does not.
@@ -57,15 +66,17 @@ _SUBCLASSES: dict[tuple[type, Callable], type] = {}
 def _swap_forward(module: nn.Module, forward: Callable, role: str) -> None:
     """module's class becomes a subclass of it whose forward is `forward` (one subclass a class, so
     every layer of a model, and every model, shares it); a module already patched is left as it is.
-    role names the forward (_forward_for makes it again when a pickled module is loaded)."""
+    The subclass keeps the class's name and module (save_pretrained writes type(model).__name__ into
+    config.architectures; accelerate's FSDP wrap and _no_split_modules match layers by name); role
+    names the forward (_plain checks it; _forward_for makes it again when a pickled module loads)."""
     cls = type(module)
     if getattr(cls, "_cuops_patched", False):
         return
     sub = _SUBCLASSES.get((cls, forward))
     if sub is None:
-        sub = type(f"Cuops{cls.__name__}", (cls,), {"forward": forward, "_cuops_patched": True,
-                                                    "_cuops_role": role, "__reduce_ex__": _reduce_patched,
-                                                    "__module__": cls.__module__})
+        sub = type(cls.__name__, (cls,), {"forward": forward, "_cuops_patched": True, "_cuops_role": role,
+                                          "_cuops_base": cls, "__reduce_ex__": _reduce_patched,
+                                          "__module__": cls.__module__, "__qualname__": cls.__qualname__})
         _SUBCLASSES[(cls, forward)] = sub
     module.__class__ = sub
 
@@ -78,7 +89,7 @@ def _reduce_patched(self, protocol):
     reduced = object.__reduce_ex__(self, protocol)
     if type(self) is not sub or not isinstance(reduced, tuple):
         return reduced
-    return (_load_patched, (sub.__bases__[0], sub._cuops_role)) + reduced[2:]
+    return (_load_patched, (sub._cuops_base, sub._cuops_role)) + reduced[2:]
 
 
 def _load_patched(cls: type, role: str) -> nn.Module:
@@ -109,6 +120,63 @@ def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=Non
     return _attention_forward(family, mod.eager_attention_forward)
 
 
+# --- The rule: where a fused op may stand in for a module --------------------------------------------
+
+def _plain(module: nn.Module, kind) -> "nn.Module | str":
+    """The one rule every patched path asks, at each call (PEFT may wrap modules after cuops.patch): the
+    module whose parameters a fused op may read in `module`'s place, or why none may (for the report).
+
+    kind is nn.Linear (module must run nn.Linear's own forward) or a patch role ("rms_norm",
+    "attention", "mlp": module must be a patched module of that role). Either way nothing may run
+    around it -- no hooks on it, no global module hooks, no forward set on the instance -- and its
+    parameters must be plain tensors (not DTensor, not a quantized or other tensor subclass). A PEFT
+    LoRA layer stands for its base nn.Linear where PEFT's forward is the base's alone (adapters merged
+    into the weight, or disabled and not merged); with a live adapter it runs as PEFT's module.
+    Attribute reads only: cheap every call, and what torch.compile guards on anyway."""
+    cls = type(module)
+    if kind is nn.Linear:
+        if cls.__module__ == "peft.tuners.lora.layer" and cls.__name__ == "Linear":
+            why = _around(module)
+            if why is not None:
+                return why
+            if module.merged == module.disable_adapters:  # neither, or both (PEFT then unmerges first)
+                return "a PEFT LoRA adapter (runs as PEFT's module: the fused ops take no adapter yet)"
+            return _plain(module.base_layer, nn.Linear)
+        if cls.forward is not nn.Linear.forward:
+            return f"a {cls.__module__}.{cls.__qualname__}, not an nn.Linear"
+    elif getattr(cls, "_cuops_role", None) != kind:
+        return f"a {cls.__module__}.{cls.__qualname__}, not the patched {kind}"
+    why = _around(module)
+    return module if why is None else why
+
+
+def _around(module: nn.Module) -> Optional[str]:
+    """What runs around module's forward or stands in its parameters, or None (_plain)."""
+    if "forward" in module.__dict__:
+        return "a forward set on the instance"
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+        return "hooks on the module"
+    hooks = nn.modules.module
+    if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+            or hooks._global_backward_pre_hooks):
+        return "global module hooks"
+    for name, p in module._parameters.items():
+        if p is not None and type(p) is not nn.Parameter and type(p) is not torch.Tensor:
+            return f"its {name} is a {type(p).__qualname__}"
+    return None
+
+
+def _linears(parent: nn.Module, names: tuple[str, ...]) -> Optional[list[nn.Module]]:
+    """The plain nn.Linear (_plain) behind each of parent's children `names`, or None if any has none."""
+    out = []
+    for n in names:
+        lin = _plain(getattr(parent, n), nn.Linear)
+        if isinstance(lin, str):
+            return None
+        out.append(lin)
+    return out
+
+
 def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     """The dtype the GEMM or attention reading x casts it to: CUDA autocast's where it is on (cuops
     registers AutocastCUDA only: under CPU autocast swiglu runs as its inputs come), else None."""
@@ -117,57 +185,76 @@ def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     return torch.get_autocast_dtype("cuda")
 
 
+_MLP = ("gate_proj", "up_proj", "down_proj")
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
+def _mlp_linears(mlp: nn.Module) -> Optional[list[nn.Module]]:
+    """gate, up and down as plain nn.Linears without biases (what swiglu + linear compute), or None."""
+    lins = _linears(mlp, _MLP)
+    return lins if lins is not None and all(lin.bias is None for lin in lins) else None
+
+
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    return cuops.linear(cuops.swiglu(x, self.gate_proj.weight, self.up_proj.weight), self.down_proj.weight)
+    lins = _mlp_linears(self)
+    if lins is None:
+        return self._cuops_base.forward(self, x)
+    gate, up, down = lins
+    return cuops.linear(cuops.swiglu(x, gate.weight, up.weight), down.weight)
 
 
 def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                            use_cache=False, position_embeddings=None, **kwargs):
     residual = hidden_states
-    norm = self.input_layernorm
-    # In the half type the projections read under CUDA autocast where one GEMM reads it (the fused
-    # q/k/v projection: x's three gradients meet in its float32 accumulator) or no gradient comes back;
-    # float32 where three projections' gradients do (HF sums their bf16 gradients in float32).
-    attn = self.self_attn
-    one_reader = not torch.is_grad_enabled() or (getattr(type(attn), "_cuops_patched", False) and _fuses_qkv(attn))
-    hidden_states = cuops.rms_norm(hidden_states, norm.weight, norm.variance_epsilon,
-                                   dtype=_autocast_dtype(hidden_states) if one_reader else None)
+    norm = _plain(self.input_layernorm, "rms_norm")
+    if isinstance(norm, str):
+        hidden_states = self.input_layernorm(hidden_states)
+    else:
+        # In the half type the projections read under CUDA autocast where one GEMM reads it (the fused
+        # q/k/v projection: x's three gradients meet in its float32 accumulator) or no gradient comes
+        # back; float32 where three projections' gradients do (HF sums their bf16 gradients in float32).
+        dtype = _autocast_dtype(hidden_states)
+        if dtype is not None:
+            qkv = _qkv_linears(self.self_attn)
+            if qkv is None or (torch.is_grad_enabled() and not _fuses_qkv(self.self_attn, qkv)):
+                dtype = None
+        hidden_states = cuops.rms_norm(hidden_states, norm.weight, norm.variance_epsilon, dtype=dtype)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
-    post = self.post_attention_layernorm
-    # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
-    # `residual + hidden_states` makes it (float32 beside a half h under autocast).
-    dtype = _autocast_dtype(hidden_states) if type(self.mlp).forward is _mlp_forward else None
-    normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon, dtype=dtype)
+    post = _plain(self.post_attention_layernorm, "rms_norm")
+    if isinstance(post, str):
+        summed = residual + hidden_states
+        normed = self.post_attention_layernorm(summed)
+    else:
+        # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
+        # `residual + hidden_states` makes it (float32 beside a half h under autocast). In autocast's
+        # dtype where the patched MLP's swiglu reads it (it would cast it to that first).
+        dtype = _autocast_dtype(hidden_states)
+        if dtype is not None and (isinstance(_plain(self.mlp, "mlp"), str) or _mlp_linears(self.mlp) is None):
+            dtype = None
+        normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon, dtype=dtype)
     return summed + self.mlp(normed)
 
 
-def _fuses_qkv(attn: nn.Module) -> bool:
+def _qkv_linears(attn: nn.Module) -> Optional[list[nn.Module]]:
+    """q, k and v as plain nn.Linears (_plain) of a patched attention nothing runs around, or None:
+    then the input norm hands attention what HF's does."""
+    if isinstance(_plain(attn, "attention"), str):
+        return None
+    return _linears(attn, _QKV)
+
+
+def _fuses_qkv(attn: nn.Module, qkv: Optional[list[nn.Module]]) -> bool:
     """Whether the patched attention projects q, k and v in one GEMM (_qkv): in training, where each
-    projection is a plain nn.Linear that would run as one (no hooks, no forward set on the instance, no
-    DTensor weight: tensor parallelism, per-Linear sharding, adapters and observers keep their
-    modules), with biases on all three or none. Eval keeps three: decode reads every weight for a few
-    tokens, and a concatenation would double what it reads."""
-    if not attn.training or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-        return False
-    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    for p in projs:
-        if (type(p) is not nn.Linear or "forward" in p.__dict__ or p._forward_hooks or p._forward_pre_hooks
-                or p._backward_hooks or p._backward_pre_hooks or _is_dtensor(p.weight)):
-            return False
-    return len({p.bias is None for p in projs}) == 1
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-    return isinstance(t, DTensor)
+    projection is a plain nn.Linear (qkv, from _qkv_linears; a DTensor weight, an adapter or an observer
+    keeps its module), with biases on all three or none. Eval keeps three: decode reads every weight
+    for a few tokens, and a concatenation would double what it reads."""
+    return attn.training and qkv is not None and len({p.bias is None for p in qkv}) == 1
 
 
 def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -175,12 +262,12 @@ def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     float32 concatenation and autocast's cast of 6M weights a layer eager, one fused pass under
     torch.compile): one wider product in place of three (two of them 512 wide), and x's gradient one
     product accumulating all three in float32 (HF sums three rounded ones). Else the three modules."""
-    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if not _fuses_qkv(attn):
-        return tuple(p(x) for p in projs)
-    bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
-    qkv = nn.functional.linear(x, torch.cat([p.weight for p in projs]), bias)
-    return qkv.split([p.out_features for p in projs], dim=-1)
+    qkv = _linears(attn, _QKV) if attn.training else None
+    if not _fuses_qkv(attn, qkv):
+        return tuple(getattr(attn, n)(x) for n in _QKV)
+    bias = torch.cat([p.bias for p in qkv]) if qkv[0].bias is not None else None
+    out = nn.functional.linear(x, torch.cat([p.weight for p in qkv]), bias)
+    return out.split([p.out_features for p in qkv], dim=-1)
 
 
 @functools.lru_cache(maxsize=None)  # one forward (so one subclass) a family
@@ -216,21 +303,74 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
     return forward
 
 
+class _LogitsNotMade:
+    """What a patched model's training forward with labels returns in place of its logits: the fused
+    loss never makes the [tokens, vocab] logits. It keeps HF's positions (a return_dict=False tuple has
+    the loss at 0, this at 1, the cache after), and any use of it raises an error naming the switch
+    that makes the logits (a None would fail later with a TypeError that names nothing)."""
+    __slots__ = ()
+    MESSAGE = ("cuops.patch: this training forward with labels computed the loss without making the logits "
+               "(the fused loss). To read logits in training, patch with cuops.patch(model, fused_loss=False) "
+               "(or set model._cuops_fused_loss = False); eval and forwards without labels return logits.")
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # protocol probes (copy, pickle, hasattr of dunders) see no attribute
+            raise AttributeError(name)
+        raise RuntimeError(self.MESSAGE)
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(self.MESSAGE)
+
+    __getitem__ = __iter__ = __float__ = __array__ = _refuse
+    __add__ = __radd__ = __sub__ = __mul__ = __truediv__ = __matmul__ = _refuse
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(cls.MESSAGE)
+
+    def __repr__(self):
+        return "<logits not made: cuops.patch's fused loss (cuops.patch(model, fused_loss=False) makes them)>"
+
+    def __reduce__(self):
+        return "LOGITS_NOT_MADE"
+
+
+LOGITS_NOT_MADE = _LogitsNotMade()
+
+
+def _fused_loss_why_not(model: nn.Module, logits_to_keep, causal_lm_loss: Callable) -> Optional[str]:
+    """Why the causal LM's training forward with labels runs HF's own (logits, then model.loss_function),
+    or None where the fused loss computes exactly that: the switch on, the model's loss_function
+    transformers' causal-LM loss (a custom one, or config.loss_type's, gets its logits), all positions
+    kept (HF slices the logits before its loss), and the LM head a plain nn.Linear (_plain: an
+    adapter, trainable tokens or a hook on it runs)."""
+    if not getattr(model, "_cuops_fused_loss", True):
+        return "fused_loss=False"
+    if model.loss_function is not causal_lm_loss:
+        return "a loss_function other than transformers' ForCausalLMLoss"
+    if not isinstance(logits_to_keep, int) or logits_to_keep != 0:
+        return "logits_to_keep set"
+    head = _plain(model.lm_head, nn.Linear)
+    return head if isinstance(head, str) else None
+
+
 @functools.lru_cache(maxsize=None)
 def _causal_lm_forward(base: type) -> Callable:
+    from transformers.loss.loss_utils import ForCausalLMLoss
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-        shift_labels = kwargs.get("shift_labels")
-        if not self.training or labels is None:  # transformers makes a loss only from labels
+        # transformers makes a loss only from labels; HF's own forward wherever the fused loss is not
+        # exactly what it computes.
+        if not self.training or labels is None or _fused_loss_why_not(self, logits_to_keep, ForCausalLMLoss) is not None:
             return base.forward(self, input_ids=input_ids, attention_mask=attention_mask,
                                 position_ids=position_ids, past_key_values=past_key_values,
                                 inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
                                 logits_to_keep=logits_to_keep, **kwargs)
         # transformers' ForCausalLMLoss without the logits: labels shifted left (the last position
         # ignored), a mean over the tokens not ignored, or a sum over num_items_in_batch.
-        kwargs.pop("shift_labels", None)
+        shift_labels = kwargs.pop("shift_labels", None)
         num_items = kwargs.pop("num_items_in_batch", None)
         ignore_index = kwargs.pop("ignore_index", -100)
         return_dict = kwargs.pop("return_dict", None)
@@ -251,7 +391,7 @@ def _causal_lm_forward(base: type) -> Callable:
                                           "mean" if num_items is None else "sum")
         if num_items is not None:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-        out = CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+        out = CausalLMOutputWithPast(loss=loss, logits=LOGITS_NOT_MADE, past_key_values=outputs.past_key_values,
                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
 
@@ -285,22 +425,83 @@ def _family_of(model: nn.Module):
                     f"got {type(model).__module__}.{type(model).__qualname__}")
 
 
-def patch(model: nn.Module) -> nn.Module:
+def _transformers_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a PEFT model (get_peft_model's wrapper), or model itself."""
+    inner = getattr(model, "get_base_model", None)
+    return inner() if callable(inner) and type(model).__module__.startswith("peft.") else model
+
+
+def _roles(model: nn.Module):
+    """(class, role) pairs patch() swaps: each matched by its forward, so a user's subclass with a
+    forward of its own keeps it (one that only adds methods is patched as its base)."""
     family, mod = _family_of(model)
     cls = lambda name: getattr(mod, f"{family.prefix}{name}")  # noqa: E731
-    roles = [(cls("RMSNorm"), "rms_norm"), (cls("DecoderLayer"), "decoder_layer"), (cls("Attention"), "attention")]
-    for module in model.modules():
+    return family, mod, [(cls("RMSNorm"), "rms_norm"), (cls("DecoderLayer"), "decoder_layer"),
+                         (cls("Attention"), "attention"), (cls("MLP"), "mlp"), (cls("ForCausalLM"), "causal_lm")]
+
+
+def patch(model: nn.Module, fused_loss: bool = True) -> nn.Module:
+    target = _transformers_model(model)
+    family, mod, roles = _roles(target)
+    for module in target.modules():
         for kind, role in roles:
-            if isinstance(module, kind):
-                _swap_forward(module, _forward_for(type(module), role, family, mod), role)
-        if isinstance(module, cls("MLP")) and _is_plain_swiglu(module):
-            _swap_forward(module, _mlp_forward, "mlp")
-    if isinstance(model, cls("ForCausalLM")):
-        _swap_forward(model, _causal_lm_forward(type(model)), "causal_lm")
+            if isinstance(module, kind) and type(module).forward is kind.forward:
+                if role != "mlp" or _is_silu_gated(module):
+                    _swap_forward(module, _forward_for(type(module), role, family, mod), role)
+    target._cuops_fused_loss = bool(fused_loss)  # read at each call (_fused_loss_why_not)
     return model
 
 
-def _is_plain_swiglu(mlp: nn.Module) -> bool:
-    """down(silu(gate(x)) * up(x)): the config's activation silu and no projection biases."""
-    return mlp.config.hidden_act in ("silu", "swish") and all(
-        getattr(mlp, p).bias is None for p in ("gate_proj", "up_proj", "down_proj"))
+def _is_silu_gated(mlp: nn.Module) -> bool:
+    """down(silu(gate(x)) * up(x)): the config's activation silu (biases are the call's rule)."""
+    return mlp.config.hidden_act in ("silu", "swish")
+
+
+class PatchReport(NamedTuple):
+    """cuops.patch_report(model): each patched path and whether it runs fused now (in the model's
+    current mode), with why not; str() prints it as a table."""
+    rows: list[tuple[str, str, Optional[str]]]  # (module name, what is fused, None or why not)
+
+    def fused(self) -> list[str]:
+        return [name for name, _, why in self.rows if why is None]
+
+    def __str__(self) -> str:
+        width = max([len(n) for n, _, _ in self.rows] + [6])
+        lines = [f"{'module':<{width}}  {'fused path':<28}  runs"]
+        for name, what, why in self.rows:
+            lines.append(f"{name:<{width}}  {what:<28}  {'fused' if why is None else 'as its module: ' + why}")
+        n = len(self.fused())
+        lines.append(f"{n} of {len(self.rows)} paths fused")
+        return "\n".join(lines)
+
+
+def patch_report(model: nn.Module) -> PatchReport:
+    target = _transformers_model(model)
+    _roles(target)  # refuses what patch() refuses
+    prefix = "" if target is model else next(n for n, m in model.named_modules() if m is target)
+    rows = []
+
+    def add(name, what, got):
+        rows.append(((f"{prefix}.{name}" if prefix else name) or "(model)", what,
+                     got if isinstance(got, str) else None))
+
+    for name, m in target.named_modules():
+        role = getattr(type(m), "_cuops_role", None)
+        if role == "decoder_layer":
+            for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
+                add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))
+        elif role == "attention":
+            why = (None if _fuses_qkv(m, _qkv_linears(m)) else "eval: three projections" if not m.training
+                   else next((w for w in (_plain(getattr(m, n), nn.Linear) for n in _QKV) if isinstance(w, str)),
+                             "q, k and v biases differ"))
+            add(f"{name}.q_proj,k_proj,v_proj", "one GEMM (training)", why)
+        elif role == "mlp":
+            lins = [_plain(getattr(m, n), nn.Linear) for n in _MLP]
+            why = next((w for w in lins if isinstance(w, str)), None)
+            if why is None and any(lin.bias is not None for lin in lins):
+                why = "a projection with a bias"
+            add(name, "swiglu + linear", why)
+    if getattr(type(target), "_cuops_role", None) == "causal_lm":  # the head last, as the model runs it
+        from transformers.loss.loss_utils import ForCausalLMLoss
+        add("lm_head", "linear_cross_entropy (train)", _fused_loss_why_not(target, 0, ForCausalLMLoss))
+    return PatchReport(rows)

@@ -2,7 +2,7 @@
 5632, 16 / 4 heads, vocabulary 128256; random weights from a config): the training step, decode and prefill.
 
 Training (rows "train_step", one a mode): float32 weights under bf16 autocast, AdamW(fused=True),
-`zero_grad(set_to_none=True)`, the loss from `labels` (the patched model's fused loss, logits None).
+`zero_grad(set_to_none=True)`, the loss from `labels` (the patched model's fused loss: no logits made).
 Both models start from the same weights (the patched one a deep copy); first `loss_steps` eager steps of
 both on the same batches (the loss check: the largest relative difference, with torch's own step-to-step
 change beside it), then the four variants (torch eager, torch.compile, patch eager, patch + compile: a
