@@ -129,6 +129,19 @@ class HfLlamaBench:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class HfLoraBench(HfLlamaBench):
+    """The hf_lora section (SPEC §3 "Adapters"): PEFT LoRA on transformers' LlamaForCausalLM, the training
+    step of each model shape (name, layers, width, FFN, heads, kv heads: hf_llama's model and a
+    Llama-3-8B-shaped one of 4 layers) at each adapter dropout, the base frozen, AdamW on the adapters."""
+    shapes: tuple = (("llama", 8, 2048, 5632, 16, 4), ("llama3-8b/4", 4, 4096, 14336, 32, 8))
+    r: int = 16
+    alpha: int = 32
+    targets: tuple = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    dropouts: tuple = (0.0, 0.05)
+    lr: float = 1e-3
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -142,6 +155,7 @@ class Config:
     cross_entropy: CrossEntropyBench = field(default_factory=CrossEntropyBench)
     rms_norm: RmsNormBench = field(default_factory=RmsNormBench)
     hf_llama: HfLlamaBench = field(default_factory=HfLlamaBench)
+    hf_lora: HfLoraBench = field(default_factory=HfLoraBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -171,7 +185,9 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
              # float32 eager only (inductor's C++ build of a training graph takes minutes on CI's 2 cores)
              hf_llama=HfLlamaBench(layers=2, hidden=64, ffn=112, heads=4, kv_heads=2, vocab=96, batch=2, seq=16,
                                    steps=1, rounds=2, warmup=1, loss_steps=3, batches=4, modes=("eager",), kv=8,
-                                   decode_steps=2, prefill_tokens=16))
+                                   decode_steps=2, prefill_tokens=16),
+             hf_lora=HfLoraBench(shapes=(("tiny", 2, 64, 112, 4, 2),), vocab=96, batch=2, seq=16, steps=1, rounds=2,
+                                 warmup=1, loss_steps=3, batches=4, modes=("eager",), r=4, alpha=8))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,

@@ -177,6 +177,7 @@ def table_lines(results: dict) -> list[str]:
     lines += rms_norm_lines(results)
     lines += cross_entropy_lines(results)
     lines += hf_llama_lines(results)
+    lines += hf_lora_lines(results)
     return lines
 
 
@@ -433,31 +434,7 @@ def hf_llama_lines(results: dict) -> list[str]:
              f"FFN {cfg.get('ffn')}, {cfg.get('heads')}/{cfg.get('kv_heads')} heads, vocab {cfg.get('vocab')}; "
              f"training {cfg.get('batch')} x {cfg.get('seq')} tokens, {(results.get('hf_llama') or {}).get('optimizer')}): "
              "patch = cuops.patch(model)"]
-    train = [r for r in rows if r["op"] == "train_step"]
-    done = [r for r in train if r.get("status") == "ok"]
-    if done:
-        figures = {}
-        for r in done:
-            figures[f"patch {r['mode']}"] = (r["cuops_ms"], r.get("cuops_added_gb"))
-            for key, b in r["baselines"].items():
-                figures.setdefault(key, (b["ms"], b.get("added_gb")))
-        eager, comp = figures.get("torch eager"), figures.get("torch compile")
-        lines += [HF_TRAIN_HEAD, "-" * len(HF_TRAIN_HEAD)]
-        for key in ("torch eager", "torch compile", "patch eager", "patch compile"):
-            if key not in figures:
-                continue
-            ms, gb = figures[key]
-            mem = f"{gb:>14.2f} {fmt_ratio(gb / eager[1] if gb and eager and eager[1] else None):>14}" if gb else ""
-            lines.append(f"{key:<14} {fmt_time(ms):>9} {fmt_ratio(eager[0] / ms if eager else None):>14} "
-                         f"{fmt_ratio(comp[0] / ms if comp else None):>16} {mem}")
-        check = done[0]["check"]
-        lines.append(f"losses over the first {len(check['losses']['torch'])} eager steps from the same weights: largest "
-                     f"|patch - torch| / torch {check['max_rel_loss_diff']:.2e} (torch's median step-to-step change "
-                     f"{check['median_step_change'] or 0:.2e}); first {check['losses']['torch'][0]:.4f}, last torch "
-                     f"{check['losses']['torch'][-1]:.4f} / patch {check['losses']['patch'][-1]:.4f}")
-    for r in train:
-        if r.get("status") != "ok":
-            lines.append(not_run_line(f"train_step {r['mode']}", r))
+    lines += train_step_lines([r for r in rows if r["op"] == "train_step"])
     infer = [r for r in rows if r["op"] != "train_step"]
     if infer:
         lines += [HF_INFER_HEAD, "-" * len(HF_INFER_HEAD)]
@@ -468,6 +445,63 @@ def hf_llama_lines(results: dict) -> list[str]:
             continue
         lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {fmt_time(r['baselines']['torch']['ms']):>9} "
                      f"{fmt_ratio(r['ratio']):>7} {r['check']['argmax_agreement']:>12.2f}")
+    return lines
+
+
+def train_step_lines(train: list, base: str = "torch") -> list[str]:
+    """One model's training-step rows (sections/hf_llama.py's time_training, a row a mode): the four
+    variants' time, ratios and the memory a step adds, then the loss check; `base` names the unpatched
+    side (torch, or PEFT for hf_lora)."""
+    lines = []
+    done = [r for r in train if r.get("status") == "ok"]
+    if done:
+        figures = {}
+        for r in done:
+            figures[f"patch {r['mode']}"] = (r["cuops_ms"], r.get("cuops_added_gb"))
+            for key, b in r["baselines"].items():
+                figures.setdefault(key, (b["ms"], b.get("added_gb")))
+        eager, comp = figures.get("torch eager"), figures.get("torch compile")
+        head = HF_TRAIN_HEAD.replace("vs torch", f"vs {base}")
+        lines += [head, "-" * len(head)]
+        for key in ("torch eager", "torch compile", "patch eager", "patch compile"):
+            if key not in figures:
+                continue
+            ms, gb = figures[key]
+            mem = f"{gb:>14.2f} {fmt_ratio(gb / eager[1] if gb and eager and eager[1] else None):>14}" if gb else ""
+            lines.append(f"{key.replace('torch', base):<14} {fmt_time(ms):>9} "
+                         f"{fmt_ratio(eager[0] / ms if eager else None):>14} "
+                         f"{fmt_ratio(comp[0] / ms if comp else None):>16} {mem}")
+        check = done[0]["check"]
+        lines.append(f"losses over the first {len(check['losses']['torch'])} eager steps from the same weights: largest "
+                     f"|patch - {base}| / {base} {check['max_rel_loss_diff']:.2e} ({base}'s median step-to-step "
+                     f"change {check['median_step_change'] or 0:.2e}); first {check['losses']['torch'][0]:.4f}, last "
+                     f"{base} {check['losses']['torch'][-1]:.4f} / patch {check['losses']['patch'][-1]:.4f}")
+    for r in train:
+        if r.get("status") != "ok":
+            lines.append(not_run_line(f"train_step {r['mode']}", r))
+    return lines
+
+
+def hf_lora_lines(results: dict) -> list[str]:
+    """PEFT LoRA unpatched and patched (sections/hf_lora.py): a training-step table a model shape and
+    adapter dropout."""
+    rows = [r for r in results["rows"] if r["family"] == "hf_lora"]
+    if not rows:
+        return []
+    info = results.get("hf_lora") or {}
+    cfg = info.get("config") or {}
+    lines = ["", f"hf_lora (PEFT LoRA r {cfg.get('r')}, alpha {cfg.get('alpha')} on {', '.join(cfg.get('targets') or ())} "
+             f"of transformers LlamaForCausalLM, base frozen; vocab {cfg.get('vocab')}, {cfg.get('batch')} x "
+             f"{cfg.get('seq')} tokens, {info.get('optimizer')} on the adapters): patch = cuops.patch, then "
+             "get_peft_model"]
+    shapes = {s[0]: s for s in cfg.get("shapes") or ()}
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["dropout"]), []).append(r)
+    for (model, dropout), train in groups.items():
+        _, layers, hidden, ffn, heads, kv = shapes.get(model, (model,) + (None,) * 5)
+        lines += ["", f"{model} ({layers} layers, width {hidden}, FFN {ffn}, {heads}/{kv} heads), dropout {dropout}:"]
+        lines += train_step_lines(train, base="PEFT")
     return lines
 
 

@@ -46,7 +46,7 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     the models' agreement checks are filled."""
     library = str(LIBRARY.absolute())
     proc = run([BENCH / "run.py", "--device", "cpu", "--only",
-                "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm,hf_llama",
+                "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm,hf_llama,hf_lora",
                 "--out", tmp_path], tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
@@ -114,6 +114,11 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     assert train["check"]["max_rel_loss_diff"] < 1e-4 and "torch eager" in train["baselines"], train
     assert all(hf[k]["check"]["argmax_agreement"] == 1.0 for k in hf if k[0] != "train_step")
     assert any(ln.startswith("patch eager ") for ln in lines) and any(ln.startswith("decode       8") for ln in lines)
+    # PEFT LoRA unpatched and patched: the eager training step at each adapter dropout.
+    lora = {(r["model"], r["dropout"], r["mode"]): r for r in results["rows"] if r["family"] == "hf_lora"}
+    assert set(lora) == {("tiny", 0.0, "eager"), ("tiny", 0.05, "eager")}, lora
+    assert all(r["status"] == "ok" and r["ratio"] > 0 and "torch eager" in r["baselines"] for r in lora.values()), lora
+    assert any(ln.startswith("PEFT eager ") for ln in lines), proc.stdout
 
 
 def test_check_reads_committed_results():

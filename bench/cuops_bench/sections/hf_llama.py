@@ -81,12 +81,17 @@ def for_all(out: list, rows: list, work) -> None:
         out.append(r)
 
 
-def time_training(bench: Bench, cfg: HfLlamaBench, rows: list) -> None:
+def time_training(bench: Bench, cfg: HfLlamaBench, rows: list, adapt=None) -> None:
+    """The four variants' steps (rows: one a mode); adapt(model) -> model, where given, wraps both
+    models after the patch (hf_lora: PEFT's get_peft_model), and the optimizer takes what then needs a
+    gradient."""
     import cuops
     device = bench.device
     torch._dynamo.config.cache_size_limit = 64
     ref = build(cfg, device, torch.float32)
     models = {"torch": ref, "patch": cuops.patch(copy.deepcopy(ref))}
+    if adapt is not None:
+        models = {k: adapt(m) for k, m in models.items()}
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     # More batches than a run's warm-up and timed steps see twice: random tokens the model cannot
     # memorise, so the loss stays near its entropy and the check compares like with like.
@@ -105,7 +110,8 @@ def time_training(bench: Bench, cfg: HfLlamaBench, rows: list) -> None:
             return loss.detach()
         return step
 
-    opts = {k: torch.optim.AdamW(m.parameters(), lr=cfg.lr, fused=bench.cuda) for k, m in models.items()}
+    opts = {k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=cfg.lr, fused=bench.cuda)
+            for k, m in models.items()}
     eager = {k: make_step(models[k], opts[k]) for k in models}
     losses = {k: [] for k in models}
     for i in range(cfg.loss_steps):  # from the common start, the same batches
