@@ -18,6 +18,7 @@ The protocol and the results file's schema: bench/PROTOCOL.md. The harness: benc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -86,6 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="decode rows' F.linear under torch.compile(max-autotune-no-cudagraphs), bf16 and fp16 "
                              "forward rows only: none; decode1 (M = 1 and 16, the default); decode (every M <= 16). "
                              "Each shape is one max-autotune compile")
+    lora = parser.add_argument_group("PEFT LoRA training step (--only hf_lora)")
+    lora.add_argument("--lora-models", default=None,
+                      help="comma list of the model shapes' names (default: all of HfLoraBench.shapes)")
+    lora.add_argument("--lora-dropouts", default=None, help="comma list of adapter dropouts (default: 0,0.05)")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.only == ["all"]:
@@ -128,6 +133,11 @@ def main() -> int:
         print("bench/run.py: no CUDA device (use --device cpu to smoke-test the harness)", file=sys.stderr)
         return 2
     cfg = config_for(args.device, args.quick, args.gemm_squares, args.shapes, args.gemm_dtypes)
+    if args.lora_models or args.lora_dropouts:  # one call's share of the section; --merge joins them
+        names = args.lora_models.split(",") if args.lora_models else [s[0] for s in cfg.hf_lora.shapes]
+        dropouts = tuple(float(d) for d in args.lora_dropouts.split(",")) if args.lora_dropouts else cfg.hf_lora.dropouts
+        cfg.hf_lora = dataclasses.replace(cfg.hf_lora, shapes=tuple(s for s in cfg.hf_lora.shapes if s[0] in names),
+                                          dropouts=dropouts)
     bench = Bench.for_device(args.device)
     library = load_library()
     torch.manual_seed(0)

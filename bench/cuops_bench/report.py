@@ -68,7 +68,7 @@ def save(results: dict, path: Path) -> None:
 
 # What names a row across runs: a merged results file keeps one row per key, the newest run's.
 ROW_KEY = ("family", "op", "dtype", "precision", "size", "label", "class", "model", "linear", "kind", "tokens",
-           "mode", "batch", "steps")
+           "mode", "batch", "steps", "dropout")
 
 
 def row_key(r: dict) -> str:
@@ -494,12 +494,11 @@ def hf_lora_lines(results: dict) -> list[str]:
              f"of transformers LlamaForCausalLM, base frozen; vocab {cfg.get('vocab')}, {cfg.get('batch')} x "
              f"{cfg.get('seq')} tokens, {info.get('optimizer')} on the adapters): patch = cuops.patch, then "
              "get_peft_model"]
-    shapes = {s[0]: s for s in cfg.get("shapes") or ()}
     groups = {}
     for r in rows:
         groups.setdefault((r["model"], r["dropout"]), []).append(r)
     for (model, dropout), train in groups.items():
-        _, layers, hidden, ffn, heads, kv = shapes.get(model, (model,) + (None,) * 5)
+        layers, hidden, ffn, heads, kv = train[0]["shape"]
         lines += ["", f"{model} ({layers} layers, width {hidden}, FFN {ffn}, {heads}/{kv} heads), dropout {dropout}:"]
         lines += train_step_lines(train, base="PEFT")
     return lines

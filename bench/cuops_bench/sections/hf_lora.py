@@ -27,6 +27,7 @@ def run(ctx: Run) -> None:
         shape = dataclasses.replace(cfg, layers=layers, hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads)
         for dropout in cfg.dropouts:
             rows = [{"family": FAMILY, "op": "train_step", "model": name, "dropout": dropout, "mode": m,
+                     "shape": [layers, hidden, ffn, heads, kv_heads],
                      "batch": cfg.batch, "size": f"{cfg.batch}x{cfg.seq}",
                      "dtype": "bf16 autocast" if bench.cuda else "float32"} for m in cfg.modes]
             try:
