@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/string_view.h>
 
 #include "kernels/kernels.h"
 
@@ -19,6 +20,10 @@ struct FusedEpilogue {
   const at::Tensor* z = nullptr;
   const at::Tensor* z2 = nullptr;
 };
+
+// The activation named `name` (none, relu, gelu, gelu_tanh, silu), or RuntimeError naming op (the
+// ops that take one: linear, lora_linear).
+kernels::Activation parse_act(const char* op, c10::string_view name);
 
 // out [rows, n] (and the kept products, [rows, n] each) from x2 [rows, k] and w [n, k] (w2 the same
 // shape and strides), all of out's dtype and device, under the caller's device guard, on the

@@ -17,7 +17,6 @@
 #include <string_view>
 
 namespace cuops::ops {
-namespace {
 
 using Act = kernels::Activation;
 constexpr std::array<std::pair<std::string_view, Act>, 5> kActs = {{{"none", Act::None},
@@ -34,6 +33,8 @@ Act parse_act(const char* op, c10::string_view name) {
               std::string(name.data(), name.size()), "'");
   return Act::None;
 }
+
+namespace {
 
 // x [..., K], weight [N, K], bias [N]; one dtype and device.
 Act check_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,

@@ -137,6 +137,60 @@ inline std::tuple<at::Tensor, at::Tensor> _swiglu_bwd(const at::Tensor& dy, cons
   return handle.call(dy, g, u);
 }
 
+// act(x @ weight^T + (lora_x @ lora_a^T) @ lora_b^T + bias): linear with a LoRA adapter, lora_a
+// [R, K] and lora_b [N, R] (the adapter's scale folded into lora_b); lora_x, the adapter's input
+// (PEFT's dropout of x), defaults to x. Differentiable in every tensor; a weight that needs no
+// gradient (a frozen base) costs no product in the backward.
+inline at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a,
+                              const at::Tensor& lora_b,
+                              const std::optional<at::Tensor>& bias = std::nullopt,
+                              std::string_view activation = "none",
+                              const std::optional<at::Tensor>& lora_x = std::nullopt) {
+  static const auto handle = detail::op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const std::optional<at::Tensor>&, std::string_view, const std::optional<at::Tensor>&)>(
+      "cuops::lora_linear");
+  return handle.call(x, weight, lora_a, lora_b, bias, activation, lora_x);
+}
+
+// lora_linear's pieces for its backward (internal; its schema may change): the output, the
+// pre-activation (empty [0] without an activation) and lora_x @ lora_a^T.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _lora_linear_fwd(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a, const at::Tensor& lora_b,
+    const std::optional<at::Tensor>& bias, std::string_view activation,
+    const std::optional<at::Tensor>& lora_x) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const std::optional<at::Tensor>&, std::string_view, const std::optional<at::Tensor>&)>(
+      "cuops::_lora_linear_fwd");
+  return handle.call(x, weight, lora_a, lora_b, bias, activation, lora_x);
+}
+
+// swiglu with LoRA adapters on the gate and up projections: the adapters' A stacked in lora_a [R, K],
+// lora_b_gate and lora_b_up [I, R] (each zero outside its adapter's columns, its scale folded in);
+// lora_x as lora_linear's. Differentiable in every tensor.
+inline at::Tensor lora_swiglu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                              const at::Tensor& lora_a, const at::Tensor& lora_b_gate,
+                              const at::Tensor& lora_b_up,
+                              const std::optional<at::Tensor>& lora_x = std::nullopt) {
+  static const auto handle = detail::op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const std::optional<at::Tensor>&)>("cuops::lora_swiglu");
+  return handle.call(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+}
+
+// lora_swiglu's pieces for its backward (internal; its schema may change): the output, the products g
+// and u (the adapters' terms included) and lora_x @ lora_a^T.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _lora_swiglu_fwd(
+    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& lora_a,
+    const at::Tensor& lora_b_gate, const at::Tensor& lora_b_up,
+    const std::optional<at::Tensor>& lora_x) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const std::optional<at::Tensor>&)>("cuops::_lora_swiglu_fwd");
+  return handle.call(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+}
+
 // The cross-entropy of softmax(x @ weight^T + bias) against target, without the [T, V] logits: x
 // [..., K], weight [V, K], target int64 shaped like x's leading dims, bias [V]; reduction "mean" (over
 // the tokens whose target is not ignore_index), "sum" or "none" (per token); float32 for half inputs.

@@ -57,6 +57,8 @@ __all__ = [
     "mm",
     "linear",
     "swiglu",
+    "lora_linear",
+    "lora_swiglu",
     "linear_cross_entropy",
     "rms_norm",
     "add_rms_norm",
@@ -310,6 +312,70 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
     Calls torch.ops.cuops.swiglu.
     """
     return torch.ops.cuops.swiglu(x, w_gate, w_up)
+
+
+def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                bias: Optional[torch.Tensor] = None, activation: str = "none",
+                lora_x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """act(x @ weight.T + (lora_x @ lora_a.T) @ lora_b.T + bias): a Linear with a LoRA adapter, the
+    adapter's rank-R update inside the same GEMM as an extra K chunk (docs/ops.md#lora_linear).
+
+    Args:
+        x: the [..., K] input.
+        weight: the [N, K] base weight (PEFT's frozen base_layer.weight).
+        lora_a: the adapter's [R, K] A (PEFT's lora_A.weight).
+        lora_b: the adapter's [N, R] B with its scale folded in (scaling * lora_B.weight).
+        bias: an optional [N] bias.
+        activation: none, relu, gelu, gelu_tanh or silu, as cuops.linear's.
+        lora_x: the adapter's input where it is not x (PEFT's dropout of x), x's shape.
+
+    Returns:
+        A new [..., N] tensor of x's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16, all tensors one dtype; half types accumulate in
+    float32, lora_x @ lora_a.T rounded to x's dtype first (as PEFT's lora_A output is). Under CUDA
+    autocast every tensor is cast to the autocast dtype, as F.linear does.
+
+    Autograd: differentiable in every tensor; what needs no gradient costs no product (a frozen
+    weight: none). x's gradient is the base's and the adapter's, lora_x's the adapter's alone.
+
+    Raises:
+        RuntimeError: "cuops::lora_linear: ..." for a bad shape, dtype or device.
+
+    Calls torch.ops.cuops.lora_linear.
+    """
+    return torch.ops.cuops.lora_linear(x, weight, lora_a, lora_b, bias, activation, lora_x)
+
+
+def lora_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, lora_a: torch.Tensor,
+                lora_b_gate: torch.Tensor, lora_b_up: torch.Tensor,
+                lora_x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """silu(x @ w_gate.T + (lora_x @ lora_a.T) @ lora_b_gate.T) * (x @ w_up.T + (lora_x @ lora_a.T) @
+    lora_b_up.T): swiglu with LoRA adapters on its gate and up projections, both in the same dual GEMM
+    (docs/ops.md#lora_swiglu).
+
+    Args:
+        x: the [..., K] input.
+        w_gate, w_up: the [I, K] base weights.
+        lora_a: the adapters' A stacked, [R, K] (the gate's rows, then the up projection's).
+        lora_b_gate, lora_b_up: [I, R] each, the adapter's scaled B in its own columns and zeros in the
+            other's (so one [rows, R] product lora_x @ lora_a.T serves both).
+        lora_x: the adapters' input where it is not x (PEFT's dropout of x), x's shape.
+
+    Returns:
+        A new [..., I] tensor of x's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16, all tensors one dtype (as cuops.swiglu's); under CUDA
+    autocast every tensor is cast to the autocast dtype.
+
+    Autograd: differentiable in every tensor; what needs no gradient costs no product.
+
+    Raises:
+        RuntimeError: "cuops::lora_swiglu: ..." for a bad shape, dtype or device.
+
+    Calls torch.ops.cuops.lora_swiglu.
+    """
+    return torch.ops.cuops.lora_swiglu(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,

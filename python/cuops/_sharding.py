@@ -123,6 +123,38 @@ def register() -> bool:
     def swiglu_fwd_rule(x, w_gate, w_up):
         return linear_entries(x, 3, 2, None, False)  # (out, g, u)
 
+    def lora_entries(x, outputs, weights, bias, lora_x, no_pre=False):
+        # The LoRA ops (lora_linear, lora_swiglu) as linear's: x's rows (lora_x with them), or the
+        # weights' rows with their B's (output columns; the [rows, R] product u replicated, as A
+        # is), everything else replicated. Never K: the adapter's product and an activation must not
+        # see partial sums. Inputs: x, the weights, A, the B's, [bias, activation], lora_x.
+        def entry(out, u, px, pw, pa):
+            tail = ([pw if bias else None, None] if bias is not None else []) + [px if lora_x else None]
+            outs = [out] + [Replicate() if no_pre else out] * (outputs - 1) + ([u] if outputs > 1 else [])
+            return outs, [px] + [pw] * weights + [pa] + [pw] * weights + tail  # no_pre: an empty [0] pre
+
+        last = x.ndim - 1
+        rules = [entry(Replicate(), Replicate(), Replicate(), Replicate(), Replicate())]
+        rules += [entry(Shard(d), Shard(d), Shard(d), Replicate(), Replicate()) for d in range(last)]
+        rules.append(entry(Shard(last), Replicate(), Replicate(), Shard(0), Replicate()))
+        return rules
+
+    @register_sharding(ops.lora_linear.default)
+    def lora_linear_rule(x, weight, lora_a, lora_b, bias=None, activation="none", lora_x=None):
+        return lora_entries(x, 1, 1, bias is not None, lora_x is not None)
+
+    @register_sharding(ops._lora_linear_fwd.default)
+    def lora_linear_fwd_rule(x, weight, lora_a, lora_b, bias, activation, lora_x):
+        return lora_entries(x, 2, 1, bias is not None, lora_x is not None, activation == "none")  # (y, pre, u)
+
+    @register_sharding(ops.lora_swiglu.default)
+    def lora_swiglu_rule(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x=None):
+        return lora_entries(x, 1, 2, None, lora_x is not None)
+
+    @register_sharding(ops._lora_swiglu_fwd.default)
+    def lora_swiglu_fwd_rule(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x):
+        return lora_entries(x, 3, 2, None, lora_x is not None)  # (out, g, u, lora_u)
+
     @register_sharding(ops._swiglu_bwd.default)
     def swiglu_bwd_rule(dy, g, u):
         # Elementwise over [rows, I]: any one sharding of all three, kept by both gradients.

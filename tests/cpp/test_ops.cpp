@@ -309,6 +309,20 @@ TEST(Registration, EveryOpHasCpuCudaMetaAndAutogradKernels) {
       EXPECT_TRUE(op->hasKernelForDispatchKey(key)) << c10::toString(key);
     EXPECT_TRUE(op->hasTag(at::Tag::pt2_compliant_tag));
   }
+  // The LoRA ops: one forward for every device (CompositeExplicitAutograd, composed of the ops above),
+  // their own Autograd and AutocastCUDA kernels.
+  for (const char* name : {"lora_linear", "lora_swiglu"}) {
+    SCOPED_TRACE(name);
+    auto op = c10::Dispatcher::singleton().findSchema({std::string("cuops::") + name, ""});
+    ASSERT_TRUE(op.has_value());
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
+    for (auto key : {c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::Meta})
+      EXPECT_TRUE(op->hasComputedKernelForDispatchKey(key)) << c10::toString(key);
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU) ||
+                op->hasComputedKernelForDispatchKey(c10::DispatchKey::AutogradCPU));
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA));
+    EXPECT_TRUE(op->hasTag(at::Tag::pt2_compliant_tag));
+  }
   auto info = c10::Dispatcher::singleton().findSchema({"cuops::build_info", ""});
   ASSERT_TRUE(info.has_value());
   EXPECT_TRUE(info->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));

@@ -22,8 +22,8 @@ from conftest import DEVICES, DTYPES, LIBRARY, ROOT, make, ops
 import cuops
 from cuops import _library
 
-TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu", "rms_norm",
-              "add_rms_norm", "rotary", "linear_cross_entropy"]
+TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu", "lora_linear",
+              "lora_swiglu", "rms_norm", "add_rms_norm", "rotary", "linear_cross_entropy"]
 # Ops whose names start with "_" are internal (an op's pieces for its backward): no typed function.
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
@@ -134,7 +134,9 @@ class TypedModel(torch.nn.Module):
         target = torch.arange(g.shape[0], device=g.device) % w.shape[0]
         normed, s = cuops.add_rms_norm(g, h, w[0])
         rq, rk = cuops.rotary(g.view(1, 2, 4, 4), h.view(1, 2, 4, 4), w[None], w[None].flip(1))
-        return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h),
+        adapted = cuops.lora_swiglu(cuops.lora_linear(g, w, w[:2], w[:, :2], None, "silu", h), w, w, w[:2],
+                                    w[:, 2:], w[:, :2])
+        return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w) + adapted, cuops.two_norm(g, h),
                 cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s, rq + rk)
 
 
@@ -177,7 +179,9 @@ def scripted_every_op(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor):
     target = torch.arange(g.shape[0], device=g.device) % w.shape[0]
     normed, s = cuops.add_rms_norm(g, h, w[0])
     rq, rk = cuops.rotary(g.view(1, 2, 4, 4), h.view(1, 2, 4, 4), w[None], w[None].flip(1))
-    return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w), cuops.two_norm(g, h),
+    adapted = cuops.lora_swiglu(cuops.lora_linear(g, w, w[:2], w[:, :2], None, "silu", h), w, w, w[:2],
+                                w[:, 2:], w[:, :2])
+    return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w) + adapted, cuops.two_norm(g, h),
             cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s, rq + rk)
 
 
