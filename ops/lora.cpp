@@ -58,9 +58,21 @@ void check_lora(const char* op, const at::Tensor& x, std::initializer_list<Named
   }
   TORCH_CHECK(x.dim() >= 1, "cuops::", op, ": expected x to be at least 1-D ([..., K]), got 0-D");
   check_dim(op, "lora_a", lora_a, 2);
-  TORCH_CHECK(lora_a.sym_size(1) == x.sym_size(-1), "cuops::", op,
-              ": expected lora_a [R, K] to share K with x's last dimension, got x ", shape_str(x),
-              " and lora_a ", shape_str(lora_a));
+  if (lora_x.has_value()) {
+    // lora_x may be wider than x (several adapters' dropped inputs side by side, lora_a
+    // block-diagonal over them): its rows are x's.
+    TORCH_CHECK(lora_x->dim() == x.dim() && lora_x->sym_sizes().slice(0, x.dim() - 1).equals(
+                                                x.sym_sizes().slice(0, x.dim() - 1)),
+                "cuops::", op, ": expected lora_x [..., K'] to have x's leading dimensions, got x ",
+                shape_str(x), " and lora_x ", shape_str(*lora_x));
+    TORCH_CHECK(lora_a.sym_size(1) == lora_x->sym_size(-1), "cuops::", op,
+                ": expected lora_a [R, K'] to share K' with lora_x's last dimension, got lora_x ",
+                shape_str(*lora_x), " and lora_a ", shape_str(lora_a));
+  } else {
+    TORCH_CHECK(lora_a.sym_size(1) == x.sym_size(-1), "cuops::", op,
+                ": expected lora_a [R, K] to share K with x's last dimension, got x ", shape_str(x),
+                " and lora_a ", shape_str(lora_a));
+  }
   const at::Tensor& w0 = *weights.begin()->second;
   auto b = bs.begin();
   for (const auto& [name, w] : weights) {
@@ -77,7 +89,6 @@ void check_lora(const char* op, const at::Tensor& x, std::initializer_list<Named
                 op, ": expected ", bname, " [N, R] (", name, "'s rows by lora_a's rows) of shape [",
                 w->sym_size(0), ", ", lora_a.sym_size(0), "], got ", shape_str(*bt));
   }
-  if (lora_x.has_value()) check_same_shape(op, {{"x", &x}, {"lora_x", &*lora_x}});
   if (bias.has_value()) {
     check_dim(op, "bias", *bias, 1);
     TORCH_CHECK(bias->sym_size(0) == w0.sym_size(0), "cuops::", op, ": expected bias [N] of ",
@@ -193,7 +204,7 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
             g.db[0],
             has_bias && ctx->needs_input_grad(4) ? dbias : at::Tensor(),
             at::Tensor(),
-            g.dlora_x.defined() ? g.dlora_x.view(x.sizes()) : g.dlora_x};
+            g.dlora_x.defined() ? g.dlora_x.view(saved[6].sizes()) : g.dlora_x};
   }
 };
 
@@ -283,7 +294,7 @@ class LoraSwigluFunction : public torch::autograd::Function<LoraSwigluFunction> 
             g.da,
             g.db[0],
             g.db[1],
-            g.dlora_x.defined() ? g.dlora_x.view(x.sizes()) : g.dlora_x};
+            g.dlora_x.defined() ? g.dlora_x.view(saved[9].sizes()) : g.dlora_x};
   }
 };
 

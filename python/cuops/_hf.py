@@ -122,7 +122,17 @@ def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=Non
 
 # --- The rule: where a fused op may stand in for a module --------------------------------------------
 
-def _plain(module: nn.Module, kind) -> "nn.Module | str":
+class _Lora(NamedTuple):
+    """A PEFT LoRA layer the LoRA ops compute exactly: its base nn.Linear, its one active adapter's A
+    [r, K] and B [N, r] weights, scale, and dropout (None: the identity)."""
+    base: nn.Module
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+    dropout: Optional[nn.Module]
+
+
+def _plain(module: nn.Module, kind, adapters: bool = False) -> "nn.Module | _Lora | str":
     """The one rule every patched path asks, at each call (PEFT may wrap modules after cuops.patch): the
     module whose parameters a fused op may read in `module`'s place, or why none may (for the report).
 
@@ -132,22 +142,54 @@ def _plain(module: nn.Module, kind) -> "nn.Module | str":
     parameters must be plain tensors (not DTensor, not a quantized or other tensor subclass). A PEFT
     LoRA layer stands for its base nn.Linear where PEFT's forward is the base's alone (adapters merged
     into the weight, or disabled and not merged); with a live adapter it runs as PEFT's module.
-    Attribute reads only: cheap every call, and what torch.compile guards on anyway."""
+    Attribute reads only: cheap every call, and what torch.compile guards on anyway.
+
+    A live adapter is a _Lora where the path takes adapters (`adapters`: the MLP's and q/k/v's LoRA
+    ops) and PEFT's forward is what the ops compute (_lora), else why not."""
     cls = type(module)
     if kind is nn.Linear:
         if cls.__module__ == "peft.tuners.lora.layer" and cls.__name__ == "Linear":
             why = _around(module)
             if why is not None:
                 return why
-            if module.merged == module.disable_adapters:  # neither, or both (PEFT then unmerges first)
-                return "a PEFT LoRA adapter (runs as PEFT's module: the fused ops take no adapter yet)"
-            return _plain(module.base_layer, nn.Linear)
+            if module.merged != module.disable_adapters:  # PEFT's forward is the base's alone
+                return _plain(module.base_layer, nn.Linear)
+            if module.merged:  # both: PEFT unmerges first
+                return "a PEFT LoRA layer both merged and disabled"
+            return _lora(module) if adapters else "a PEFT LoRA adapter (this path takes none)"
         if cls.forward is not nn.Linear.forward:
             return f"a {cls.__module__}.{cls.__qualname__}, not an nn.Linear"
     elif getattr(cls, "_cuops_role", None) != kind:
         return f"a {cls.__module__}.{cls.__qualname__}, not the patched {kind}"
     why = _around(module)
     return module if why is None else why
+
+
+def _lora(layer: nn.Module) -> "_Lora | str":
+    """The live adapter of a PEFT lora.Linear (nothing around it: _plain) as the LoRA ops take it, or why
+    not: PEFT's forward must be result = base(x) + lora_B(lora_A(dropout(x))) * scaling for one active
+    adapter -- no other variant (DoRA, ...), no lora_B bias, plain A, B, base and dropout modules."""
+    active = [name for name in layer.active_adapters if name in layer.lora_A]
+    if len(active) != 1:
+        return f"{len(active)} active PEFT adapters"
+    name = active[0]
+    if name in layer.lora_variant:
+        return f"a PEFT LoRA variant ({type(layer.lora_variant[name]).__name__})"
+    if layer.fan_in_fan_out:
+        return "a PEFT LoRA layer with fan_in_fan_out"
+    base, a, b = _plain(layer.base_layer, nn.Linear), _plain(layer.lora_A[name], nn.Linear), \
+        _plain(layer.lora_B[name], nn.Linear)
+    for part, what in ((base, "its base"), (a, "lora_A"), (b, "lora_B")):
+        if isinstance(part, str):
+            return f"{what}: {part}"
+    if a.bias is not None or b.bias is not None:
+        return "a PEFT LoRA adapter with a bias (lora_bias)"
+    drop = layer.lora_dropout[name]
+    if type(drop) is nn.Identity or (type(drop) is nn.Dropout and (drop.p == 0 or not drop.training)):
+        drop = None
+    elif type(drop) is not nn.Dropout or _around(drop) is not None:
+        return f"its adapter's dropout is a {type(drop).__qualname__}"
+    return _Lora(base, a.weight, b.weight, layer.scaling[name], drop)
 
 
 def _around(module: nn.Module) -> Optional[str]:
@@ -166,15 +208,49 @@ def _around(module: nn.Module) -> Optional[str]:
     return None
 
 
-def _linears(parent: nn.Module, names: tuple[str, ...]) -> Optional[list[nn.Module]]:
-    """The plain nn.Linear (_plain) behind each of parent's children `names`, or None if any has none."""
+def _linears(parent: nn.Module, names: tuple[str, ...], adapters: bool = False) -> Optional[list]:
+    """The plain nn.Linear (_plain) behind each of parent's children `names` -- or, with `adapters`, a
+    _Lora -- or None if any has neither."""
     out = []
     for n in names:
-        lin = _plain(getattr(parent, n), nn.Linear)
+        lin = _plain(getattr(parent, n), nn.Linear, adapters)
         if isinstance(lin, str):
             return None
         out.append(lin)
     return out
+
+
+def _weight_of(lin) -> torch.Tensor:
+    return (lin.base if isinstance(lin, _Lora) else lin).weight
+
+
+def _bias_of(lin) -> Optional[torch.Tensor]:
+    return (lin.base if isinstance(lin, _Lora) else lin).bias
+
+
+def _adapter_args(x: torch.Tensor, lins: list) -> Optional[tuple]:
+    """(lora_a, [each projection's lora_b], lora_x) for the LoRA ops over projections sharing x (each
+    a plain Linear or a _Lora), or None where none has an adapter: the adapters' A stacked, each
+    projection's scaled B in its own columns of R (zeros elsewhere), and lora_x None -- unless an
+    adapter's dropout is live: then each adapter's own dropped x side by side (drawn in the order PEFT
+    calls the modules, so the masks are PEFT's) and A block-diagonal over them."""
+    loras = [lin for lin in lins if isinstance(lin, _Lora)]
+    if not loras:
+        return None
+    ranks = [lin.a.shape[0] if isinstance(lin, _Lora) else 0 for lin in lins]
+    total, start, bs = sum(ranks), 0, []
+    for lin, r in zip(lins, ranks):
+        if r:
+            b = lin.b if lin.scale == 1 else lin.b * lin.scale
+            bs.append(nn.functional.pad(b, (start, total - start - r)) if r != total else b)
+        else:
+            bs.append(_weight_of(lin).new_zeros(_weight_of(lin).shape[0], total))
+        start += r
+    if all(lin.dropout is None for lin in loras):
+        a = loras[0].a if len(loras) == 1 else torch.cat([lin.a for lin in loras])
+        return a, bs, None
+    lora_x = torch.cat([x if lin.dropout is None else lin.dropout(x) for lin in loras], -1)
+    return torch.block_diag(*[lin.a for lin in loras]), bs, lora_x
 
 
 def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
@@ -200,11 +276,21 @@ def _mlp_linears(mlp: nn.Module) -> Optional[list[nn.Module]]:
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    lins = _mlp_linears(self)
-    if lins is None:
+    lins = _linears(self, _MLP, adapters=True)
+    if lins is None or any(_bias_of(lin) is not None for lin in lins):
         return self._cuops_base.forward(self, x)
     gate, up, down = lins
-    return cuops.linear(cuops.swiglu(x, gate.weight, up.weight), down.weight)
+    adapted = _adapter_args(x, [gate, up])
+    if adapted is None:
+        h = cuops.swiglu(x, gate.weight, up.weight)
+    else:
+        a, (b_gate, b_up), lora_x = adapted
+        h = cuops.lora_swiglu(x, _weight_of(gate), _weight_of(up), a, b_gate, b_up, lora_x)
+    adapted = _adapter_args(h, [down])
+    if adapted is None:
+        return cuops.linear(h, down.weight)
+    a, (b,), lora_x = adapted
+    return cuops.lora_linear(h, _weight_of(down), a, b, None, "none", lora_x)
 
 
 def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
@@ -249,25 +335,34 @@ def _qkv_linears(attn: nn.Module) -> Optional[list[nn.Module]]:
     return _linears(attn, _QKV)
 
 
-def _fuses_qkv(attn: nn.Module, qkv: Optional[list[nn.Module]]) -> bool:
+def _fuses_qkv(attn: nn.Module, qkv: Optional[list]) -> bool:
     """Whether the patched attention projects q, k and v in one GEMM (_qkv): in training, where each
-    projection is a plain nn.Linear (qkv, from _qkv_linears; a DTensor weight, an adapter or an observer
-    keeps its module), with biases on all three or none. Eval keeps three: decode reads every weight
-    for a few tokens, and a concatenation would double what it reads."""
-    return attn.training and qkv is not None and len({p.bias is None for p in qkv}) == 1
+    projection (qkv: _linears of them, None where one is neither) is a plain nn.Linear or a PEFT LoRA
+    layer the LoRA ops compute (a DTensor weight, another adapter or an observer keeps its module),
+    with biases on all three or none. Eval keeps three: decode reads every weight for a few tokens,
+    and a concatenation would double what it reads."""
+    return attn.training and qkv is not None and len({_bias_of(p) is None for p in qkv}) == 1
 
 
 def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k and v projections of x: where _fuses_qkv, one GEMM of the three weights concatenated (a
     float32 concatenation and autocast's cast of 6M weights a layer eager, one fused pass under
     torch.compile): one wider product in place of three (two of them 512 wide), and x's gradient one
-    product accumulating all three in float32 (HF sums three rounded ones). Else the three modules."""
-    qkv = _linears(attn, _QKV) if attn.training else None
+    product accumulating all three in float32 (HF sums three rounded ones); with adapters,
+    cuops.lora_linear, their B block-diagonal (each projection's columns get its own adapter's term).
+    Else the three modules."""
+    qkv = _linears(attn, _QKV, adapters=True) if attn.training else None
     if not _fuses_qkv(attn, qkv):
         return tuple(getattr(attn, n)(x) for n in _QKV)
-    bias = torch.cat([p.bias for p in qkv]) if qkv[0].bias is not None else None
-    out = nn.functional.linear(x, torch.cat([p.weight for p in qkv]), bias)
-    return out.split([p.out_features for p in qkv], dim=-1)
+    bias = torch.cat([_bias_of(p) for p in qkv]) if _bias_of(qkv[0]) is not None else None
+    weight = torch.cat([_weight_of(p) for p in qkv])
+    adapted = _adapter_args(x, qkv)
+    if adapted is None:
+        out = nn.functional.linear(x, weight, bias)
+    else:
+        a, bs, lora_x = adapted
+        out = cuops.lora_linear(x, weight, a, torch.cat(bs), bias, "none", lora_x)
+    return out.split([_weight_of(p).shape[0] for p in qkv], dim=-1)
 
 
 @functools.lru_cache(maxsize=None)  # one forward (so one subclass) a family
@@ -491,14 +586,15 @@ def patch_report(model: nn.Module) -> PatchReport:
             for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
                 add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))
         elif role == "attention":
-            why = (None if _fuses_qkv(m, _qkv_linears(m)) else "eval: three projections" if not m.training
-                   else next((w for w in (_plain(getattr(m, n), nn.Linear) for n in _QKV) if isinstance(w, str)),
-                             "q, k and v biases differ"))
+            lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _QKV]
+            why = next((w for w in lins if isinstance(w, str)), None)
+            why = why or (None if _fuses_qkv(m, lins) else "eval: three projections" if not m.training
+                          else "q, k and v biases differ")
             add(f"{name}.q_proj,k_proj,v_proj", "one GEMM (training)", why)
         elif role == "mlp":
-            lins = [_plain(getattr(m, n), nn.Linear) for n in _MLP]
+            lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _MLP]
             why = next((w for w in lins if isinstance(w, str)), None)
-            if why is None and any(lin.bias is not None for lin in lins):
+            if why is None and any(_bias_of(lin) is not None for lin in lins):
                 why = "a projection with a bias"
             add(name, "swiglu + linear", why)
     if getattr(type(target), "_cuops_role", None) == "causal_lm":  # the head last, as the model runs it

@@ -119,6 +119,33 @@ class OpCounter(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_two_adapters_with_their_own_dropped_inputs(device):
+    """Adapters whose inputs differ (PEFT draws each adapter's dropout apart): lora_x holds them side by
+    side [..., 2K] and lora_a is block-diagonal over them; every gradient as the float64 reference's."""
+    dtype = torch.float64
+    x, dy = make((3, 5, 12), dtype, device), make((3, 5, 10), dtype, device)
+    wg, ag, bg = adapter(10, 12, 3, dtype, device)
+    wu, au, bu = adapter(10, 12, 2, dtype, device)
+    xg, xu = make((3, 5, 12), dtype, device), make((3, 5, 12), dtype, device)  # the two dropped inputs
+    z3, z2 = torch.zeros(10, 3, dtype=dtype, device=device), torch.zeros(10, 2, dtype=dtype, device=device)
+    leaves = leaves_of(x, xg, xu, ag, au, bg, bu)
+
+    def fused(x, xg, xu, ag, au, bg, bu):
+        return cuops.lora_swiglu(x, wg, wu, torch.block_diag(ag, au), torch.cat([bg, z2], 1),
+                                 torch.cat([z3, bu], 1), torch.cat([xg, xu], -1))
+
+    def unfused(x, xg, xu, ag, au, bg, bu):
+        return F.silu(x @ wg.t() + (xg @ ag.t()) @ bg.t()) * (x @ wu.t() + (xu @ au.t()) @ bu.t())
+
+    fused(*leaves).backward(dy)
+    want = leaves_of(x, xg, xu, ag, au, bg, bu)
+    unfused(*want).backward(dy)
+    for i, (got, ref) in enumerate(zip(leaves, want)):
+        torch.testing.assert_close(got.grad, ref.grad, rtol=1e-10, atol=1e-10, msg=str(i))
+    torch.testing.assert_close(fused(*leaves), unfused(*want), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_frozen_base_costs_no_product(device):
     """PEFT's base weight needs no gradient: the backward runs no product for it -- four products with
     the adapter's (v, dx, the adapter's term of dx, dA, dB: five) where a trainable weight adds its
@@ -169,9 +196,12 @@ def test_lora_bad_inputs_name_the_argument(device):
     for args, msg in cases:
         with pytest.raises(RuntimeError, match=msg):
             cuops.lora_linear(*args)
-    with pytest.raises(RuntimeError, match=r"cuops::lora_linear: expected lora_x to have the shape of x \[4, 6\], "
-                                           r"got \[3, 6\]"):
+    with pytest.raises(RuntimeError, match=r"cuops::lora_linear: expected lora_x \[..., K'\] to have x's leading "
+                                           r"dimensions, got x \[4, 6\] and lora_x \[3, 6\]"):
         cuops.lora_linear(x, w, a, b, lora_x=x[:3])
+    with pytest.raises(RuntimeError, match=r"cuops::lora_linear: expected lora_a \[R, K'\] to share K' with "
+                                           r"lora_x's last dimension, got lora_x \[4, 12\] and lora_a \[2, 6\]"):
+        cuops.lora_linear(x, w, a, b, lora_x=torch.cat([x, x], 1))
     with pytest.raises(RuntimeError, match=r"cuops::lora_linear: expected bias \[N\] of 5 elements, got \[4\]"):
         cuops.lora_linear(x, w, a, b, make((4,), f32, device))
     with pytest.raises(RuntimeError, match=r"cuops::lora_linear: expected activation to be one of"):

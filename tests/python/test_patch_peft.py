@@ -5,6 +5,8 @@ subclass, a custom loss_function, logits_to_keep with labels and return_dict=Fal
 what the same model unpatched does -- float32 logits, loss and every trainable gradient -- whether
 cuops.patch runs before or after get_peft_model; 50 AdamW steps; the report; the class names
 save_pretrained writes; HF Trainer. Small random models from configs (test_patch.py's): no download."""
+import collections
+import contextlib
 import copy
 import json
 
@@ -66,18 +68,52 @@ def assert_same_step(ref, model, ids, labels=None, seed=3, grad_tol=1e-4, backwa
         assert rel_error(g[n], g_ref[n]) <= grad_tol, n
 
 
+@contextlib.contextmanager
+def fused_calls():
+    """A Counter of the cuops ops cuops.patch calls (a spy on the functions it calls by name)."""
+    seen = collections.Counter()
+    names = ("swiglu", "linear", "lora_swiglu", "lora_linear", "linear_cross_entropy")
+    originals = {name: getattr(cuops, name) for name in names}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            seen[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    try:
+        for name in names:
+            setattr(cuops, name, spy(name))
+        yield seen
+    finally:
+        for name, fn in originals.items():
+            setattr(cuops, name, fn)
+
+
+# What a training forward of the 2-layer model runs, by the adapters' targets: the LoRA ops where
+# an adapter is (q/k/v in one lora_linear, gate/up in lora_swiglu, down in lora_linear), the plain
+# ones elsewhere; an adapter on lm_head keeps HF's loss (the fused loss takes none).
+FUSED_CALLS = {"attention+mlp": {"lora_swiglu": 2, "lora_linear": 4, "linear_cross_entropy": 1},
+               "mlp": {"lora_swiglu": 2, "lora_linear": 2, "linear_cross_entropy": 1},
+               "lm_head": {"swiglu": 2, "linear": 2}}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lora_matches_the_unpatched_peft_model(device, when, family):
-    """Each target set with r 8 / dropout 0 and r 64 / dropout 0.05: every adapter gets the gradient
-    the unpatched PEFT model gives it (the patch used to read the MLP's base weights past PEFT's
-    wrappers: 12 of 28 adapters got none)."""
+    """Each target set with r 8 / dropout 0 and r 64 / dropout 0.05: the adapters run inside the LoRA
+    ops (the spy's count), and every adapter gets the gradient the unpatched PEFT model gives it (the
+    patch used to read the MLP's base weights past PEFT's wrappers: 12 of 28 adapters got none)."""
     ids = tokens(2, 11, device)
-    for targets in TARGETS.values():
+    for key, targets in TARGETS.items():
         for r, dropout in ((8, 0.0), (64, 0.05)):
             ref, model = peft_twins(family, device, when, target_modules=targets, r=r, lora_alpha=2 * r,
                                     lora_dropout=dropout)
+            model.train()
+            with fused_calls() as seen:
+                model(input_ids=ids, labels=ids)
+            assert dict(seen) == FUSED_CALLS[key], (key, dict(seen))
             assert_same_step(ref, model, ids)
             n_adapters = sum(1 for n, p in model.named_parameters() if p.requires_grad)
             assert n_adapters == 2 * len(targets) * (1 if targets == ["lm_head"] else 2), n_adapters
@@ -96,23 +132,28 @@ def test_fifty_lora_steps_equal_peft(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_merged_and_disabled_adapters_run_fused(device):
     """merge_adapter() folds the adapter into the base weight and disable_adapter() leaves the base
-    alone: PEFT's forward is then the base Linear's, so the fused paths read its weight (the report
-    says fused); unmerge_adapter() brings the live adapter back (the MLP runs as PEFT's modules)."""
+    alone: PEFT's forward is then the base Linear's, so the plain fused ops read its weight;
+    unmerge_adapter() brings the live adapter back onto the LoRA ops. The report says fused throughout."""
     ref, model = peft_twins("llama", device, "after", r=8, lora_alpha=16)
     ids = tokens(2, 9, device)
     model.train()
-    mlp = "base_model.model.model.layers.0.mlp"
-    report = {name: why for name, _, why in cuops.patch_report(model).rows}
-    assert "LoRA" in report[mlp] and report["base_model.model.lm_head"] is None
+    every = [name for name, _, _ in cuops.patch_report(model).rows]
+    assert cuops.patch_report(model).fused() == every
     for m in (ref, model):
         m.merge_adapter()
-    assert cuops.patch_report(model).fused() == [name for name, _, _ in cuops.patch_report(model).rows]
+    assert cuops.patch_report(model).fused() == every
+    with fused_calls() as seen:
+        model(input_ids=ids, labels=ids)
+    assert dict(seen) == {"swiglu": 2, "linear": 2, "linear_cross_entropy": 1}, dict(seen)
     assert_same_step(ref, model, ids, backward=False)  # merged: the adapters are not in the graph
     for m in (ref, model):
         m.unmerge_adapter()
         m.zero_grad(set_to_none=True)
-    assert "LoRA" in {name: why for name, _, why in cuops.patch_report(model).rows}[mlp]
+    with fused_calls() as seen:
+        model(input_ids=ids, labels=ids)
+    assert dict(seen) == FUSED_CALLS["attention+mlp"], dict(seen)
     assert_same_step(ref, model, ids)
+    mlp = "base_model.model.model.layers.0.mlp"
     ref.eval(), model.eval()
     with torch.no_grad(), ref.disable_adapter(), model.disable_adapter():
         assert cuops.patch_report(model).rows[-1][2] is None
@@ -128,7 +169,8 @@ def test_dora_and_trainable_tokens_run_as_peft_computes_them(device):
     ids = tokens(2, 10, device)
     ref, model = peft_twins("qwen2", device, "after", r=8, lora_alpha=16, use_dora=True)
     assert_same_step(ref, model, ids)
-    assert all("LoRA" in why for name, _, why in cuops.patch_report(model).rows if name.endswith("mlp"))
+    assert all("variant (DoraLinearVariant)" in why for name, _, why in cuops.patch_report(model).rows
+               if name.endswith("mlp")), str(cuops.patch_report(model))
     ref, model = peft_twins("qwen2", device, "before", r=8, lora_alpha=16, model_over={"tie": True},
                             trainable_token_indices=[3, 5, 7])
     report = cuops.patch_report(model)
