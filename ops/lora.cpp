@@ -61,10 +61,11 @@ void check_lora(const char* op, const at::Tensor& x, std::initializer_list<Named
   if (lora_x.has_value()) {
     // lora_x may be wider than x (several adapters' dropped inputs side by side, lora_a
     // block-diagonal over them): its rows are x's.
-    TORCH_CHECK(lora_x->dim() == x.dim() && lora_x->sym_sizes().slice(0, x.dim() - 1).equals(
-                                                x.sym_sizes().slice(0, x.dim() - 1)),
-                "cuops::", op, ": expected lora_x [..., K'] to have x's leading dimensions, got x ",
-                shape_str(x), " and lora_x ", shape_str(*lora_x));
+    TORCH_CHECK(
+        lora_x->dim() == x.dim() &&
+            lora_x->sym_sizes().slice(0, x.dim() - 1).equals(x.sym_sizes().slice(0, x.dim() - 1)),
+        "cuops::", op, ": expected lora_x [..., K'] to have x's leading dimensions, got x ",
+        shape_str(x), " and lora_x ", shape_str(*lora_x));
     TORCH_CHECK(lora_a.sym_size(1) == lora_x->sym_size(-1), "cuops::", op,
                 ": expected lora_a [R, K'] to share K' with lora_x's last dimension, got lora_x ",
                 shape_str(*lora_x), " and lora_a ", shape_str(lora_a));
@@ -85,9 +86,10 @@ void check_lora(const char* op, const at::Tensor& x, std::initializer_list<Named
                 shape_str(*w));
     const auto& [bname, bt] = *b++;
     check_dim(op, bname, *bt, 2);
-    TORCH_CHECK(bt->sym_size(0) == w->sym_size(0) && bt->sym_size(1) == lora_a.sym_size(0), "cuops::",
-                op, ": expected ", bname, " [N, R] (", name, "'s rows by lora_a's rows) of shape [",
-                w->sym_size(0), ", ", lora_a.sym_size(0), "], got ", shape_str(*bt));
+    TORCH_CHECK(bt->sym_size(0) == w->sym_size(0) && bt->sym_size(1) == lora_a.sym_size(0),
+                "cuops::", op, ": expected ", bname, " [N, R] (", name,
+                "'s rows by lora_a's rows) of shape [", w->sym_size(0), ", ", lora_a.sym_size(0),
+                "], got ", shape_str(*bt));
   }
   if (bias.has_value()) {
     check_dim(op, "bias", *bias, 1);
@@ -110,11 +112,10 @@ at::Tensor no_pre(const at::Tensor& x) { return at::empty({0}, x.options()); }
 // ---- lora_linear
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_fwd(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a, const at::Tensor& lora_b,
-    const std::optional<at::Tensor>& bias, c10::string_view activation,
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a,
+    const at::Tensor& lora_b, const std::optional<at::Tensor>& bias, c10::string_view activation,
     const std::optional<at::Tensor>& lora_x) {
-  check_lora("lora_linear", x, {{"weight", &weight}}, {{"lora_b", &lora_b}}, lora_a, lora_x,
-             bias);
+  check_lora("lora_linear", x, {{"weight", &weight}}, {{"lora_b", &lora_b}}, lora_a, lora_x, bias);
   parse_act("lora_linear", activation);
   auto [xe, u] = extended_input(x, lora_a, lora_x);
   const at::Tensor we = at::cat({weight, lora_b}, 1);
@@ -239,8 +240,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_swiglu_fwd(
              {{"lora_b_gate", &lora_b_gate}, {"lora_b_up", &lora_b_up}}, lora_a, lora_x,
              std::nullopt);
   auto [xe, lu] = extended_input(x, lora_a, lora_x);
-  auto [y, g, u] = cuops::_swiglu_fwd(xe, at::cat({w_gate, lora_b_gate}, 1),
-                                      at::cat({w_up, lora_b_up}, 1));
+  auto [y, g, u] =
+      cuops::_swiglu_fwd(xe, at::cat({w_gate, lora_b_gate}, 1), at::cat({w_up, lora_b_up}, 1));
   const c10::SymInt n = w_gate.sym_size(0);
   return {like_x(y, x, n), like_x(g, x, n), like_x(u, x, n), like_x(lu, x, lora_a.sym_size(0))};
 }
@@ -276,8 +277,9 @@ class LoraSwigluFunction : public torch::autograd::Function<LoraSwigluFunction> 
     const bool apart = saved[9].defined();
     const at::Tensor x2 = rows_of(x);
     const int64_t rows = x2.size(0), inter = w_gate.size(0);
-    auto [dg, du] = cuops::_swiglu_bwd(grads[0].reshape({rows, inter}),
-                                       saved[6].reshape({rows, inter}), saved[7].reshape({rows, inter}));
+    auto [dg, du] =
+        cuops::_swiglu_bwd(grads[0].reshape({rows, inter}), saved[6].reshape({rows, inter}),
+                           saved[7].reshape({rows, inter}));
     at::Tensor dx, dw_gate, dw_up;
     if (ctx->needs_input_grad(0)) {
       dx = cuops::mm(dg, w_gate);

@@ -141,23 +141,23 @@ inline std::tuple<at::Tensor, at::Tensor> _swiglu_bwd(const at::Tensor& dy, cons
 // [R, K] and lora_b [N, R] (the adapter's scale folded into lora_b); lora_x, the adapter's input
 // (PEFT's dropout of x), defaults to x. Differentiable in every tensor; a weight that needs no
 // gradient (a frozen base) costs no product in the backward.
-inline at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a,
-                              const at::Tensor& lora_b,
+inline at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& lora_a, const at::Tensor& lora_b,
                               const std::optional<at::Tensor>& bias = std::nullopt,
                               std::string_view activation = "none",
                               const std::optional<at::Tensor>& lora_x = std::nullopt) {
-  static const auto handle = detail::op<at::Tensor(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const std::optional<at::Tensor>&, std::string_view, const std::optional<at::Tensor>&)>(
-      "cuops::lora_linear");
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const std::optional<at::Tensor>&, std::string_view,
+                            const std::optional<at::Tensor>&)>("cuops::lora_linear");
   return handle.call(x, weight, lora_a, lora_b, bias, activation, lora_x);
 }
 
 // lora_linear's pieces for its backward (internal; its schema may change): the output, the
 // pre-activation (empty [0] without an activation) and lora_x @ lora_a^T.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _lora_linear_fwd(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a, const at::Tensor& lora_b,
-    const std::optional<at::Tensor>& bias, std::string_view activation,
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_a,
+    const at::Tensor& lora_b, const std::optional<at::Tensor>& bias, std::string_view activation,
     const std::optional<at::Tensor>& lora_x) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

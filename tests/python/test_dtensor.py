@@ -197,6 +197,29 @@ def check_ops(rank, world, port, device, backend):
             cuops.linear(*sharded, "gelu_tanh").full_tensor().sum().backward()
             for piece, whole in zip(sharded, leaves):
                 torch.testing.assert_close(piece.grad.full_tensor(), whole.grad, rtol=1e-10, atol=1e-10)
+        # lora_linear and lora_swiglu: x's rows (lora_x with them), or the weights' rows with their B's
+        # (ColwiseParallel; A and the [rows, R] product replicated), forward and every gradient; a K
+        # split is redistributed first (the adapter's product must not see partial sums).
+        la, lb, lbu, lx = randn(gen, 3, 10, device=dev), randn(gen, 4, 3, device=dev), randn(gen, 4, 3, device=dev), \
+            randn(gen, 6, 10, device=dev)
+        whole = [t.clone().requires_grad_() for t in (a, w, la, lb, bias, lx, wu, lbu)]
+        (cuops.lora_linear(*whole[:5], "gelu", whole[5]) + cuops.lora_swiglu(
+            whole[0], whole[1], whole[6], whole[2], whole[3], whole[7])).sum().backward()
+        for px, pw, out in ((Shard(0), Replicate(), Shard(0)), (Replicate(), Shard(0), Shard(1)),
+                            (Replicate(), Replicate(), Replicate())):
+            sharded = [dt(t, p).requires_grad_() for t, p in zip(
+                (a, w, la, lb, bias, lx, wu, lbu), (px, pw, Replicate(), pw, pw, px, pw, pw))]
+            got = cuops.lora_linear(*sharded[:5], "gelu", sharded[5])
+            assert got.placements == (out,), (px, pw, got.placements)
+            torch.testing.assert_close(got.full_tensor(), cuops.lora_linear(a, w, la, lb, bias, "gelu", lx),
+                                       rtol=1e-12, atol=1e-12)
+            gated = cuops.lora_swiglu(sharded[0], sharded[1], sharded[6], sharded[2], sharded[3], sharded[7])
+            assert gated.placements == (out,), (px, pw, gated.placements)
+            (got.full_tensor() + gated.full_tensor()).sum().backward()
+            for i, (piece, full) in enumerate(zip(sharded, whole)):
+                torch.testing.assert_close(piece.grad.full_tensor(), full.grad, rtol=1e-10, atol=1e-10, msg=str(i))
+        got = cuops.lora_linear(dt(a, Shard(1)), dt(w, Shard(1)), dt(la, Shard(1)), dt(lb, Replicate()))
+        torch.testing.assert_close(got.full_tensor(), cuops.lora_linear(a, w, la, lb), rtol=1e-12, atol=1e-12)
         # linear_cross_entropy: the tokens sharded (a per-token loss sharded alike, a sum partial, a mean
         # gathered first), forward and backward; replicated inputs, replicated results.
         vocab, vbias = randn(gen, 7, 10, device=dev), randn(gen, 7, device=dev)

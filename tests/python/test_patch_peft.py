@@ -386,3 +386,25 @@ def test_a_patched_lora_decoder_layer_compiles_without_graph_breaks(device):
     inside the graph: no break), forward and backward equal to eager."""
     _, model = peft_twins("llama", device, "after", r=8, lora_alpha=16)
     assert_layer_compiles(model.get_base_model(), device, ["aot_eager"] + (["inductor"] if device == "cuda" else []))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_quantized_base_runs_as_its_module(device):
+    """bitsandbytes' Linear4bit (an nn.Linear subclass with its own forward, a packed weight) as the MLP's
+    projections: they run as bitsandbytes computes them, the result equal to the unpatched model's."""
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed here (tools/env.sh does "
+                                                     "not pin it: its wheel is the size of the rest together)")
+    ref, model = two_models("llama", device)
+    for m in (ref, model):
+        for layer in m.model.layers:
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                old = getattr(layer.mlp, name)
+                q = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=False, compute_dtype=torch.float32)
+                q.load_state_dict(old.state_dict())
+                setattr(layer.mlp, name, q.to(device))
+    report = {n: why for n, _, why in cuops.patch_report(model).rows}
+    assert "Linear4bit" in report["model.layers.0.mlp"], report
+    ids = tokens(2, 9, device)
+    ref.eval(), model.eval()
+    with torch.no_grad():
+        assert rel_error(model(input_ids=ids).logits, ref(input_ids=ids).logits) <= 1e-5
