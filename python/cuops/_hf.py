@@ -276,7 +276,9 @@ def _mlp_linears(mlp: nn.Module) -> Optional[list[nn.Module]]:
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    lins = _linears(self, _MLP, adapters=True)
+    # Live adapters on the LoRA ops in training only: they concatenate [W | B] each call, which a
+    # decode step (reading each weight once for a few tokens) would pay twice over.
+    lins = _linears(self, _MLP, adapters=self.training)
     if lins is None or any(_bias_of(lin) is not None for lin in lins):
         return self._cuops_base.forward(self, x)
     gate, up, down = lins
@@ -333,6 +335,16 @@ def _qkv_linears(attn: nn.Module) -> Optional[list[nn.Module]]:
     if isinstance(_plain(attn, "attention"), str):
         return None
     return _linears(attn, _QKV)
+
+
+def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """module(x) -- on cuops.lora_linear in training where module is a PEFT LoRA layer the op computes
+    (_plain; the attention's output projection)."""
+    lin = _plain(module, nn.Linear, adapters=True) if module.training else None
+    if not isinstance(lin, _Lora):
+        return module(x)
+    a, (b,), lora_x = _adapter_args(x, [lin])
+    return cuops.lora_linear(x, lin.base.weight, a, b, lin.base.bias, "none", lora_x)
 
 
 def _fuses_qkv(attn: nn.Module, qkv: Optional[list]) -> bool:
@@ -393,7 +405,7 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
                                  dropout=0.0 if not self.training else self.attention_dropout,
                                  scaling=self.scaling, **kwargs)
         out = out.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(out), weights
+        return _project(self.o_proj, out), weights
 
     return forward
 
@@ -594,6 +606,8 @@ def patch_report(model: nn.Module) -> PatchReport:
         elif role == "mlp":
             lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _MLP]
             why = next((w for w in lins if isinstance(w, str)), None)
+            if why is None and not m.training and any(isinstance(lin, _Lora) for lin in lins):
+                why = "eval: its adapters as PEFT's modules"
             if why is None and any(_bias_of(lin) is not None for lin in lins):
                 why = "a projection with a bias"
             add(name, "swiglu + linear", why)

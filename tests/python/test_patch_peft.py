@@ -91,9 +91,10 @@ def fused_calls():
 
 
 # What a training forward of the 2-layer model runs, by the adapters' targets: the LoRA ops where
-# an adapter is (q/k/v in one lora_linear, gate/up in lora_swiglu, down in lora_linear), the plain
-# ones elsewhere; an adapter on lm_head keeps HF's loss (the fused loss takes none).
-FUSED_CALLS = {"attention+mlp": {"lora_swiglu": 2, "lora_linear": 4, "linear_cross_entropy": 1},
+# an adapter is (q/k/v in one lora_linear, o in one, gate/up in lora_swiglu, down in lora_linear),
+# the plain ones elsewhere; an adapter on lm_head keeps HF's loss (the fused loss takes none). Eval
+# runs the adapters as PEFT's modules (test_adapters_in_eval_run_as_peft_modules).
+FUSED_CALLS = {"attention+mlp": {"lora_swiglu": 2, "lora_linear": 6, "linear_cross_entropy": 1},
                "mlp": {"lora_swiglu": 2, "lora_linear": 2, "linear_cross_entropy": 1},
                "lm_head": {"swiglu": 2, "linear": 2}}
 
@@ -117,6 +118,21 @@ def test_lora_matches_the_unpatched_peft_model(device, when, family):
             assert_same_step(ref, model, ids)
             n_adapters = sum(1 for n, p in model.named_parameters() if p.requires_grad)
             assert n_adapters == 2 * len(targets) * (1 if targets == ["lm_head"] else 2), n_adapters
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adapters_in_eval_run_as_peft_modules(device):
+    """Eval (decode: each weight read once for a few tokens) keeps live adapters as PEFT's modules, since
+    the LoRA ops concatenate [W | B] each call; the report says so, the logits are PEFT's."""
+    ref, model = peft_twins("qwen3", device, "after", r=8, lora_alpha=16)
+    ref.eval(), model.eval()
+    ids = tokens(2, 7, device)
+    with torch.no_grad(), fused_calls() as seen:
+        got = model(input_ids=ids).logits
+    assert seen["lora_swiglu"] == seen["lora_linear"] == seen["swiglu"] == 0, dict(seen)
+    assert rel_error(got, ref(input_ids=ids).logits) <= 1e-5
+    report = {n: why for n, _, why in cuops.patch_report(model).rows}
+    assert report["base_model.model.model.layers.0.mlp"] == "eval: its adapters as PEFT's modules", report
 
 
 @pytest.mark.parametrize("device", DEVICES)
