@@ -173,9 +173,10 @@ def _lora(layer: nn.Module) -> "_Lora | str":
     if len(active) != 1:
         return f"{len(active)} active PEFT adapters"
     name = active[0]
-    if name in layer.lora_variant:
-        return f"a PEFT LoRA variant ({type(layer.lora_variant[name]).__name__})"
-    if layer.fan_in_fan_out:
+    variant = getattr(layer, "lora_variant", {}).get(name)
+    if variant is not None or getattr(layer, "use_dora", {}).get(name):
+        return f"a PEFT LoRA variant ({type(variant).__name__ if variant is not None else 'DoRA'})"
+    if getattr(layer, "fan_in_fan_out", False):
         return "a PEFT LoRA layer with fan_in_fan_out"
     base, a, b = _plain(layer.base_layer, nn.Linear), _plain(layer.lora_A[name], nn.Linear), \
         _plain(layer.lora_B[name], nn.Linear)
@@ -226,6 +227,17 @@ def _weight_of(lin) -> torch.Tensor:
 
 def _bias_of(lin) -> Optional[torch.Tensor]:
     return (lin.base if isinstance(lin, _Lora) else lin).bias
+
+
+def _one_dtype(x: torch.Tensor, lins: list) -> bool:
+    """Whether the LoRA ops take x with these projections as PEFT computes them: under CUDA autocast
+    (every tensor cast to its dtype, as PEFT's F.linear calls are), or all of one dtype. PEFT keeps a
+    bf16 base's adapters in float32 (autocast_adapter_dtype) and adds their float32 term to the bf16
+    base output; such a model runs as PEFT's modules."""
+    if _autocast_dtype(x) is not None:
+        return True
+    return all(t.dtype == x.dtype for lin in lins for t in (
+        (lin.base.weight, lin.a, lin.b) if isinstance(lin, _Lora) else (lin.weight,)))
 
 
 def _adapter_args(x: torch.Tensor, lins: list) -> Optional[tuple]:
@@ -279,7 +291,7 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     # Live adapters on the LoRA ops in training only: they concatenate [W | B] each call, which a
     # decode step (reading each weight once for a few tokens) would pay twice over.
     lins = _linears(self, _MLP, adapters=self.training)
-    if lins is None or any(_bias_of(lin) is not None for lin in lins):
+    if lins is None or any(_bias_of(lin) is not None for lin in lins) or not _one_dtype(x, lins):
         return self._cuops_base.forward(self, x)
     gate, up, down = lins
     adapted = _adapter_args(x, [gate, up])
@@ -341,7 +353,7 @@ def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """module(x) -- on cuops.lora_linear in training where module is a PEFT LoRA layer the op computes
     (_plain; the attention's output projection)."""
     lin = _plain(module, nn.Linear, adapters=True) if module.training else None
-    if not isinstance(lin, _Lora):
+    if not isinstance(lin, _Lora) or not _one_dtype(x, [lin]):
         return module(x)
     a, (b,), lora_x = _adapter_args(x, [lin])
     return cuops.lora_linear(x, lin.base.weight, a, b, lin.base.bias, "none", lora_x)
@@ -364,7 +376,7 @@ def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     cuops.lora_linear, their B block-diagonal (each projection's columns get its own adapter's term).
     Else the three modules."""
     qkv = _linears(attn, _QKV, adapters=True) if attn.training else None
-    if not _fuses_qkv(attn, qkv):
+    if not _fuses_qkv(attn, qkv) or not _one_dtype(x, qkv):
         return tuple(getattr(attn, n)(x) for n in _QKV)
     bias = torch.cat([_bias_of(p) for p in qkv]) if _bias_of(qkv[0]) is not None else None
     weight = torch.cat([_weight_of(p) for p in qkv])

@@ -135,6 +135,26 @@ def test_adapters_in_eval_run_as_peft_modules(device):
     assert report["base_model.model.model.layers.0.mlp"] == "eval: its adapters as PEFT's modules", report
 
 
+def test_a_bf16_base_with_float32_adapters_runs_as_peft_computes_it():
+    """PEFT keeps a bf16 model's adapters in float32 (autocast_adapter_dtype) and adds their float32 term to
+    the bf16 base output: without autocast the LoRA ops (one dtype) do not take that, so those
+    projections run as PEFT's modules -- no error, the loss within bf16's rounding of PEFT's."""
+    base = base_model("llama", "cpu").to(torch.bfloat16)
+    other = copy.deepcopy(base)
+    ref = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, target_modules=ATTN_MLP,
+                                                    init_lora_weights=False))
+    model = cuops.patch(peft.get_peft_model(other, peft.LoraConfig(r=8, lora_alpha=16, target_modules=ATTN_MLP)))
+    model.load_state_dict(ref.state_dict())
+    assert ref.base_model.model.model.layers[0].mlp.up_proj.lora_A["default"].weight.dtype == torch.float32
+    ids = tokens(2, 9, "cpu")
+    ref.train(), model.train()
+    with fused_calls() as seen:
+        got = model(input_ids=ids, labels=ids).loss
+    assert seen["lora_swiglu"] == seen["lora_linear"] == 0, dict(seen)
+    assert rel_error(got, ref(input_ids=ids, labels=ids).loss) <= 1e-2
+    got.backward()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fifty_lora_steps_equal_peft(device):
     """AdamW on the adapters, 50 steps, dropout 0, float32: every loss equal to the unpatched PEFT
