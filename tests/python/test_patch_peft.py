@@ -336,6 +336,12 @@ def test_hugging_face_loss_contracts_are_delegated(device):
         with pytest.raises(RuntimeError, match=r"fused_loss=False"):
             use(got[1])
     assert copy.deepcopy(got[1]) is got[1]
+    # output_hidden_states as HF gives them (through the model, whose output the fused loss keeps).
+    want = ref(input_ids=ids, labels=ids, output_hidden_states=True)
+    got = model(input_ids=ids, labels=ids, output_hidden_states=True)
+    assert len(got.hidden_states) == len(want.hidden_states) == 3
+    for g, w in zip(got.hidden_states, want.hidden_states):
+        assert rel_error(g, w) <= 1e-5
     cuops.patch(model, fused_loss=False)
     out = model(input_ids=ids, labels=ids)
     assert rel_error(out.logits, ref(input_ids=ids, labels=ids).logits) <= 1e-5
@@ -349,6 +355,8 @@ def test_names_tools_read_stay_transformers(tmp_path):
     assert type(model).__name__ == "Qwen3ForCausalLM" and getattr(type(model), "_cuops_patched", False)
     assert {type(m).__name__ for m in model.modules()} == {type(m).__name__ for m in ref.modules()}
     assert type(model.model.layers[0]).__name__ in model._no_split_modules
+    from accelerate.utils.dataclasses import get_module_class_from_name  # FSDP's auto-wrap by class name
+    assert get_module_class_from_name(model, "Qwen3DecoderLayer") is type(model.model.layers[0])
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
