@@ -92,7 +92,8 @@ def merge(old: dict, new: dict) -> dict:
     rows = [fresh.pop(row_key(r), r) for r in old["rows"]] + list(fresh.values())
     classes = {(c["class"], c["variant"]): c for c in old.get("shape_classes") or []}
     classes.update({(c["class"], c["variant"]): c for c in new.get("shape_classes") or []})
-    merged = {**{k: v for k, v in old.items() if k in ("llama", "gpt_train")}, **new}
+    # The model sections' configs (what their tables' headers read), kept where this run has none.
+    merged = {**{k: v for k, v in old.items() if k in ("llama", "gpt_train", "hf_llama", "hf_lora")}, **new}
     merged.update(rows=rows, shape_classes=list(classes.values()),
                   overhead={**(old.get("overhead") or {}), **(new.get("overhead") or {})},
                   parts=(old.get("parts") or [run_part(old)]) + [run_part(new)])
