@@ -288,3 +288,21 @@ def test_lora_bitwise_repeatable(dtype):
         (y + z).backward(dy)
         runs.append([y, z] + [t.grad for t in leaves])
     assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
+def test_lora_meta_shapes_and_checks():
+    """The Meta forward (the same composite on meta tensors): shapes and dtypes, and the checks'
+    messages before any data exists (torch.compile's fake tensors go through it)."""
+    m = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, device="meta", dtype=dtype)  # noqa: E731
+    x, w, a, b = m(2, 9, 16), m(12, 16), m(4, 16), m(12, 4)
+    y = ops.lora_linear(x, w, a, b, None, "gelu")
+    assert y.shape == (2, 9, 12) and y.dtype == torch.bfloat16 and y.device.type == "meta"
+    out, pre, u = ops._lora_linear_fwd(x, w, m(4, 32), b, m(12), "silu", m(2, 9, 32))
+    assert (out.shape, pre.shape, u.shape) == ((2, 9, 12), (2, 9, 12), (2, 9, 4))
+    assert ops._lora_linear_fwd(x, w, a, b, None, "none", None)[1].shape == (0,)
+    outs = ops._lora_swiglu_fwd(x, w, w, a, b, b, None)
+    assert [t.shape for t in outs] == [(2, 9, 12)] * 3 + [(2, 9, 4)]
+    with pytest.raises(RuntimeError, match=r"cuops::lora_swiglu: expected lora_b_gate \[N, R\]"):
+        ops.lora_swiglu(x, w, w, a, m(12, 3), b)
+    with pytest.raises(RuntimeError, match=r"cuops::lora_linear: expected lora_b to have the dtype of x"):
+        ops.lora_linear(x, w, a, m(12, 4, dtype=torch.float32))
