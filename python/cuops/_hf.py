@@ -124,12 +124,14 @@ def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=Non
 
 class _Lora(NamedTuple):
     """A PEFT LoRA layer the LoRA ops compute exactly: its base nn.Linear, its one active adapter's A
-    [r, K] and B [N, r] weights, scale, and dropout (None: the identity)."""
+    [r, K] and B [N, r] weights, scale, dropout (None: the identity) and the dtype PEFT casts x to
+    before the dropout (A's; None where the layer's cast_input_dtype_enabled is off)."""
     base: nn.Module
     a: torch.Tensor
     b: torch.Tensor
     scale: float
     dropout: Optional[nn.Module]
+    cast: Optional[torch.dtype]
 
 
 def _plain(module: nn.Module, kind, adapters: bool = False) -> "nn.Module | _Lora | str":
@@ -186,11 +188,12 @@ def _lora(layer: nn.Module) -> "_Lora | str":
     if a.bias is not None or b.bias is not None:
         return "a PEFT LoRA adapter with a bias (lora_bias)"
     drop = layer.lora_dropout[name]
-    if type(drop) is nn.Identity or (type(drop) is nn.Dropout and (drop.p == 0 or not drop.training)):
+    if type(drop) not in (nn.Identity, nn.Dropout) or _around(drop) is not None:
+        return f"its adapter's dropout is a {type(drop).__qualname__} or has hooks"
+    if type(drop) is nn.Identity or drop.p == 0 or not drop.training:
         drop = None
-    elif type(drop) is not nn.Dropout or _around(drop) is not None:
-        return f"its adapter's dropout is a {type(drop).__qualname__}"
-    return _Lora(base, a.weight, b.weight, layer.scaling[name], drop)
+    cast = a.weight.dtype if getattr(layer, "cast_input_dtype_enabled", True) else None
+    return _Lora(base, a.weight, b.weight, layer.scaling[name], drop, cast)
 
 
 def _around(module: nn.Module) -> Optional[str]:
@@ -236,8 +239,8 @@ def _one_dtype(x: torch.Tensor, lins: list) -> bool:
     base output; such a model runs as PEFT's modules."""
     if _autocast_dtype(x) is not None:
         return True
-    return all(t.dtype == x.dtype for lin in lins for t in (
-        (lin.base.weight, lin.a, lin.b) if isinstance(lin, _Lora) else (lin.weight,)))
+    return all(t is None or t.dtype == x.dtype for lin in lins for t in (
+        (lin.base.weight, lin.base.bias, lin.a, lin.b) if isinstance(lin, _Lora) else (lin.weight, lin.bias)))
 
 
 def _adapter_args(x: torch.Tensor, lins: list) -> Optional[tuple]:
@@ -261,7 +264,10 @@ def _adapter_args(x: torch.Tensor, lins: list) -> Optional[tuple]:
     if all(lin.dropout is None for lin in loras):
         a = loras[0].a if len(loras) == 1 else torch.cat([lin.a for lin in loras])
         return a, bs, None
-    lora_x = torch.cat([x if lin.dropout is None else lin.dropout(x) for lin in loras], -1)
+    # Each dropped input as PEFT draws it: x cast to A's dtype first (the mask's draw depends on the
+    # dtype it is drawn over), the op's autocast casting it back.
+    lora_x = torch.cat([x if lin.dropout is None else lin.dropout(x if lin.cast is None else x.to(lin.cast))
+                        for lin in loras], -1)
     return torch.block_diag(*[lin.a for lin in loras]), bs, lora_x
 
 
@@ -594,6 +600,16 @@ class PatchReport(NamedTuple):
         return "\n".join(lines)
 
 
+def _dtypes_why_not(lins: list) -> Optional[str]:
+    """The report's reading of _one_dtype, which needs the call's x: adapters of another dtype than
+    their base (PEFT's float32 adapters on a bf16 model) run fused only under CUDA autocast."""
+    for lin in lins:
+        if isinstance(lin, _Lora) and lin.a.dtype != lin.base.weight.dtype:
+            return (f"fused under CUDA autocast only ({str(lin.a.dtype)[6:]} adapters on a "
+                    f"{str(lin.base.weight.dtype)[6:]} base: PEFT's modules outside it)")
+    return None
+
+
 def patch_report(model: nn.Module) -> PatchReport:
     target = _transformers_model(model)
     _roles(target)  # refuses what patch() refuses
@@ -613,8 +629,13 @@ def patch_report(model: nn.Module) -> PatchReport:
             lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _QKV]
             why = next((w for w in lins if isinstance(w, str)), None)
             why = why or (None if _fuses_qkv(m, lins) else "eval: three projections" if not m.training
-                          else "q, k and v biases differ")
+                          else "q, k and v biases differ") or _dtypes_why_not(lins)
             add(f"{name}.q_proj,k_proj,v_proj", "one GEMM (training)", why)
+            if type(m.o_proj).__module__.startswith("peft."):  # a row where PEFT wraps it
+                out = _plain(m.o_proj, nn.Linear, adapters=True)
+                why = out if isinstance(out, str) else (
+                    "eval: PEFT's module" if isinstance(out, _Lora) and not m.training else None)
+                add(f"{name}.o_proj", "lora_linear (training)", why or _dtypes_why_not([out]))
         elif role == "mlp":
             lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _MLP]
             why = next((w for w in lins if isinstance(w, str)), None)
@@ -622,7 +643,7 @@ def patch_report(model: nn.Module) -> PatchReport:
                 why = "eval: its adapters as PEFT's modules"
             if why is None and any(_bias_of(lin) is not None for lin in lins):
                 why = "a projection with a bias"
-            add(name, "swiglu + linear", why)
+            add(name, "swiglu + linear", why or _dtypes_why_not(lins))
     if getattr(type(target), "_cuops_role", None) == "causal_lm":  # the head last, as the model runs it
         from transformers.loss.loss_utils import ForCausalLMLoss
         add("lm_head", "linear_cross_entropy (train)", _fused_loss_why_not(target, 0, ForCausalLMLoss))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cuops
-from conftest import DEVICES, rel_error
+from conftest import DEVICES, rel_error, requires_cuda
 from test_patch import FAMILIES, VOCAB, adamw_losses, assert_layer_compiles, grads, tiny_config, tokens
 
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
@@ -151,6 +151,9 @@ def test_a_bf16_base_with_float32_adapters_runs_as_peft_computes_it():
     with fused_calls() as seen:
         got = model(input_ids=ids, labels=ids).loss
     assert seen["lora_swiglu"] == seen["lora_linear"] == 0, dict(seen)
+    report = {n: why for n, _, why in cuops.patch_report(model).rows}
+    assert report["base_model.model.model.layers.0.mlp"].startswith(
+        "fused under CUDA autocast only (float32 adapters on a bfloat16 base"), report
     assert rel_error(got, ref(input_ids=ids, labels=ids).loss) <= 1e-2
     got.backward()
 
@@ -452,3 +455,22 @@ def test_a_quantized_base_runs_as_its_module(device):
     ref.eval(), model.eval()
     with torch.no_grad():
         assert rel_error(model(input_ids=ids).logits, ref(input_ids=ids).logits) <= 1e-5
+
+
+@requires_cuda
+def test_dropout_masks_under_autocast_are_peft_s():
+    """bf16 autocast over float32 weights, dropout 0.3 (o_proj and down_proj read bf16 inputs): each
+    adapter's input is cast to A's float32 before its dropout, as PEFT does, so the masks are PEFT's
+    -- A's gradients, which a different mask would change wholesale, within bf16's rounding of PEFT's."""
+    ref, model = peft_twins("llama", "cuda", "after", r=8, lora_alpha=16, lora_dropout=0.3)
+    ids = tokens(2, 33, "cuda")
+    ref.train(), model.train()
+    for m in (ref, model):
+        torch.manual_seed(11)
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+    g_ref, g = grads(ref), grads(model)
+    for n in g_ref:
+        if "lora_A" in n:
+            assert rel_error(g[n], g_ref[n]) <= 5e-2, n
