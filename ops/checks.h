@@ -78,7 +78,7 @@ inline kernels::DType kernel_dtype(at::ScalarType t) {
 }
 
 // Every tensor: a supported floating dtype, the first tensor's dtype, and the first tensor's device.
-inline void check_dtypes_and_devices(const char* op, std::initializer_list<NamedTensor> ts) {
+inline void check_dtypes_and_devices(const char* op, c10::ArrayRef<NamedTensor> ts) {
   const auto& [name0, t0] = *ts.begin();
   for (const auto& [name, t] : ts) {
     TORCH_CHECK(is_supported_dtype(t->scalar_type()), "cuops::", op, ": expected ", name,

@@ -46,16 +46,7 @@ void check_lora(const char* op, const at::Tensor& x, std::initializer_list<Named
   all.insert(all.end(), bs.begin(), bs.end());
   if (lora_x.has_value()) all.push_back({"lora_x", &*lora_x});
   if (bias.has_value()) all.push_back({"bias", &*bias});
-  for (const auto& [name, t] : all) {
-    TORCH_CHECK(is_supported_dtype(t->scalar_type()), "cuops::", op, ": expected ", name,
-                " to have dtype float32, float64, float16 or bfloat16, got ",
-                dtype_name(t->scalar_type()));
-    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "cuops::", op, ": expected ", name,
-                " to have the dtype of x (", dtype_name(x.scalar_type()), "), got ",
-                dtype_name(t->scalar_type()));
-    TORCH_CHECK(t->device() == x.device(), "cuops::", op, ": expected ", name,
-                " on the device of x (", x.device(), "), got ", t->device());
-  }
+  check_dtypes_and_devices(op, all);
   TORCH_CHECK(x.dim() >= 1, "cuops::", op, ": expected x to be at least 1-D ([..., K]), got 0-D");
   check_dim(op, "lora_a", lora_a, 2);
   if (lora_x.has_value()) {
