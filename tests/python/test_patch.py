@@ -134,11 +134,11 @@ def test_bf16_autocast_within_torchs_own_error(family):
 
 
 @contextlib.contextmanager
-def norm_dtypes():
-    """{"rms_norm": [...], "add_rms_norm": [...]}: the dtype each call of the op returned, in order (a
-    spy on the functions cuops.patch calls; hooks on the modules would change what the rule decides)."""
-    seen = {"rms_norm": [], "add_rms_norm": []}
-    originals = {name: getattr(cuops, name) for name in seen}
+def op_calls(*names):
+    """{name: [the dtype each call returned, in order]} for the cuops functions `names` that cuops.patch
+    calls by name (a spy on them; hooks on the modules would change what the rule decides)."""
+    seen = {name: [] for name in names}
+    originals = {name: getattr(cuops, name) for name in names}
 
     def spy(name):
         def call(*args, **kwargs):
@@ -148,12 +148,16 @@ def norm_dtypes():
         return call
 
     try:
-        for name in seen:
+        for name in names:
             setattr(cuops, name, spy(name))
         yield seen
     finally:
         for name, fn in originals.items():
             setattr(cuops, name, fn)
+
+
+def norm_dtypes():
+    return op_calls("rms_norm", "add_rms_norm")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

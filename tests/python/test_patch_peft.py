@@ -15,7 +15,7 @@ import torch
 
 import cuops
 from conftest import DEVICES, rel_error, requires_cuda
-from test_patch import FAMILIES, VOCAB, adamw_losses, assert_layer_compiles, grads, tiny_config, tokens
+from test_patch import FAMILIES, VOCAB, adamw_losses, assert_layer_compiles, grads, op_calls, tiny_config, tokens
 
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 peft = pytest.importorskip("peft", reason="peft: tools/env.sh installs it for these tests")
@@ -70,24 +70,11 @@ def assert_same_step(ref, model, ids, labels=None, seed=3, grad_tol=1e-4, backwa
 
 @contextlib.contextmanager
 def fused_calls():
-    """A Counter of the cuops ops cuops.patch calls (a spy on the functions it calls by name)."""
-    seen = collections.Counter()
-    names = ("swiglu", "linear", "lora_swiglu", "lora_linear", "linear_cross_entropy")
-    originals = {name: getattr(cuops, name) for name in names}
-
-    def spy(name):
-        def call(*args, **kwargs):
-            seen[name] += 1
-            return originals[name](*args, **kwargs)
-        return call
-
-    try:
-        for name in names:
-            setattr(cuops, name, spy(name))
-        yield seen
-    finally:
-        for name, fn in originals.items():
-            setattr(cuops, name, fn)
+    """A Counter of the fused ops cuops.patch calls (test_patch.op_calls' spy), filled when the block ends."""
+    counts = collections.Counter()
+    with op_calls("swiglu", "linear", "lora_swiglu", "lora_linear", "linear_cross_entropy") as seen:
+        yield counts
+    counts.update({name: len(calls) for name, calls in seen.items() if calls})
 
 
 # What a training forward of the 2-layer model runs, by the adapters' targets: the LoRA ops where
