@@ -264,10 +264,16 @@ def _adapter_args(x: torch.Tensor, lins: list) -> Optional[tuple]:
     if all(lin.dropout is None for lin in loras):
         a = loras[0].a if len(loras) == 1 else torch.cat([lin.a for lin in loras])
         return a, bs, None
-    # Each dropped input as PEFT draws it: x cast to A's dtype first (the mask's draw depends on the
-    # dtype it is drawn over), the op's autocast casting it back.
-    lora_x = torch.cat([x if lin.dropout is None else lin.dropout(x if lin.cast is None else x.to(lin.cast))
-                        for lin in loras], -1)
+    # Each dropped input drawn over x in the dtype the op reads it in. Outside autocast that is A's, as
+    # PEFT casts x to (the same masks). Under CUDA autocast PEFT draws over x cast to float32 adapters'
+    # dtype and the GEMM casts the product back; drawing in autocast's dtype gives the same distribution
+    # (other draws: torch's dropout kernel maps its random numbers by dtype) with no cast, at half the
+    # traffic of the draw, the concatenation and their backward: dropout 0.05's cost in hf_lora's
+    # llama step fell from 19 ms to 7 (docs/performance.md).
+    dtype = _autocast_dtype(x)
+    x = x if dtype is None else x.to(dtype)
+    lora_x = torch.cat([x if lin.dropout is None else lin.dropout(x if dtype is not None or lin.cast is None
+                                                                  else x.to(lin.cast)) for lin in loras], -1)
     return torch.block_diag(*[lin.a for lin in loras]), bs, lora_x
 
 
@@ -287,17 +293,18 @@ def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
-def _mlp_linears(mlp: nn.Module) -> Optional[list[nn.Module]]:
-    """gate, up and down as plain nn.Linears without biases (what swiglu + linear compute), or None."""
-    lins = _linears(mlp, _MLP)
-    return lins if lins is not None and all(lin.bias is None for lin in lins) else None
+def _mlp_linears(mlp: nn.Module) -> Optional[list]:
+    """gate, up and down as the patched MLP computes them (plain nn.Linears without biases: swiglu +
+    linear; in training, live adapters too: the LoRA ops), or None: then it runs HF's forward. Live
+    adapters on the LoRA ops in training only: they concatenate [W | B] each call, which a decode step
+    (reading each weight once for a few tokens) would pay twice over."""
+    lins = _linears(mlp, _MLP, adapters=mlp.training)
+    return lins if lins is not None and all(_bias_of(lin) is None for lin in lins) else None
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    # Live adapters on the LoRA ops in training only: they concatenate [W | B] each call, which a
-    # decode step (reading each weight once for a few tokens) would pay twice over.
-    lins = _linears(self, _MLP, adapters=self.training)
-    if lins is None or any(_bias_of(lin) is not None for lin in lins) or not _one_dtype(x, lins):
+    lins = _mlp_linears(self)
+    if lins is None or not _one_dtype(x, lins):
         return self._cuops_base.forward(self, x)
     gate, up, down = lins
     adapted = _adapter_args(x, [gate, up])
@@ -321,8 +328,9 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
         hidden_states = self.input_layernorm(hidden_states)
     else:
         # In the half type the projections read under CUDA autocast where one GEMM reads it (the fused
-        # q/k/v projection: x's three gradients meet in its float32 accumulator) or no gradient comes
-        # back; float32 where three projections' gradients do (HF sums their bf16 gradients in float32).
+        # q/k/v projection, with adapters too: x's three gradients meet in its float32 accumulator) or
+        # no gradient comes back; float32 where three projections' gradients do (HF sums their bf16
+        # gradients in float32).
         dtype = _autocast_dtype(hidden_states)
         if dtype is not None:
             qkv = _qkv_linears(self.self_attn)
@@ -347,12 +355,12 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
     return summed + self.mlp(normed)
 
 
-def _qkv_linears(attn: nn.Module) -> Optional[list[nn.Module]]:
-    """q, k and v as plain nn.Linears (_plain) of a patched attention nothing runs around, or None:
-    then the input norm hands attention what HF's does."""
+def _qkv_linears(attn: nn.Module) -> Optional[list]:
+    """q, k and v as _qkv reads them (plain nn.Linears; in training, live adapters too) of a patched
+    attention nothing runs around, or None: then the input norm hands attention what HF's does."""
     if isinstance(_plain(attn, "attention"), str):
         return None
-    return _linears(attn, _QKV)
+    return _linears(attn, _QKV, adapters=attn.training)
 
 
 def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

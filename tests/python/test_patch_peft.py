@@ -445,19 +445,33 @@ def test_a_quantized_base_runs_as_its_module(device):
 
 
 @requires_cuda
-def test_dropout_masks_under_autocast_are_peft_s():
-    """bf16 autocast over float32 weights, dropout 0.3 (o_proj and down_proj read bf16 inputs): each
-    adapter's input is cast to A's float32 before its dropout, as PEFT does, so the masks are PEFT's
-    -- A's gradients, which a different mask would change wholesale, within bf16's rounding of PEFT's."""
+def test_dropout_under_autocast_gives_each_adapter_its_own_mask(monkeypatch):
+    """bf16 autocast over float32 weights, dropout 0.3: the patch draws each adapter's mask over x in
+    autocast's dtype, PEFT over x cast to A's float32 (the same distribution, other random draws). With
+    the draws replaced by masks that depend on the call's order and shape alone, both models (which call
+    the dropout modules in PEFT's order) must give every adapter's gradient within bf16's rounding of
+    PEFT's, on the LoRA ops: a mask on the wrong adapter, or a wrong scale, changes them wholesale."""
+    calls = [0]
+
+    def dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return x
+        gen = torch.Generator(device=x.device).manual_seed(1000 + calls[0])
+        calls[0] += 1
+        return x * (torch.rand(x.shape, generator=gen, device=x.device) >= p) / (1 - p)
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", dropout)
     ref, model = peft_twins("llama", "cuda", "after", r=8, lora_alpha=16, lora_dropout=0.3)
     ids = tokens(2, 33, "cuda")
     ref.train(), model.train()
     for m in (ref, model):
-        torch.manual_seed(11)
-        with torch.autocast("cuda", torch.bfloat16):
+        calls[0] = 0
+        with fused_calls() as seen, torch.autocast("cuda", torch.bfloat16):
             loss = m(input_ids=ids, labels=ids).loss
         loss.backward()
+        assert calls[0] == 2 * 7, calls[0]  # each adapter's dropout once
+    assert dict(seen) == FUSED_CALLS["attention+mlp"], dict(seen)
     g_ref, g = grads(ref), grads(model)
+    assert set(g) == set(g_ref) and g_ref
     for n in g_ref:
-        if "lora_A" in n:
-            assert rel_error(g[n], g_ref[n]) <= 5e-2, n
+        assert rel_error(g[n], g_ref[n]) <= 5e-2, n
