@@ -207,9 +207,16 @@ def _around(module: nn.Module) -> Optional[str]:
             or hooks._global_backward_pre_hooks):
         return "global module hooks"
     for name, p in module._parameters.items():
-        if p is not None and type(p) is not nn.Parameter and type(p) is not torch.Tensor:
+        if p is not None and type(p) not in _PLAIN_TENSORS:
             return f"its {name} is a {type(p).__qualname__}"
     return None
+
+
+# Parameter types a fused op reads as they are: plain ones, and what tracing stands in for them
+# (torch.export's default non-strict trace swaps in FakeTensors, make_fx functional ones); a DTensor or
+# quantized subclass keeps its own type under tracing, so it is still refused.
+_PLAIN_TENSORS = (nn.Parameter, torch.Tensor, torch._subclasses.fake_tensor.FakeTensor,
+                  torch._subclasses.functional_tensor.FunctionalTensor)
 
 
 def _linears(parent: nn.Module, names: tuple[str, ...], adapters: bool = False) -> Optional[list]:

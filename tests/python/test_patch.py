@@ -5,6 +5,7 @@ shift_labels, ignored tokens; the logits' place holds LOGITS_NOT_MADE), 50 train
 tokens equal, gradient checkpointing, no graph break inside a compiled decoder layer, the state_dict
 and tied embeddings untouched, patching twice, pickling the whole model, an unknown model refused; DDP
 and FSDP2 on two processes. Small random models (2 layers, width 64), built from configs: no download."""
+import collections
 import contextlib
 import copy
 import os
@@ -229,6 +230,34 @@ def test_decoder_layer_compiles_without_graph_breaks(device, family):
     and backward, equals it eager."""
     _, model = twins(family, device)
     assert_layer_compiles(model, device, ["aot_eager"] + (["inductor"] if device == "cuda" else []))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_exported_patched_layer_runs_the_fused_ops(device):
+    """torch.export (non-strict: FakeTensor parameters while tracing) records the fused ops the layer runs
+    eager -- both norms, rotary, swiglu and the down projection -- and the program equals eager."""
+    _, model = twins("llama", device)
+    layer, rotary = model.model.layers[0].eval(), model.model.rotary_emb
+    h = torch.randn(2, 7, 64, device=device)
+    cos, sin = rotary(h, torch.arange(7, device=device)[None])
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, h, cos, sin):
+            return self.layer(h, position_embeddings=(cos, sin))
+
+    with torch.no_grad():
+        want = Layer()(h, cos, sin)
+        program = torch.export.export(Layer(), (h, cos, sin))
+    ops = collections.Counter(str(n.target) for n in program.graph.nodes if n.op == "call_function")
+    for op in ("cuops.rms_norm.default", "cuops.add_rms_norm.default", "cuops.rotary.default",
+               "cuops.swiglu.default", "cuops.linear.default"):
+        assert ops[op] == 1, (op, ops)
+    with torch.no_grad():
+        assert rel_error(program.module()(h, cos, sin), want) <= 1e-6
 
 
 def assert_layer_compiles(model, device, backends):
