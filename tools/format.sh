@@ -14,8 +14,13 @@ if [ -z "$fmt" ] || ! "$fmt" --version | grep -q "version $want"; then
   echo "tools/format.sh: no clang-format $want here (pinned in tools/env.sh: $PY -m pip install clang-format==$want)"
   exit 2
 fi
-mapfile -t files < <(git ls-files --cached --others --exclude-standard 'kernels/*' 'ops/*' 'include/*' 'schema/*' \
-  'tests/cpp/*' | grep -E '\.(h|cuh|cu|cpp)$')
+dirs=(kernels ops include schema tests/cpp)
+if [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$CUOPS_ROOT" ]; then
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard "${dirs[@]/%//*}" | grep -E '\.(h|cuh|cu|cpp)$')
+else  # a tree git does not hold (git archive, an sdist): every source file there
+  mapfile -t files < <(find "${dirs[@]}" -type f | grep -E '\.(h|cuh|cu|cpp)$' | sort)
+fi
+[ ${#files[@]} -gt 0 ] || { echo "tools/format.sh: no C++ sources found under ${dirs[*]}"; exit 1; }
 if [ "${1:-}" != "--check" ]; then
   "$fmt" -i "${files[@]}"
   exit 0

@@ -1,6 +1,7 @@
 """The repository's house rules, checked on every machine (no GPU, no build): short functions in the
 library's C++/CUDA, no history in the code and docs, results as a handful of current files, and the
 GEMM planner's table in step with its CPU tests."""
+import os
 import re
 import subprocess
 import sys
@@ -30,10 +31,38 @@ def test_function_lengths_counts_a_long_function(tmp_path):
     assert "2 functions, 1 longer" in proc.stdout, proc.stdout
 
 
-def tracked(*paths):
-    """git's files under paths that the working tree holds (a copy of .git can lag the tree it came with)."""
-    out = subprocess.run(["git", "ls-files", *paths], cwd=ROOT, capture_output=True, text=True, check=True)
-    return [ROOT / p for p in out.stdout.split() if (ROOT / p).exists()]
+# What .gitignore keeps out of the paths tracked() walks where git cannot list them.
+UNTRACKED_PARTS = {"__pycache__", "tmp"}
+
+
+def tracked(*paths, root=ROOT):
+    """The repository's files under paths: git's, those the working tree holds (a copy of .git can lag
+    the tree it came with); in a tree git does not hold (`git archive`, an sdist) every file there but
+    what .gitignore names under them (bytecode, bench/results/tmp)."""
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
+    if top.returncode == 0 and top.stdout.strip() and os.path.samefile(top.stdout.strip(), root):
+        out = subprocess.run(["git", "ls-files", *paths], cwd=root, capture_output=True, text=True, check=True)
+        return [root / p for p in out.stdout.split() if (root / p).exists()]
+    files = []
+    for p in paths:
+        path = root / p
+        walk = [path] if path.is_file() else sorted(q for q in path.rglob("*") if q.is_file())
+        files += [q for q in walk if not UNTRACKED_PARTS & set(q.relative_to(root).parts) and q.suffix != ".pyc"]
+    return files
+
+
+def test_tracked_lists_an_exported_tree_as_a_checkout(tmp_path):
+    """The house rules hold in a tree without git: tracked() lists there what git lists in the checkout."""
+    if subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True).returncode != 0:
+        import pytest
+        pytest.skip("this tree is not a git checkout: nothing to export it from")
+    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD", "bench/results", "docs"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    exported = sorted(p.relative_to(tmp_path) for p in tracked("bench/results", "docs", root=tmp_path))
+    committed = subprocess.run(["git", "ls-tree", "-r", "--name-only", "HEAD", "bench/results", "docs"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert exported and [str(p) for p in exported] == sorted(committed)
 
 
 def test_no_history_in_code_or_docs():
