@@ -185,7 +185,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// mbarriers for the bulk-copy (TMA) pipelines: kernels/norm.cu's pass and the Hopper GEMM. The
+// mbarriers for the bulk-copy (TMA) pipelines: kernels/norm/norm.cu's pass and the Hopper GEMM. The
 // expect_tx and try_wait forms are sm_90 PTX: call them only from code compiled for sm_90 and up.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));

@@ -46,7 +46,7 @@ cudaError_t launch_two_norm(DType dtype, void* out, const void* a, const void* b
 cudaError_t launch_transpose_f32(const float* src, int64_t rows, int64_t cols, int64_t ld,
                                  float* dst, int64_t ld_dst, cudaStream_t stream);
 
-// RMSNorm over rows of d elements (kernels/rms_norm.cu), float32 math (float64 for float64):
+// RMSNorm over rows of d elements (kernels/norm/rms_norm.cu), float32 math (float64 for float64):
 // s = x (+ res, rounded to s's dtype and stored in sum), y = s / sqrt(mean(s^2) + eps) * w, and
 // rstd = 1 / sqrt(mean(s^2) + eps) [rows] in the accumulation type where rstd is set. The dtypes
 // (RmsNormTypes): x's; s's (res's too: the sum's); w's; y's. rms_norm_supports says which mixes have a
@@ -102,7 +102,7 @@ int64_t rms_norm_bwd_workspace_bytes(const RmsNormTypes& types, int64_t rows, in
 cudaError_t launch_rms_norm_fwd(const RmsNormArgs& args, bool vec, cudaStream_t stream);
 cudaError_t launch_rms_norm_bwd(const RmsNormBwdArgs& args, bool vec, cudaStream_t stream);
 
-// Hugging Face's rotary embedding (kernels/rotary.cu) over q [B, Hq, T, D] and k [B, Hk, T, D] into
+// Hugging Face's rotary embedding (kernels/elementwise/rotary.cu) over q [B, Hq, T, D] and k [B, Hk, T, D] into
 // oq, ok of the same shapes (any strides sb, sh, st of B, H, T; unit element stride; D even), with
 // cos and sin [B or 1, T, D] (contiguous rows, trig_sb apart: 0 for one batch row shared):
 // forward  o[:D/2] = x[:D/2] c[:D/2] - x[D/2:] s[:D/2],  o[D/2:] = x[D/2:] c[D/2:] + x[:D/2] s[D/2:];
@@ -130,7 +130,7 @@ bool rotary_supports(DType x, DType trig, DType out);
 int rotary_vector_elems(DType x, DType trig, DType out);
 cudaError_t launch_rotary(const RotaryArgs& args, bool vec, cudaStream_t stream);
 
-// The fused linear ops' activations (kernels/activation.cuh holds their math).
+// The fused linear ops' activations (kernels/gemm/activation.cuh holds their math).
 enum class Activation : int { None, Relu, Gelu, GeluTanh, Silu };
 
 // Bytes of workspace launch_act_bwd needs for dy [rows, n]: a partial column sum per chunk of rows.

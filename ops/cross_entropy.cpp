@@ -8,7 +8,7 @@
 //
 // The CPU walks the vocabulary in chunks (vocab_chunk), in the accumulation type; CUDA walks the
 // tokens in chunks (token_chunk), each chunk's logits made once by the GEMM and consumed by
-// kernels/cross_entropy.cu's pass. What either allocates beyond its inputs and results is bounded
+// kernels/loss/cross_entropy.cu's pass. What either allocates beyond its inputs and results is bounded
 // by its chunk, not by V (SPEC §1b).
 #include "ops/common.h"
 
@@ -236,7 +236,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cpu(
 }
 
 // ---- CUDA: the tokens in chunks. A chunk's logits [rows, V] are made once by the GEMM (in x's
-// dtype, rounded as F.linear rounds them) into one buffer; kernels/cross_entropy.cu's pass takes
+// dtype, rounded as F.linear rounds them) into one buffer; kernels/loss/cross_entropy.cu's pass takes
 // each row's log-sum-exp and loss from them and, where gradients are made, overwrites them with
 // the gradient g = scale_t (softmax - one-hot), from which two more products give dx's rows of the
 // chunk and add the chunk's share to dweight (beta = 1 after the first chunk: TMA's reduce-add).

@@ -1,4 +1,4 @@
-// The fused GEMM epilogues as the ops use them (kernels/gemm_plan.h's GemmFusion on torch tensors):
+// The fused GEMM epilogues as the ops use them (kernels/gemm/gemm_plan.h's GemmFusion on torch tensors):
 // one entry, in ops/gemm.cpp beside the plain product's, so the plan, the workspace and the launch
 // are made one way for every op.
 #pragma once
@@ -28,7 +28,7 @@ kernels::Activation parse_act(const char* op, c10::string_view name);
 // out [rows, n] (and the kept products, [rows, n] each) from x2 [rows, k] and w [n, k] (w2 the same
 // shape and strides), all of out's dtype and device, under the caller's device guard, on the
 // current stream. False, with nothing enqueued, where the planner does not fuse this product
-// (kernels/gemm_plan.cpp, FusedEpilogueApart): the caller runs it apart.
+// (kernels/gemm/gemm_plan.cpp, FusedEpilogueApart): the caller runs it apart.
 bool run_fused_gemm(const at::Tensor& out, const at::Tensor& x2, const at::Tensor& w,
                     const FusedEpilogue& e);
 

@@ -4,7 +4,7 @@
 
 #include "ops/fused_gemm.h"
 
-#include "kernels/gemm_plan.h"
+#include "kernels/gemm/gemm_plan.h"
 #include <torch/csrc/autograd/variable.h>
 
 namespace cuops::ops {
@@ -86,7 +86,7 @@ kernels::GemmRequest request(const at::Tensor& c, const at::Tensor& a, const at:
           allow_tf32()};
 }
 
-// The copy a plan describes (kernels/gemm_plan.cpp decides when one pays, its layout and how it is
+// The copy a plan describes (kernels/gemm/gemm_plan.cpp decides when one pays, its layout and how it is
 // made): a [rows, ld] buffer narrowed to `cols`, holding t (row-major) or t^T (column-major, returned
 // viewed as t). From torch's allocator on the op's stream, under the op's device guard.
 at::Tensor copied(const at::Tensor& t, const kernels::OperandCopy& copy) {

@@ -3,12 +3,12 @@
 // pre-activation (kept only when grad is required and there is an activation), _linear_act_bwd turns
 // dy into the pre-activation's gradient and the bias gradient in one call.
 //
-// On CUDA the bias and the activation are the GEMM's epilogue (kernels/epilogue.cuh's
+// On CUDA the bias and the activation are the GEMM's epilogue (kernels/gemm/epilogue.cuh's
 // BiasActivation on the wgmma kernel), the pre-activation stored beside the output only when the
-// backward needs it; where the planner does not fuse (kernels/gemm_plan.cpp, FusedEpilogueApart:
+// backward needs it; where the planner does not fuse (kernels/gemm/gemm_plan.cpp, FusedEpilogueApart:
 // float32, float64, <= 16 rows, layouts the fused kernel does not read) the product runs on
 // cuops::mm and the bias and activation in a second pass. The backward's activation derivative and
-// bias gradient are one pass over dy (kernels/linear.cu).
+// bias gradient are one pass over dy (kernels/gemm/linear.cu).
 #include "ops/common.h"
 
 #include "ops/fused_gemm.h"
@@ -207,7 +207,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_bwd_cpu(const at::Tensor& dy, cons
   return {dz.contiguous(), dbias};
 }
 
-// One pass over dy and the pre-activation (kernels/linear.cu): dz, and the bias gradient summed in
+// One pass over dy and the pre-activation (kernels/gemm/linear.cu): dz, and the bias gradient summed in
 // the accumulation type before dz is rounded, in a fixed order.
 std::tuple<at::Tensor, at::Tensor> linear_act_bwd_cuda(const at::Tensor& dy, const at::Tensor& z,
                                                        c10::string_view activation) {

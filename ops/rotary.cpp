@@ -10,7 +10,7 @@
 //
 // The outputs keep their input's layout (empty_like: HF's q is a transposed view of the projection,
 // and attention reads either layout). CPU runs the reference's composite of torch ops; CUDA runs
-// kernels/rotary.cu in one pass (q and k read once), with the composite for mixes the kernel has no
+// kernels/elementwise/rotary.cu in one pass (q and k read once), with the composite for mixes the kernel has no
 // instance for (a float32 q with half cos, fp16 with bf16) and for rows without a unit element stride.
 #include "ops/common.h"
 

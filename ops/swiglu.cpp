@@ -2,12 +2,12 @@
 // Autograd, Autocast. The internal op _swiglu_fwd also returns the two products g = x @ w_gate^T and
 // u = x @ w_up^T, which the backward keeps (only when a gradient is required).
 //
-// On CUDA the forward is one dual GEMM (kernels/gemm_wgmma.cuh: both weights' tiles against one
+// On CUDA the forward is one dual GEMM (kernels/gemm/gemm_wgmma.cuh: both weights' tiles against one
 // pass over x, the epilogue forming silu(g) * u, and storing g and u only when the backward keeps
-// them); where the planner does not fuse (kernels/gemm_plan.cpp, FusedEpilogueApart) the two
+// them); where the planner does not fuse (kernels/gemm/gemm_plan.cpp, FusedEpilogueApart) the two
 // products run on cuops::mm and silu(g) * u in a further pass. The backward keeps g and u rather
 // than recomputing them (a third more forward work to save two [rows, I] tensors) and turns dy into
-// dg and du in one pass (_swiglu_bwd, kernels/linear.cu).
+// dg and du in one pass (_swiglu_bwd, kernels/gemm/linear.cu).
 #include "ops/common.h"
 
 #include "ops/fused_gemm.h"
@@ -145,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor> swiglu_bwd_cpu(const at::Tensor& dy, const at
           (dya * at::silu(ga)).to(dtype).contiguous()};
 }
 
-// One pass over dy, g and u (kernels/linear.cu).
+// One pass over dy, g and u (kernels/gemm/linear.cu).
 std::tuple<at::Tensor, at::Tensor> swiglu_bwd_cuda(const at::Tensor& dy, const at::Tensor& g,
                                                    const at::Tensor& u) {
   check_swiglu_bwd(dy, g, u);

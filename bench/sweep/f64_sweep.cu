@@ -1,6 +1,6 @@
-// The float64 kernel (kernels/gemm_f64.cu), or with SWEEP_DTYPE=float32 the float32 "highest" SIMT
-// kernel (kernels/gemm_simt.cu), over its tiles and k splits, against cublasDgemm / cublasSgemm on the
-// same inputs: which tile and split the planner (kernels/gemm_plan.cpp: plan_f64, plan_simt) should
+// The float64 kernel (kernels/gemm/gemm_f64.cu), or with SWEEP_DTYPE=float32 the float32 "highest" SIMT
+// kernel (kernels/gemm/gemm_simt.cu), over its tiles and k splits, against cublasDgemm / cublasSgemm on the
+// same inputs: which tile and split the planner (kernels/gemm/gemm_plan.cpp: plan_f64, plan_simt) should
 // pick. Per shape: cuBLAS, the planner's pick, then every tile x split the library compiles. Each
 // checked against cuBLAS (max relative error) before it is timed; medians of event-timed calls on the
 // same operands (L2-warm, as a sweep: the bench's rows are the reference).

@@ -1,7 +1,7 @@
 // The library's float32 GEMM kernels (true-FP32 SIMT, and TF32 on mma.sync) over the tiles the library
 // compiles and the four operand layouts, each checked against cuBLAS on the same inputs and timed
 // beside it: which tile the planner should pick, and what the layouts cost. Plans come from the
-// library's planner (kernels/gemm_plan.h), their tiles overridden with with_tile; the kernels are the
+// library's planner (kernels/gemm/gemm_plan.h), their tiles overridden with with_tile; the kernels are the
 // library's own objects, linked in. Built by CMake (bench/sweep/CMakeLists.txt) as
 // <build>/bench/sweep/gemm_lib_sweep; not part of the tests.
 //   SWEEP_SIZE=4096 runs one size; SWEEP_NO_TF32=1 leaves out the TF32 kernels.

@@ -1,11 +1,11 @@
-// The norm kernels (kernels/rms_norm.cu, compiled into this program from the library's own source, so
+// The norm kernels (kernels/norm/rms_norm.cu, compiled into this program from the library's own source, so
 // a change to them that breaks the sweep breaks the build) over their launch shapes, against a copy of
 // the same bytes, in one process with the variants alternating over rounds and L2 flushed before each
 // timed call: which group width and block size the forward should take, and what the backward's
 // weight gradient costs (the pass without it, with its partial rows, the column sums alone).
 // docs/performance.md, "rms_norm, add_rms_norm, rotary", cites what it found.
 // Built by CMake as <build>/bench/sweep/rms_norm_kernels; not part of the tests.
-#include "kernels/rms_norm.cu"
+#include "kernels/norm/rms_norm.cu"
 
 #include <cstdio>
 #include <functional>

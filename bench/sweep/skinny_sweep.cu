@@ -1,4 +1,4 @@
-// The small-M kernel (kernels/gemm_skinny.cu) on Llama-3-8B's decode products, forward (x @ W.t())
+// The small-M kernel (kernels/gemm/gemm_skinny.cu) on Llama-3-8B's decode products, forward (x @ W.t())
 // and input gradient (g @ W), over the k splits the planner can choose (with_split), each checked
 // against cuBLAS and timed beside it. Calls cycle over copies of the weight larger than L2 together,
 // back to back (what a decode step sees); "of copy" is weight bytes / time over the device-to-device
@@ -35,7 +35,7 @@ double copy_gbps() {
   return 2.0 * bytes / ms / 1e6;
 }
 
-// The streaming form's shared memory per CTA (kernels/gemm_skinny_tma.cu's tma_smem), to skip rings that do
+// The streaming form's shared memory per CTA (kernels/gemm/gemm_skinny_tma.cu's tma_smem), to skip rings that do
 // not fit.
 int tma_smem_bytes(int64_t m, int stages, int chunk, int elem) {
   const int mt = m <= 8 ? 8 : 16;

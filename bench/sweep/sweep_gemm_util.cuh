@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/gemm_plan_hooks.h"
+#include "kernels/gemm/gemm_plan_hooks.h"
 #include "sweep_util.cuh"
 
 #define CB(x)                                                            \

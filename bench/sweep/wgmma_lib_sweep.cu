@@ -1,4 +1,4 @@
-// The library's Hopper GEMM (kernels/gemm_wgmma.cu, the library's own objects linked in) against
+// The library's Hopper GEMM (kernels/gemm/gemm_wgmma.cu, the library's own objects linked in) against
 // cuBLAS: correctness of every layout on odd shapes with alpha/beta, then speed of the tile widths.
 // Plans come from the library's planner; variants override the tile with with_tile (and the grid, in
 // power mode, with WG_CLUSTERS=n). Built by CMake as <build>/bench/sweep/wgmma_lib_sweep (needs a

@@ -1,9 +1,9 @@
 // The GEMM planner on the CPU: it is a plain function of the problem and the device, so no GPU is
 // needed to check what it picks. One TEST(GemmRule, <row>) per row of the table at the top of
-// kernels/gemm_plan.cpp, in the table's order: the row's condition (with a case just outside it
+// kernels/gemm/gemm_plan.cpp, in the table's order: the row's condition (with a case just outside it
 // where that means something) and the plan it makes. Then the checks across rows (every operand
 // layout, the GPU suite's products, which rule names each plan), and the tiled kernels' tile order
-// (kernels/tile_order.h), host and device code alike.
+// (kernels/gemm/tile_order.h), host and device code alike.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/gemm_plan_hooks.h"
-#include "kernels/tile_order.h"
+#include "kernels/gemm/gemm_plan_hooks.h"
+#include "kernels/gemm/tile_order.h"
 
 namespace {
 
@@ -151,7 +151,7 @@ const FastPath kFastPaths[] = {{DType::BFloat16, false, GemmKernel::Wgmma, GemmK
                                {DType::Float32, true, GemmKernel::Wgmma, GemmKernel::MmaTf32},
                                {DType::Float32, false, GemmKernel::Simt, GemmKernel::Simt}};
 
-// The table's rows in its order (kernels/gemm_plan.cpp).
+// The table's rows in its order (kernels/gemm/gemm_plan.cpp).
 const char* const kRules[] = {"EmptyOutput",
                               "Float64WithoutDmma",
                               "OutputNotRowOrColumnMajor",

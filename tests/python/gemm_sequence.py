@@ -2,7 +2,7 @@
 
 A step is one call (mm, gemm with alpha/beta into a row- or column-major c, or mm's forward and
 backward through autograd) on one recipe: a shape, dtype and precision that the planner gives to one
-of its paths on an H100 (kernels/gemm_plan.cpp), with operands in the recipe's layouts or in drawn
+of its paths on an H100 (kernels/gemm/gemm_plan.cpp), with operands in the recipe's layouts or in drawn
 ones (row-major, transposed views, padded rows, every other row of a wider tensor, a column stride of
 2), run on the calling thread or as the first CUDA work of a fresh thread, on the fast paths or with
 the switches that send every product to the portable ones (kernels/switches.h). Every result is
@@ -52,7 +52,7 @@ class Recipe:
 BF, FP, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 HALF = (BF, FP)
 WG, SK, SK_TMA = "gemm_wgmma", "gemm_skinny<", "gemm_skinny_tma"
-# Planner paths (kernels/gemm_plan.cpp; checked by test_recipes_reach_their_paths).
+# Planner paths (kernels/gemm/gemm_plan.cpp; checked by test_recipes_reach_their_paths).
 RECIPES = {
     "tiny": Recipe(5, 3, 4, (F32, F64, BF), family="gemm_tiled"),  # rows not 16 bytes apart: general
     "general": Recipe(100, 70, 90, HALF, family="gemm_tiled"),  # too small to pay for the copies

@@ -1,4 +1,4 @@
-"""float64 GEMM on the FP64 tensor cores (kernels/gemm_f64.cu; kernels/gemm_plan.cpp's float64 rows):
+"""float64 GEMM on the FP64 tensor cores (kernels/gemm/gemm_f64.cu; kernels/gemm/gemm_plan.cpp's float64 rows):
 against a product computed on the CPU, to 1e-12 of |a| @ |b| for k <= 4096 (a bound a lost or doubled
 16-deep slice of k would break by orders of magnitude), with poisoned outputs, in every operand layout
 and both output orders, on shapes that cut every tile edge and pick each tile and split, with
@@ -14,7 +14,7 @@ F64_TOL = REDUCTION_TOL[torch.float64]  # 1e-12 (tests/tolerances.txt), held to 
 QUICK = pytest.mark.quick  # the quick tier: a tile unsplit and a split k, in every layout
 
 # (m, k, n) and the tile and split the planner gave each on a 132-SM H100 when it was added
-# (kernels/gemm_plan.cpp's cost model; its rules are tested on the CPU, tests/cpp/test_gemm_plan.cpp):
+# (kernels/gemm/gemm_plan.cpp's cost model; its rules are tested on the CPU, tests/cpp/test_gemm_plan.cpp):
 # the products are checked whichever plan runs.
 SHAPES = [pytest.param((1000, 1000, 1000), marks=QUICK),  # 128 x 64 cut at 1000, a ragged last k slice (62.5)
           (1024, 8192, 1024),   # 128 x 128, k split in two (partial planes)

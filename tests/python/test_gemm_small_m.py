@@ -1,4 +1,4 @@
-"""The small-M GEMM (kernels/gemm_skinny.cu): decode-shaped products, M <= 16 tokens against a weight
+"""The small-M GEMM (kernels/gemm/gemm_skinny.cu): decode-shaped products, M <= 16 tokens against a weight
 read once, as nn.Linear runs them (forward x @ W.t(), input gradient g @ W), in every float dtype.
 Each case checks the result against float64 with poisoned outputs, on both sides of the planner's
 boundary (M = 16 takes the small-M kernel, M = 17 the tiled ones: tests/cpp/test_gemm_plan.cpp,
@@ -10,7 +10,7 @@ import torch
 from conftest import (REDUCTION_TOL, assert_repeatable_and_graph_safe, check_products, fast_kernel_tol, gemm_path,
                       make, matmul_precision, requires_cuda, switch_on)
 
-MAX_TOKENS = 16  # kernels/gemm_plan.h kSkinnyMaxTokens
+MAX_TOKENS = 16  # kernels/gemm/gemm_plan.h kSkinnyMaxTokens
 # The streaming form (TMA ring) runs every dtype (bf16/fp16, TF32 and float64 on the tensor cores,
 # float32 "highest" by FP32 FMAs) on compute capability 9.0 unless switched off. float64 has no per-lane
 # form: without the stream it runs the tiled float64 kernel (tests/python/test_gemm_f64.py).
@@ -19,7 +19,7 @@ def streams():
 
 
 TOKENS = [1, 2, 3, 15, 16, 17, 63]
-# (outputs, k) chosen so the planner takes each of its splits on a 132-SM H100 (kernels/gemm_plan.cpp):
+# (outputs, k) chosen so the planner takes each of its splits on a 132-SM H100 (kernels/gemm/gemm_plan.cpp):
 # a cluster of 8 (few outputs, long k), four warps of one block, two warps, and a dot product's 3
 # outputs over a k of 20000; none of them a multiple of a chunk (32 / 16 / 128 / 4 k).
 # The streaming form (bf16/fp16 on sm_90): clusters of 2, none, none, 8 for the forward; (20000, 3)'s
@@ -47,7 +47,7 @@ def linear_operands(kind, m, n_out, k_in, dtype):
 
 
 def takes_small_m(a, b):
-    """Whether the planner gives a @ b (c row-major) to the small-M kernel (kernels/gemm_plan.cpp
+    """Whether the planner gives a @ b (c row-major) to the small-M kernel (kernels/gemm/gemm_plan.cpp
     plan_skinny): c's rows are the tokens (at most 16, not more than the columns, a's k contiguous), or
     its columns are (at most 16, b's k contiguous); float64 only where it streams."""
     m, n = a.shape[0], b.shape[1]

@@ -1,6 +1,6 @@
-"""k split (kernels/gemm_simt.cu, float32 "highest": independent CTAs writing partial planes that a
-second kernel adds in order; kernels/gemm_wgmma.cuh, bf16/fp16 and TF32 on Hopper: the partial last wave
-cut along k; kernels/gemm_plan.cpp): products with few output tiles over a long k, as a training
+"""k split (kernels/gemm/gemm_simt.cu, float32 "highest": independent CTAs writing partial planes that a
+second kernel adds in order; kernels/gemm/gemm_wgmma.cuh, bf16/fp16 and TF32 on Hopper: the partial last wave
+cut along k; kernels/gemm/gemm_plan.cpp): products with few output tiles over a long k, as a training
 step's mid-size and weight-gradient products run them.
 Checked against float64 with poisoned outputs, in every layout, over k that no split divides, with
 alpha/beta, and for the same bits on every run and from a CUDA-graph replay. Where the planner splits
@@ -52,7 +52,7 @@ def test_split_k_is_bitwise_repeatable_and_graph_safe(a_major, b_major):
 
 # Few tiles, or a partial last wave, over a long k on the wgmma kernel (Hopper): bf16, fp16 and TF32.
 # The planner cuts the last wave's tiles along k over the SMs it leaves idle (the split tail,
-# kernels/gemm_plan.cpp); it does not split over a cluster (that instance measured slower than the best
+# kernels/gemm/gemm_plan.cpp); it does not split over a cluster (that instance measured slower than the best
 # unsplit tile on every shape, and is gone). The products are checked whichever plan runs; on a
 # 132-SM H100 the plans are (16-bit types; TF32, which has no 192-row tile, splits the first three's
 # last wave along k):

@@ -86,7 +86,7 @@ def test_results_are_a_handful_of_current_files():
 
 
 def planner_table_rules():
-    text = (ROOT / "kernels" / "gemm_plan.cpp").read_text()
+    text = (ROOT / "kernels" / "gemm" / "gemm_plan.cpp").read_text()
     return re.findall(r"^// \| ([A-Z][A-Za-z0-9]+) +\|", text, re.MULTILINE)
 
 
@@ -100,7 +100,7 @@ def test_every_planner_rule_has_its_cpu_test_in_table_order():
 
 def test_every_rule_the_planner_sets_is_a_table_row():
     rules = set(planner_table_rules())
-    text = (ROOT / "kernels" / "gemm_plan.cpp").read_text()
+    text = (ROOT / "kernels" / "gemm" / "gemm_plan.cpp").read_text()
     set_by_code = set(re.findall(r'"([A-Z][A-Za-z0-9]+)"', text))
     assert set_by_code - rules == set(), set_by_code - rules
 
@@ -108,7 +108,7 @@ def test_every_rule_the_planner_sets_is_a_table_row():
 def test_planner_fits_100_columns():
     """The planner and its table (clang-format leaves comments unwrapped elsewhere so tables survive)."""
     long = []
-    for path in tracked("kernels/gemm_plan.h", "kernels/gemm_plan.cpp", "kernels/gemm_plan_hooks.h"):
+    for path in tracked("kernels/gemm/gemm_plan.h", "kernels/gemm/gemm_plan.cpp", "kernels/gemm/gemm_plan_hooks.h"):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if len(line) > 100:
                 long.append(f"{path.relative_to(ROOT)}:{n} ({len(line)})")

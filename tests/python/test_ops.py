@@ -223,7 +223,7 @@ def wgmma_runs_here():
 
 def fast_layout(t, inner):
     """Whether the fast kernels read t [rows, cols] along dimension `inner` in place (ops/gemm.cpp's
-    fast_layout, kernels/gemm.cu's launch_fast): unit stride there or one element, the other stride a
+    fast_layout, kernels/gemm/gemm.cu's launch_fast): unit stride there or one element, the other stride a
     whole number of 16 bytes or one element, a 16-byte aligned base."""
     outer = 1 - inner
     unit = 16 // t.element_size()

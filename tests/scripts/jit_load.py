@@ -50,7 +50,7 @@ def main(build_dir):
     exec(compile(readme_recipe(), "README.md jit-recipe", "exec"), {"__name__": "jit_recipe"})
     path = build_dir / "ext" / "cuops" / "cuops.so"
     assert path.exists(), f"the recipe built no {path}"
-    sources = [p for d in ("schema", "ops", "kernels") for p in (ROOT / d).iterdir() if p.suffix in (".cpp", ".cu")]
+    sources = [p for d in ("schema", "ops", "kernels") for p in (ROOT / d).rglob("*") if p.suffix in (".cpp", ".cu")]
     needed = needed_libraries(path)
     assert needed is None or "libstdc++.so.6" in needed, f"{path} links libstdc++ statically (NEEDED: {needed})"
     ops = torch.ops.cuops

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "bench/sweep/sweep_util.cuh"
-#include "kernels/tma.cuh"
+#include "kernels/gemm/tma.cuh"
 
 using namespace cuops::kernels::detail;
 

@@ -12,9 +12,9 @@
 //      for a staged TMA store; the fused ones also to the auxiliary tensors the backward keeps;
 //   4. reductions across a tile: none yet. linear_cross_entropy's row statistics (running max and
 //      sum of exponentials, the target's logit) run in their own pass over each chunk of logits
-//      (kernels/cross_entropy.cu); here, combined in a fixed order with no float atomics, they
+//      (kernels/loss/cross_entropy.cu); here, combined in a fixed order with no float atomics, they
 //      would save that pass one read of the chunk.
-// The fused epilogues run on the wgmma kernel (kernels/gemm_wgmma.cuh, store_unit_fused).
+// The fused epilogues run on the wgmma kernel (kernels/gemm/gemm_wgmma.cuh, store_unit_fused).
 // Members are static and __forceinline__, take the accumulators by value and keep the operation
 // order the kernels had inline (moving them here left every kernel's SASS as it was:
 // tools/sass_digest.py --diff). A pair member checks r < m and col < n itself (col even; col + 1
@@ -22,7 +22,7 @@
 #pragma once
 
 #include "activation.cuh"
-#include "common.cuh"
+#include "kernels/common.cuh"
 #include "gemm_problem.h"
 
 namespace cuops::kernels::detail {

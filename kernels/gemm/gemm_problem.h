@@ -1,10 +1,10 @@
-// The canonical GEMM problem the fast kernels see (kernels/gemm.cuh) and their epilogue stores
-// into (kernels/epilogue.cuh): its own header so both include it.
+// The canonical GEMM problem the fast kernels see (kernels/gemm/gemm.cuh) and their epilogue stores
+// into (kernels/gemm/epilogue.cuh): its own header so both include it.
 #pragma once
 
 #include <cstdint>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 namespace cuops::kernels::detail {
 

@@ -7,8 +7,8 @@
 
 #include <cuda_runtime.h>
 
-#include "common.cuh"
-#include "kernels.h"
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
 
 namespace cuops::kernels::detail {
 
@@ -33,7 +33,7 @@ __device__ __forceinline__ float normal_cdf_fast(float z, float e) {
 }
 
 // The forward in float, as the fused GEMM epilogue (16-bit outputs) runs it over every output of a
-// tile while the tensor cores wait: its cost adds to the product's time (kernels/epilogue.cuh), and
+// tile while the tensor cores wait: its cost adds to the product's time (kernels/gemm/epilogue.cuh), and
 // the SFU, a quarter of the FMA rate, bounds it. gelu_tanh: 0.5 z (1 + tanh u) with the SFU's tanh,
 // one SFU operation (tanhf took ~30 instructions: 128 x 256 tiles of 2048 x 5632 ran at 0.81 of
 // the bare product); its error, <= 2.5e-4 of z, is below bf16's rounding and half fp16's. silu:

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) primitives of kernels/gemm_wgmma.cu: mbarriers, the bulk tensor copy (TMA),
+// Hopper (sm_90a) primitives of kernels/gemm/gemm_wgmma.cu: mbarriers, the bulk tensor copy (TMA),
 // shared-memory matrix descriptors, wgmma and setmaxnreg. Only that file includes this, and only
 // when it is compiled for compute_90a (CMake's cuops_kernels_sm90a; the sweeps link its object).
 #pragma once

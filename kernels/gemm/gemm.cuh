@@ -1,10 +1,10 @@
 // Shared by the GEMM translation units: the block-tile order, operand staging by cp.async, the split
-// planes' sum, and the per-family launchers that kernels/gemm.cu's launch_gemm calls as the plan
+// planes' sum, and the per-family launchers that kernels/gemm/gemm.cu's launch_gemm calls as the plan
 // (gemm_plan.h) says. The canonical problem the fast kernels see is gemm_problem.h's GemmProblem,
 // the epilogue that stores their results epilogue.cuh's Epilogue.
 #pragma once
 
-#include "common.cuh"
+#include "kernels/common.cuh"
 #include "epilogue.cuh"
 #include "gemm_plan.h"
 #include "gemm_problem.h"
@@ -81,7 +81,7 @@ template <int kPer> __device__ __forceinline__ int chunk_valid(int64_t left) {
 // or BK x BM (m-major) at AS, rows ALD elements apart; B's BK x BN (BNM: n-major) or BN x BK at BS,
 // rows BLD apart. P: the GemmProblem; A, B its typed operand pointers; ROW0, COL0, K0: the slice's
 // corner; thread TID of THREADS takes chunks TID, TID + THREADS, ... ASWZ / BSWZ (float64's swizzled
-// operands, kernels/gemm_f64.cu): element (r, c) of a stored row sits at column c ^ 4 (r % 4).
+// operands, kernels/gemm/gemm_f64.cu): element (r, c) of a stored row sits at column c ^ 4 (r % 4).
 // A macro, expanded inside each kernel's own load lambda: as a __forceinline__ function (tried per
 // slice, per chunk, with the row pitch a constant or not) the same statements compiled to other
 // address arithmetic, up to 11 % more instructions in a bf16 loop and 2.5 % slower on the H100 (with
@@ -256,8 +256,8 @@ cudaError_t launch_split_planes(K kernel, int64_t blocks, int split, int threads
 }
 
 // d += a b for one 16 x 8 x 16 block of bfloat16 / float16 (T), float32 accumulation: the mma.sync
-// kernel's tiles (kernels/gemm_half.cu, fragments from ldmatrix) and the small-M kernel's swapped
-// products (kernels/gemm_skinny_*.cu, fragments from its lanes' own vectors).
+// kernel's tiles (kernels/gemm/gemm_half.cu, fragments from ldmatrix) and the small-M kernel's swapped
+// products (kernels/gemm/gemm_skinny_*.cu, fragments from its lanes' own vectors).
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -277,8 +277,8 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
   }
 }
 
-// The FP64 tensor-core products both float64 kernels multiply with (kernels/gemm_f64.cu, and the
-// small-M streaming form in kernels/gemm_skinny_tma.cu).
+// The FP64 tensor-core products both float64 kernels multiply with (kernels/gemm/gemm_f64.cu, and the
+// small-M streaming form in kernels/gemm/gemm_skinny_tma.cu).
 // d += a b for one 16 x 8 x 4 block. Fragments (lane = 4 g + t): a0 = A[g][t], a1 = A[g + 8][t],
 // b = B[t][g], d[2 h + j] = D[g + 8 h][2 t + j]. m8n8k4 holds A[g][t], B[t][g] and D[g][2 t + j] of an
 // 8 x 8 x 4 block, so the sm_80-89 form (no m16n8k4 there) is the same product in two halves.
@@ -329,14 +329,14 @@ cudaError_t launch_gemm_wgmma(const GemmPlan& plan, const GemmProblem& p, cudaSt
 cudaError_t launch_gemm_skinny(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 cudaError_t launch_gemm_mma_f64(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream);
 // Whether the float64 tensor-core kernel runs on device `dev`: compute capability 8.0 and up, and the
-// image the runtime picks there holds DMMA code (kernels/gemm_f64.cu).
+// image the runtime picks there holds DMMA code (kernels/gemm/gemm_f64.cu).
 bool dmma_runs_on(int dev, bool& wide);
-// Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm_skinny_lanes.cu).
+// Whether the small-M kernel can split k over clusters on device `dev` (kernels/gemm/gemm_skinny_lanes.cu).
 bool skinny_clusters_on(int dev);
 // Whether its streaming form (TMA) runs on device `dev`: the above, and the driver's tensor-map encoder.
 bool skinny_tma_on(int dev);
 // Whether this library's sm_90a wgmma kernel runs on device `dev` and how many clusters of two of it
-// fit there (kernels/gemm_wgmma.cu; a build without sm_90a answers no).
+// fit there (kernels/gemm/gemm_wgmma.cu; a build without sm_90a answers no).
 bool wgmma_runs_on(int dev, int& pair_clusters);
 
 }  // namespace cuops::kernels::detail

@@ -1,7 +1,7 @@
 // add / scale / square: one pass, 16-byte vector loads and stores, several vectors in flight per
 // thread. A run of up to V-1 leading elements (pointers share a misalignment) and the trailing
 // elements are done one by one by block 0, so every alignment and size takes the vector body.
-#include "common.cuh"
+#include "kernels/common.cuh"
 
 namespace cuops::kernels {
 namespace {

@@ -6,7 +6,7 @@
 // elements D/2 further on that rotate with them, so every element is loaded and stored once, in
 // 16-byte accesses where every operand is aligned (E = 16 bytes of the narrowest operand), else
 // one element at a time.
-#include "common.cuh"
+#include "kernels/common.cuh"
 
 namespace cuops::kernels {
 namespace detail {

@@ -9,8 +9,8 @@
 //   No float atomics in either.
 #include <type_traits>
 
-#include "common.cuh"
-#include "switches.h"
+#include "kernels/common.cuh"
+#include "kernels/switches.h"
 
 namespace cuops::kernels {
 namespace {

@@ -1,4 +1,4 @@
-// The bf16 instances of the Hopper GEMM (kernels/gemm_wgmma.cuh), and the device query (it names the
+// The bf16 instances of the Hopper GEMM (kernels/gemm/gemm_wgmma.cuh), and the device query (it names the
 // bf16 pair kernel). Compiled for compute_90a only (CUOPS_WGMMA_BUILD); elsewhere, e.g. in the JIT
 // build, an empty translation unit.
 #if CUOPS_WGMMA_BUILD

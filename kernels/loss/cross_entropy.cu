@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cfloat>
 
-#include "common.cuh"
+#include "kernels/common.cuh"
 
 namespace cuops::kernels {
 using namespace detail;

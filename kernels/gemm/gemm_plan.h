@@ -3,13 +3,13 @@
 // written once, unit-tested on the CPU (tests/cpp/test_gemm_plan.cpp), and obeyed by everyone:
 // ops/gemm.cpp makes the copies a plan asks for, launch_gemm runs the kernel it names, and the
 // sweeps in bench/sweep override a plan's tile or grid to time other choices (gemm_plan_hooks.h).
-// Why each rule is what it is: the table at the top of kernels/gemm_plan.cpp.
+// Why each rule is what it is: the table at the top of kernels/gemm/gemm_plan.cpp.
 #pragma once
 
 #include <cstdint>
 #include <variant>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 namespace cuops::kernels {
 
@@ -19,7 +19,7 @@ struct GemmOperand {
   int64_t stride0, stride1;
 };
 
-// A fused epilogue: what the product becomes before it is stored (kernels/epilogue.cuh).
+// A fused epilogue: what the product becomes before it is stored (kernels/gemm/epilogue.cuh).
 // BiasActivation: c = act(alpha * a @ b + bias), the pre-activation kept in aux where it is set.
 // GatedSilu (SwiGLU's dual GEMM): c = silu(a @ b) * (a @ b2), b2 [k, n] strided as b; the two
 // products kept in aux and aux2 where they are set. aux, aux2: [m, n] row-major, ld_aux apart.
@@ -72,16 +72,16 @@ struct GemmDevice {
 
 enum class GemmKernel : int {
   None,     // m or n is 0: nothing to write
-  General,  // kernels/gemm.cu: any strides, any dtype, no tensor cores
-  Simt,     // kernels/gemm_simt.cu: float32, true FP32
-  MmaTf32,  // kernels/gemm_tf32.cu: float32 as TF32, mma.sync
-  MmaHalf,  // kernels/gemm_half.cu: bfloat16 / float16, mma.sync
-  Wgmma,    // kernels/gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
-  Skinny,   // kernels/gemm_skinny*.cu: <= kSkinnyMaxTokens rows (tokens) against a streamed weight
-  MmaF64,   // kernels/gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
+  General,  // gemm.cu: any strides, any dtype, no tensor cores
+  Simt,     // gemm_simt.cu: float32, true FP32
+  MmaTf32,  // gemm_tf32.cu: float32 as TF32, mma.sync
+  MmaHalf,  // gemm_half.cu: bfloat16 / float16, mma.sync
+  Wgmma,    // gemm_wgmma.cu: sm_90a TMA + wgmma, bfloat16 / float16 and TF32
+  Skinny,   // gemm_skinny*.cu: <= kSkinnyMaxTokens rows (tokens) against a streamed weight
+  MmaF64,   // gemm_f64.cu: float64 on the FP64 tensor cores, mma.sync
 };
 
-// The small-M kernel (kernels/gemm_skinny.cuh) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
+// The small-M kernel (gemm_skinny.cuh) computes out[t][o] = sum_k x[t][k] w(o, k) for up to
 // kSkinnyMaxTokens tokens t. Its blocks are kSkinnyWarps warps; each warp owns `outputs`
 // consecutive outputs o over a slice of k, walked `chunk` at a time: the geometry of each of its
 // four forms (bf16/fp16 on tensor cores, float32 on FP32 cores; the weight k-contiguous or

@@ -6,7 +6,7 @@
 // kernel adds the chunks' partials in chunk order. No float atomics; the same bits on every run and
 // every GPU.
 #include "activation.cuh"
-#include "common.cuh"
+#include "kernels/common.cuh"
 
 namespace cuops::kernels {
 using namespace detail;

@@ -1,4 +1,4 @@
-// Hopper GEMM (sm_90a, kernels/gemm_wgmma.cuh): the dispatch to the dtype's translation unit
+// Hopper GEMM (sm_90a, kernels/gemm/gemm_wgmma.cuh): the dispatch to the dtype's translation unit
 // (gemm_wgmma_{bf16,f16,tf32}.cu). Built for compute_90a where CMake's arch list has 90
 // (CUOPS_WGMMA_BUILD); elsewhere wgmma_runs_on says no, so the planner never picks the kernel.
 #include "gemm.cuh"

@@ -169,7 +169,7 @@
 namespace cuops::kernels {
 namespace {
 
-constexpr int64_t kWgmmaBM = 128;  // kernels/gemm_wgmma.cu's block rows: two consumers of 64
+constexpr int64_t kWgmmaBM = 128;  // kernels/gemm/gemm_wgmma.cu's block rows: two consumers of 64
 // Its tall tile, 192 x 128 (three consumers; 16-bit types): the work a tile does per k in the units
 // of plan_wgmma's cost (128 x bn tiles: bn + col), and its fixed cost in k. 240: 128 x 128's rate
 // per output (160 for 16384), which fits the bf16 suite swept with the tile (every product, all

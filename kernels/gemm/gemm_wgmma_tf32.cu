@@ -1,4 +1,4 @@
-// The tf32 instances of the Hopper GEMM (kernels/gemm_wgmma.cuh). Compiled for compute_90a
+// The tf32 instances of the Hopper GEMM (kernels/gemm/gemm_wgmma.cuh). Compiled for compute_90a
 // only (CUOPS_WGMMA_BUILD); elsewhere, e.g. in the JIT build, an empty translation unit.
 #if CUOPS_WGMMA_BUILD
 #include "gemm_wgmma.cuh"

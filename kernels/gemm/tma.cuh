@@ -7,7 +7,7 @@
 
 #include <cudaTypedefs.h>
 
-#include "common.cuh"
+#include "kernels/common.cuh"
 
 namespace cuops::kernels::detail {
 

@@ -6,7 +6,7 @@
 //     multiply them, on the tensor cores (bf16/fp16/TF32; float64 by DMMA with float64 sums, its only
 //     form) or by FP32 FMAs (float32 "highest");
 //     ~72 KB in flight per CTA, within 2-5 % of a TMA read that does nothing else
-//     (bench/sweep/probe/stream_probe.cu);
+//     (bench/sweep/probe/stream_probe.cu, at commit 4588424);
 //   - the per-lane forms (GPUs before sm_90, operands TMA cannot describe; gemm_skinny_lanes.cu):
 //     each lane loads its own 16-byte vectors (16-bit: into registers, two chunks ahead; float32: a
 //     per-warp cp.async ring).

@@ -20,7 +20,7 @@
 // Those column sums are deterministic: the backward's grid is a fixed function of the rows (not of
 // the GPU), each block sums its rows in order into one partial row of the workspace (its groups
 // added in group order), and a second kernel adds the partials in block order. No float atomics.
-#include "common.cuh"
+#include "kernels/common.cuh"
 
 namespace cuops::kernels {
 namespace detail {

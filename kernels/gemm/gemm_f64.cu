@@ -12,7 +12,7 @@
 // per 4-deep step, and stages in flight to cover the loads from L2.
 //
 // k split (kSplit, any GPU): CTAs along y each multiply a slice of k into a plane of the workspace,
-// which gemm.cuh's sum_planes adds in order into c (as kernels/gemm_simt.cu's).
+// which gemm.cuh's sum_planes adds in order into c (as kernels/gemm/gemm_simt.cu's).
 #include "gemm.cuh"
 
 namespace cuops::kernels::detail {

@@ -3,7 +3,7 @@
 // block tile, 16-deep k slices, 4x4 register blocking) reading operands through their strides, so it
 // needs no copy and is correct for every shape.
 #include "gemm.cuh"
-#include "switches.h"
+#include "kernels/switches.h"
 
 namespace cuops::kernels {
 using namespace detail;
