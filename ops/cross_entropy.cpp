@@ -242,17 +242,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cpu(
 // chunk and add the chunk's share to dweight (beta = 1 after the first chunk: TMA's reduce-add).
 // Three products (6TVK) and no [T, V] buffer; the chunk is written by the GEMM, read and
 // overwritten by the pass, read by the two products. Its rows are the most whose logits fit
-// kLogitsChunkBytes, in whole 128-row tiles.
+// kLogitsChunkBytes and 1/8 of the float32 logits, in whole 128-row tiles (token_chunk).
 //
 // 480 MiB: with the products' workspace (a split tail's, <= 17 MB) and the [T] vectors, what the op
 // adds stays under SPEC §1b's 526 MB (1/8 of the float32 logits at T = 8192, V = 128256), where the
 // chunk is 1920 rows. A larger chunk makes fewer passes over dweight (one read and write of it a
 // chunk after the first) and fuller waves of the dx product's tiles: 1920 rows are 120 tiles of
 // 128 x 256 at K = 2048 (0.91 of 132 SMs).
+// And at most 1/8 of the float32 logits [T, V] at every V (SPEC §1b's bound, which the cap alone
+// gave only at V = 128256: at V = 32000 it took 7808 rows, 500 MB, where the bound is 131 MB; in
+// bf16 the bound is T / 4 rows), but never under one 128-row tile: a smaller chunk would re-read
+// the whole weight for a few rows (a T of 16 in chunks of 4 read it four times).
 constexpr int64_t kLogitsChunkBytes = int64_t{480} << 20;
 
-int64_t token_chunk(int64_t rows, int64_t ld, int64_t element_bytes) {
-  const int64_t fit = kLogitsChunkBytes / (ld * element_bytes);
+int64_t token_chunk(int64_t rows, int64_t vocab, int64_t ld, int64_t element_bytes) {
+  const int64_t row_bytes = ld * element_bytes;
+  const int64_t eighth = std::max<int64_t>(rows * vocab * 4 / 8 / row_bytes, 128);
+  const int64_t fit = std::min(kLogitsChunkBytes / row_bytes, eighth);
   return std::min(rows, fit >= 128 ? fit / 128 * 128 : std::max<int64_t>(fit, 1));
 }
 
@@ -282,7 +288,7 @@ void walk_token_chunks(const at::Tensor& x2, const at::Tensor& weight, const at:
     return;
   }
   const int64_t per_vector = 16 / esize, ld = (vocab + per_vector - 1) / per_vector * per_vector;
-  const int64_t chunk = token_chunk(rows, ld, esize);
+  const int64_t chunk = token_chunk(rows, vocab, ld, esize);
   const at::Tensor buffer = at::empty({chunk, ld}, x2.options());
   std::optional<at::Tensor> b;
   if (bias.has_value()) {  // the pass reads it by 16-byte vectors

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import cuops
-from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
+from conftest import DEVICES, DEVICES_CPU_IN_CI, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -185,10 +185,11 @@ def test_same_bits_on_every_run(device):
 
 @requires_cuda
 def test_several_token_chunks_on_cuda():
-    """CUDA walks the tokens in chunks whose logits fit 480 MiB: V = 65539 (rows padded to 65544 for
-    16-byte vectors) holds 3840 bf16 rows, so 4100 tokens take two chunks, the second partial; dweight
-    adds the second's share to the first's. Forward with gradients (mean, sum) and the backward that
-    makes the logits again (none), with a bias and ignored tokens, against float64."""
+    """CUDA walks the tokens in chunks whose logits fit 480 MiB and 1/8 of the float32 logits: at
+    V = 65539 (rows padded to 65544 for 16-byte vectors) 1024 bf16 rows, so 4100 tokens take five
+    chunks, the last of 4 rows; dweight adds each chunk's share to the ones before. Forward with
+    gradients (mean, sum) and the backward that makes the logits again (none), with a bias and
+    ignored tokens, against float64."""
     tokens, k, vocab = 4100, 40, 65539
     x = make((tokens, k), torch.bfloat16, "cuda").requires_grad_()
     w = make((vocab, k), torch.bfloat16, "cuda", scale=k ** -0.5).requires_grad_()
@@ -203,6 +204,29 @@ def test_several_token_chunks_on_cuda():
             assert rel_error(g, r) <= 2 * tol, reduction
         del want, grads
         torch.cuda.empty_cache()
+
+
+@requires_cuda
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_the_chunk_takes_at_most_an_eighth_of_the_float32_logits(vocab):
+    """What a training call adds over its inputs and results: at most 1/8 of the float32 logits
+    [T, V] at every V (the chunk), or the 480 MiB cap where that is less (V = 128256), plus the
+    products' workspace. At V = 32000 the chunk used to take 500 MB under the cap alone."""
+    tokens, k = 8192, 64
+    x = make((tokens, k), torch.bfloat16, "cuda").requires_grad_()
+    w = make((vocab, k), torch.bfloat16, "cuda", scale=k ** -0.5).requires_grad_()
+    t = targets((tokens,), vocab, "cuda")
+    results = (x.numel() + w.numel()) * 2 + 64  # dx and dweight, made in the forward; the loss
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss = cuops.linear_cross_entropy(x, w, t)
+    torch.cuda.synchronize()
+    added = torch.cuda.max_memory_allocated() - before - results
+    bound = min(tokens * vocab * 4 // 8, 480 << 20) + (20 << 20)  # + a split tail's workspace, [T] vectors
+    assert added <= bound, (vocab, added, bound)
+    assert added >= min(tokens * vocab * 4 // 8, 480 << 20) // 2, (vocab, added)  # the chunk was measured
+    del loss
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,7 +304,7 @@ def test_opcheck(device, dtype):
         torch.library.opcheck(ops._linear_cross_entropy_fwd_grad, (x.detach(), w, t, b, -100, reduction, mask))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compile_fullgraph(device):
     torch._dynamo.reset()
     x = make((2, 8, 16), torch.float32, device).requires_grad_()
