@@ -118,9 +118,3 @@ def products(models=None, tokens=DECODE_M + MID_M + LARGE_M, kinds=("forward", "
                 if "weight_grad" in kinds and t >= 128:
                     out.append(Product(L, "weight_grad", t, L.n, L.k, t, "m", "n"))
     return out
-
-
-def select(classes, models=None, max_tokens: int | None = None):
-    """products() of the chosen classes, without those over max_tokens tokens (the sweeps' and A/B
-    scripts' filter: the long weight gradients of the large token counts take seconds each)."""
-    return [p for p in products(models) if p.cls in classes and (max_tokens is None or p.tokens <= max_tokens)]

@@ -139,16 +139,6 @@ def test_check_reads_committed_decode_results():
     assert (proc.returncode == 1) == bool(fails), proc.stdout
 
 
-def test_python_experiments_compile(tmp_path):
-    """The Python experiments in bench/sweep are compiled here as the .cu ones are by the build, so a
-    change that breaks one is seen in CI (they run only by hand, on a GPU)."""
-    import py_compile
-    scripts = sorted((ROOT / "bench" / "sweep").glob("*.py"))
-    assert scripts
-    for script in scripts:
-        py_compile.compile(str(script), doraise=True, cfile=str(tmp_path / f"{script.stem}.pyc"))
-
-
 def test_shape_catalog_holds_the_model_products():
     """The shape suite's catalogue (bench/cuops_bench/shapes.py): the products an nn.Linear runs, with
     the operand layouts it runs them in, and the decode rows the issue measured among them."""
