@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the CUDA tests under compute-sanitizer's memcheck, racecheck, initcheck and synccheck and fails
+# Runs the CUDA tests of every kernel family under compute-sanitizer's memcheck, racecheck, initcheck and synccheck and fails
 # on any report. memcheck, racecheck and synccheck check cuops' kernels only (--kernel-name kns=cuops):
 # torch's own kernels are not ours to fix, and instrumenting them makes the run many times slower.
 # initcheck cannot be filtered that way (see below).
@@ -17,19 +17,34 @@ cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 out=${SANITIZE_LOG_DIR:-${OUT:-$CUOPS_BUILD_DIR}}
 mkdir -p "$out"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
-# The suites: Python op, error and reliability tests on CUDA (not the huge-tensor, 8-thread or
-# 100-run tests, which repeat the same kernels at sizes or counts the tools make slow), and the C++
-# op tests. racecheck, many times slower, takes test_ops.py's tests of the kernels that use shared
-# memory (two_norm's block reductions, gemm's tiles) in float32 and bfloat16 (dtype0, dtype3), every
-# shape and layout: the shared-memory code is the same template for the other two dtypes. Plus the
-# float32 edge-cut GEMM tests, both precisions: the SIMT kernel and, on Hopper, TF32's wgmma kernel in
-# both of its forms (A from shared memory; A from registers, read from the TMA-written tile).
-PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_ops.py tests/python/test_bad_inputs.py tests/python/test_reliability.py}
-# CUDA-graph tests are left out: the tools run with torch's caching allocator off
-# (PYTORCH_NO_CUDA_MEMORY_CACHING), and a capture that allocates then fails and poisons the process.
-PYSEL=${SANITIZE_K:-"cuda and not huge and not threads and not bitwise and not graph"}
-RACE_PYTESTS=${SANITIZE_RACE_PYTESTS:-tests/python/test_ops.py}
-RACE_SEL=${SANITIZE_RACE_K:-"cuda and (norm or gemm or mm) and (dtype0 or dtype3 or (cut_chunks and float32)) and not graph"}
+# -k and the family list: FAMILY_TESTS below; TOOLS picks the tools, SANITIZE_PYTESTS / SANITIZE_K /
+# SANITIZE_RACE_K / SANITIZE_INIT_K narrow a run.
+# Every kernel family and the test files that reach its kernels (CUDA cases): each tool runs all of
+# them, with a selection below; the C++ op tests run under every tool too. A new family adds its
+# test file here (docs/design.md, "Adding a GEMM family").
+FAMILY_TESTS=(
+  tests/python/test_ops.py tests/python/test_bad_inputs.py tests/python/test_reliability.py  # elementwise, two_norm, GEMM
+  tests/python/test_gemm_small_m.py tests/python/test_gemm_split_k.py tests/python/test_gemm_f64.py  # GEMM paths
+  tests/python/test_linear.py tests/python/test_swiglu.py tests/python/test_lora.py  # fused GEMM epilogues, linear.cu
+  tests/python/test_cross_entropy.py  # loss
+  tests/python/test_rms_norm.py       # norm
+  tests/python/test_rotary.py         # elementwise
+)
+PYTESTS=${SANITIZE_PYTESTS:-${FAMILY_TESTS[*]}}
+# Left out everywhere: the CPU places; tensors over 2^31 elements, the 8-thread and the 100-run
+# tests (the same kernels, at sizes or counts the tools make slow); torch.compile (Inductor's
+# compile under the tool, for the kernels the eager tests run); CUDA graphs: the tools run with
+# torch's caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING), and a capture that allocates then
+# fails and poisons the process. Tests that name launched kernels through the profiler skip
+# themselves (CUOPS_SANITIZER; the tool holds CUPTI).
+BASE_K="not cpu and not huge and not threads and not bitwise and not graph and not compile"
+PYSEL=${SANITIZE_K:-$BASE_K}
+# racecheck, many times slower, takes one 32-bit and one 16-bit dtype of every test (dtype0 float32,
+# dtype3 bfloat16 in test_ops.py; named elsewhere): the shared-memory code is the same template for
+# the other two. Plus test_ops.py's float32 edge-cut GEMM tests, both precisions: the SIMT kernel
+# and, on Hopper, TF32's wgmma kernel in both of its forms (A from shared memory; A from registers,
+# read from the TMA-written tile).
+RACE_SEL=${SANITIZE_RACE_K:-"$BASE_K and (dtype0 or dtype3 or float32 or bfloat16 or cut_chunks)"}
 canary=$out/sanitizer_canary
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 "$nvcc" -O1 -arch=native -o "$canary" tests/sanitizer_canary.cu || { echo "sanitize.sh: canary build failed"; exit 1; }
@@ -38,14 +53,14 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   extra=(--kernel-name kns=cuops)
   [ "$tool" = memcheck ] && extra+=(--leak-check no --padding 32)
   sel=$PYSEL tests=$PYTESTS
-  [ "$tool" = racecheck ] && sel=$RACE_SEL tests=$RACE_PYTESTS
+  [ "$tool" = racecheck ] && sel=$RACE_SEL
   if [ "$tool" = initcheck ]; then
     # initcheck only counts memory as written by kernels it instruments: under the cuops filter every
     # input torch's own kernels filled (randn, fill_) looked uninitialised, and initcheck reported our
     # add kernel reading it (H200). So no filter here (torch's kernels are instrumented
-    # too, and so slower), on a narrower selection: float32 and bfloat16 cases of test_ops.py.
+    # too, and so slower), on racecheck's narrower selection.
     extra=(--check-api-memory-access no)
-    sel=${SANITIZE_INIT_K:-"cuda and (dtype0 or dtype3) and not bitwise and not graph"} tests=${SANITIZE_INIT_PYTESTS:-tests/python/test_ops.py}
+    sel=${SANITIZE_INIT_K:-$RACE_SEL}
     # initcheck does not see the bulk tensor copy engine's stores (H100): every bf16 output
     # of the Hopper wgmma GEMM, which leaves by TMA store, read back as "uninitialised" in torch's
     # copy kernel, though the same tests pass with c pre-filled with NaN (every element written). So
@@ -65,6 +80,7 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   else
     unset CUOPS_DISABLE_BULK_NORM CUOPS_DISABLE_SKINNY_TMA
   fi
+  export CUOPS_SANITIZER=$tool
   log=$out/sanitize_$tool.log
   start=$(date +%s)
   cs_run() { "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 86 --print-limit 50 "$@"; }

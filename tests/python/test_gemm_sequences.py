@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import gemm_sequence
-from conftest import REPORT, ROOT, ops, requires_cuda
-from test_ops import cuda_kernel_names
+from conftest import REPORT, ROOT, cuda_kernels, ops, requires_cuda
 
 
 @requires_cuda
@@ -42,7 +41,7 @@ def test_recipes_reach_their_paths(name, portable):
         b = gemm_sequence.operand(r.k, r.n, r.dtypes[0], "cuda", r.layout_b, gen)
         with gemm_sequence.matmul_precision(r.precision):
             ops.mm(a, b)  # loaded before profiling
-            names = cuda_kernel_names(lambda: ops.mm(a, b))
+            names = cuda_kernels(lambda: ops.mm(a, b))
     assert any(want in x for x in names), (want, names)
     if r.exact and not portable and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert any(r.exact in x for x in names), (r.exact, names)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import (DEVICES, DTYPES, ELEMENTWISE_TOL, HALF_TOL, LAYOUTS, PATHS, REDUCTION_TOL, TF32_TOL,
-                      check_products, fast_kernel_tol, gemm_path, make, matmul_precision, ops, rel_error,
+                      check_products, cuda_kernels, fast_kernel_tol, gemm_path, make, matmul_precision, ops, rel_error,
                       requires_cuda, switch_on)
 
 SHAPES = [(0,), (1,), (1000,), (4097,), (3, 0, 5), (33, 65), (7, 11, 13)]
@@ -99,7 +99,7 @@ def test_two_norm_pass_choice(dtype):
     for n, layout, bulk in [(BULK_NORM_N, "offset", has_bulk), (BULK_NORM_N, "contiguous", has_bulk),
                             (100_003, "contiguous", False)]:
         a, b = make((n,), dtype, "cuda", layout), make((n,), dtype, "cuda", layout)
-        names = cuda_kernel_names(lambda: ops.two_norm(a, b))
+        names = cuda_kernels(lambda: ops.two_norm(a, b))
         expected = "sum_sq_diff_bulk" if bulk else "sum_sq_diff_partials"
         assert any(expected in k for k in names), (n, layout, expected, names)
         ref = torch.linalg.vector_norm(a.double() - b.double())
@@ -310,15 +310,6 @@ def test_gemm_half_layouts(dtype, mkn, layout_a, layout_b, layout_c, path):
     a, b = make((m, k), dtype, "cuda", layout_a), make((k, n), dtype, "cuda", layout_b)
     with gemm_path(path):
         check_products(a, b, HALF_TOL[dtype], layout_c)
-
-
-def cuda_kernel_names(fn):
-    """The names of the CUDA kernels fn() launches (torch.profiler): for the few GPU tests that name the
-    kernel that ran (the GEMM planner's choices are tests/cpp/test_gemm_plan.cpp's, on the CPU)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.key for e in prof.key_averages()]
 
 
 @pytest.mark.quick

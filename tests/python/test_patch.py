@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import cuops
-from conftest import DEVICES, HAS_CUDA, ROOT, rel_error, requires_cuda
+from conftest import DEVICES, DEVICES_CPU_IN_CI, HAS_CUDA, ROOT, rel_error, requires_cuda
 
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
@@ -190,7 +190,7 @@ def adamw_losses(models, device, steps=50, lr=3e-3):
     return losses
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_fifty_training_steps_track_torch(device):
     """AdamW, 50 steps on random tokens, float32: the patched model's losses follow the unpatched one's
     (1e-3 relative each step) and fall."""
@@ -295,7 +295,7 @@ def sdpa_masks(model, *args, **kwargs):
     return loss, [(n.kwargs.get("attn_mask"), n.kwargs.get("is_causal")) for n in calls]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compiled_training_forward_gives_sdpa_is_causal(device):
     """transformers materialises the causal mask under torch.compile (never skipping one while tracing);
     the patched training forward, where the mask is the plain causal one, gives sdpa is_causal and no

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from conftest import DEVICES, DTYPES, LIBRARY, ROOT, make, ops
+from conftest import DEVICES, DEVICES_CPU_IN_CI, DTYPES, LIBRARY, ROOT, make, ops
 
 import cuops
 from cuops import _library
@@ -144,7 +144,7 @@ def model_inputs(device):
     return torch.randn(8, 4, device=device), torch.randn(8, 4, device=device), torch.randn(4, 4, device=device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 def test_compile_fullgraph_traces_the_typed_functions_to_the_ops(device):
     torch._dynamo.reset()
 
