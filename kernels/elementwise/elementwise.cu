@@ -8,8 +8,11 @@ namespace {
 using namespace detail;
 
 constexpr int kThreads = 256;
-// 4 vectors of 16 B per input per thread: enough bytes in flight to cover HBM latency.
-constexpr int kUnroll = 4;
+// One 16-byte vector per input per thread, a block a 4 KB span: at full occupancy that is 4.3 MB in
+// flight over 132 SMs, more than HBM3e's bandwidth x latency. Larger spans lost on the H200 (2 GiB
+// float32 scale: 4 vectors a thread 0.976 of copy, 1 vector 1.010; spans <= 4 KB 1.005-1.021, 8-16 KB
+// 0.973-0.984), and on the H100 1-8 vectors were within 0.5 % (docs/performance.md, "Memory-bound ops").
+constexpr int kUnroll = 1;
 
 // The ops work on accumulation-type values (float for the half types); map_vec converts.
 // kSkippable: whether the op may find on the device that it has nothing to do (skippable()), and
