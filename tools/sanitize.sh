@@ -17,20 +17,25 @@ cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 out=${SANITIZE_LOG_DIR:-${OUT:-$CUOPS_BUILD_DIR}}
 mkdir -p "$out"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
-# -k and the family list: FAMILY_TESTS below; TOOLS picks the tools, SANITIZE_PYTESTS / SANITIZE_K /
-# SANITIZE_RACE_K / SANITIZE_INIT_K narrow a run.
+# The family list: FAMILY_TESTS and GEMM_PATH_TESTS below. TOOLS picks the tools; SANITIZE_PYTESTS,
+# SANITIZE_PATH_PYTESTS (empty: none), SANITIZE_K, SANITIZE_PATH_K, SANITIZE_RACE_K and
+# SANITIZE_INIT_K narrow a run.
 # Every kernel family and the test files that reach its kernels (CUDA cases): each tool runs all of
 # them, with a selection below; the C++ op tests run under every tool too. A new family adds its
 # test file here (docs/design.md, "Adding a GEMM family").
 FAMILY_TESTS=(
   tests/python/test_ops.py tests/python/test_bad_inputs.py tests/python/test_reliability.py  # elementwise, two_norm, GEMM
-  tests/python/test_gemm_small_m.py tests/python/test_gemm_split_k.py tests/python/test_gemm_f64.py  # GEMM paths
   tests/python/test_linear.py tests/python/test_swiglu.py tests/python/test_lora.py  # fused GEMM epilogues, linear.cu
   tests/python/test_cross_entropy.py  # loss
   tests/python/test_rms_norm.py       # norm
   tests/python/test_rotary.py         # elementwise
 )
+# The GEMM paths' own files (small M, k split, float64), run apart with a narrower selection: their
+# float16 cases repeat bfloat16's instances' code, and their largest products (k 8192 and more,
+# weights of 14336 and 28672 rows) repeat the smaller ones' paths at many times the tools' cost.
+GEMM_PATH_TESTS=(tests/python/test_gemm_small_m.py tests/python/test_gemm_split_k.py tests/python/test_gemm_f64.py)
 PYTESTS=${SANITIZE_PYTESTS:-${FAMILY_TESTS[*]}}
+PATH_PYTESTS=${SANITIZE_PATH_PYTESTS-${GEMM_PATH_TESTS[*]}}
 # Left out everywhere: the CPU places; tensors over 2^31 elements, the 8-thread and the 100-run
 # tests (the same kernels, at sizes or counts the tools make slow); torch.compile (Inductor's
 # compile under the tool, for the kernels the eager tests run); CUDA graphs: the tools run with
@@ -39,6 +44,7 @@ PYTESTS=${SANITIZE_PYTESTS:-${FAMILY_TESTS[*]}}
 # themselves (CUOPS_SANITIZER; the tool holds CUPTI).
 BASE_K="not cpu and not huge and not threads and not bitwise and not graph and not compile"
 PYSEL=${SANITIZE_K:-$BASE_K}
+PATH_SEL=${SANITIZE_PATH_K:-"$BASE_K and not (float16 or 8192 or 65537 or 14336 or 28672)"}
 # racecheck, many times slower, takes one 32-bit and one 16-bit dtype of every test (dtype0 float32,
 # dtype3 bfloat16 in test_ops.py; named elsewhere): the shared-memory code is the same template for
 # the other two. Plus test_ops.py's float32 edge-cut GEMM tests, both precisions: the SIMT kernel
@@ -90,6 +96,11 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   # shellcheck disable=SC2086
   cs_run --target-processes all "$PY" -m pytest $tests -q -p no:cacheprovider -k "$sel" >>"$log" 2>&1
   py_rc=$?
+  if [ -n "$PATH_PYTESTS" ]; then
+    # shellcheck disable=SC2086
+    cs_run --target-processes all "$PY" -m pytest $PATH_PYTESTS -q -p no:cacheprovider -k "$PATH_SEL" >>"$log" 2>&1 ||
+      py_rc=1
+  fi
   cs_run "$CUOPS_BUILD_DIR/tests/cpp/cuops_cpp_tests" --gtest_filter='Devices/Ops.*/cuda:-*EightThreads*:*100Runs*' \
     >>"$log" 2>&1
   cpp_rc=$?
