@@ -91,6 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     lora.add_argument("--lora-models", default=None,
                       help="comma list of the model shapes' names (default: all of HfLoraBench.shapes)")
     lora.add_argument("--lora-dropouts", default=None, help="comma list of adapter dropouts (default: 0,0.05)")
+    moe = parser.add_argument_group("mixture of experts (--only moe)")
+    moe.add_argument("--moe-models", default=None,
+                     help="comma list of MoeBench.models to train and decode (default: all; none: the grouped GEMM only)")
+    moe.add_argument("--moe-variants", default=None, help="comma list of the training step's variants (default: all)")
+    moe.add_argument("--moe-no-grouped", action="store_true", help="skip the grouped GEMM rows")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.only == ["all"]:
@@ -138,6 +143,11 @@ def main() -> int:
         dropouts = tuple(float(d) for d in args.lora_dropouts.split(",")) if args.lora_dropouts else cfg.hf_lora.dropouts
         cfg.hf_lora = dataclasses.replace(cfg.hf_lora, shapes=tuple(s for s in cfg.hf_lora.shapes if s[0] in names),
                                           dropouts=dropouts)
+    if args.moe_models is not None or args.moe_variants or args.moe_no_grouped:
+        models = () if args.moe_models == "none" else tuple(args.moe_models.split(",")) if args.moe_models else cfg.moe.models
+        variants = tuple(args.moe_variants.split(",")) if args.moe_variants else cfg.moe.variants
+        cfg.moe = dataclasses.replace(cfg.moe, models=models, variants=variants,
+                                      grouped_shapes=() if args.moe_no_grouped else cfg.moe.grouped_shapes)
     bench = Bench.for_device(args.device)
     library = load_library()
     torch.manual_seed(0)

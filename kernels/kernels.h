@@ -164,4 +164,24 @@ cudaError_t launch_ce_rows(DType dtype, void* logits, int64_t rows, int64_t voca
                            void* loss, const void* scale, int64_t scale_stride, bool stats,
                            bool grad, int multiprocessors, cudaStream_t stream);
 
+// The grouped GEMM's general kernels (kernels/gemm/grouped_simt.cu). offs: int32 [groups] end
+// offsets on the device, taken as end(e) = min(extent, max(offs[0..e])) (non-decreasing whatever
+// they hold: a caller cannot check them without a host sync); group e spans [end(e-1), end(e)),
+// end(-1) = 0. groups <= kGroupedMaxGroups; out contiguous; each output sums its group's terms in
+// k order (the same bits every run).
+constexpr int64_t kGroupedMaxGroups = 8192;
+
+// Groups of rows: out [rows, n] = a[r, :] @ b[e] for the rows r of group e, zeros past the last
+// group; a [rows, k] (strides sa0, sa1), b [groups, k, n] (strides sb0, sb1, sb2).
+cudaError_t launch_grouped_mm_rows(DType dtype, const void* a, int64_t sa0, int64_t sa1,
+                                   const void* b, int64_t sb0, int64_t sb1, int64_t sb2,
+                                   const int32_t* offs, int64_t groups, int64_t rows, int64_t k,
+                                   int64_t n, void* out, cudaStream_t stream);
+
+// Groups along k: out [groups, m, n], out[e] = a[:, ks] @ b[ks, :] over group e's k range ks (zeros
+// for an empty group); a [m, k] (strides sa0, sa1), b [k, n] (strides sb0, sb1).
+cudaError_t launch_grouped_mm_k(DType dtype, const void* a, int64_t sa0, int64_t sa1, const void* b,
+                                int64_t sb0, int64_t sb1, const int32_t* offs, int64_t groups,
+                                int64_t m, int64_t k, int64_t n, void* out, cudaStream_t stream);
+
 }  // namespace cuops::kernels

@@ -129,6 +129,38 @@ TORCH_LIBRARY(cuops, m) {
       "_rotary_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, ScalarType dtype) -> "
       "(Tensor, Tensor)",
       tags);
+  // Grouped GEMM, torch._grouped_mm's forms: a [S, K] with b [E, K, N] -> [S, N], row r of group e
+  // (offs[e-1] <= r < offs[e]) times b[e], zeros past offs[E-1]; a [M, S] with b [S, N] -> [E, M, N],
+  // group e's columns of a times its rows of b. offs: int32/int64 [E] group ends, on the device
+  // (docs/ops.md#grouped_mm).
+  m.def("grouped_mm(Tensor a, Tensor b, Tensor offs) -> Tensor", tags);
+  // A router's softmax and top-k: (the k largest probabilities, renormalised to sum 1 where
+  // renorm, in weight_dtype or float32; their expert indices, int64) (docs/ops.md#moe_topk_softmax).
+  m.def(
+      "moe_topk_softmax(Tensor logits, int k, bool renorm=False, ScalarType? weight_dtype=None) -> "
+      "(Tensor, Tensor)",
+      tags);
+  // out[t] = sum_j topk_w[t, j] * down_e(act(g) * u), [g | u] = gate_up_e x[t], e = topk_idx[t, j]:
+  // x [T, H], gate_up [E, 2I, H], down [E, H, I] (Hugging Face's experts), activation silu or
+  // gelu_tanh (docs/ops.md#moe_experts).
+  m.def(
+      "moe_experts(Tensor x, Tensor topk_idx, Tensor topk_w, Tensor gate_up, Tensor down, str "
+      "activation=\"silu\") -> Tensor",
+      tags);
+  // moe_experts' output, the gate/up products [S, 2I] in expert order, the pairs in that order
+  // (int64 [S]), each pair's place in it (int64 [S]) and each expert's end (int32 [E]), for its
+  // backward (internal).
+  m.def(
+      "_moe_experts_fwd(Tensor x, Tensor topk_idx, Tensor topk_w, Tensor gate_up, Tensor down, str "
+      "activation) -> (Tensor out, Tensor gu, Tensor order, Tensor pos, Tensor offs)",
+      tags);
+  // The gradients of x, topk_w, gate_up and down that output_mask asks for (the others empty [0])
+  // (internal).
+  m.def(
+      "_moe_experts_bwd(Tensor dout, Tensor x, Tensor topk_w, Tensor gate_up, Tensor down, Tensor "
+      "gu, Tensor order, Tensor pos, Tensor offs, str activation, bool[4] output_mask) -> (Tensor, "
+      "Tensor, Tensor, Tensor)",
+      tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);
   // Sets one of the library's switches (README.md) for this process, or reads it when on is None;

@@ -29,6 +29,7 @@ FAMILY_TESTS=(
   tests/python/test_cross_entropy.py  # loss
   tests/python/test_rms_norm.py       # norm
   tests/python/test_rotary.py         # elementwise
+  tests/python/test_moe.py            # grouped GEMM (grouped_simt.cu), the MoE ops
 )
 # The GEMM paths' own files (small M, k split, float64), run apart with a narrower selection: their
 # float16 cases repeat bfloat16's instances' code, and their largest products (k 8192 and more,

@@ -142,6 +142,33 @@ class HfLoraBench(HfLlamaBench):
     lr: float = 1e-3
 
 
+@dataclass(frozen=True)
+class MoeBench:
+    """The moe section (SPEC §3 "Mixture of experts"): grouped GEMM shapes (name, experts, top-k, K, N: the
+    gate/up and down products of Qwen3-30B-A3B's layer, 64 experts as the issue measured, and a Mixtral
+    shape) over batch x seq tokens; model shapes (name, (family, layers, width, experts, top-k, expert FFN,
+    heads, kv heads)); the training step's variants; decode batches over a fixed KV length."""
+    grouped_shapes: tuple = (("qwen3-30b-a3b gate_up", 128, 8, 2048, 1536), ("qwen3-30b-a3b down", 128, 8, 768, 2048),
+                             ("qwen3-moe/64 gate_up", 64, 8, 2048, 1536), ("mixtral gate_up", 8, 2, 4096, 28672),
+                             ("mixtral down", 8, 2, 14336, 4096))
+    routings: tuple = ("balanced", "skewed")
+    model_shapes: tuple = (("qwen3-30b-a3b/4", ("qwen3_moe", 4, 2048, 128, 8, 768, 16, 4)),
+                           ("mixtral-shaped/4", ("mixtral", 4, 2048, 8, 2, 7168, 16, 8)))
+    models: tuple = ("qwen3-30b-a3b/4", "mixtral-shaped/4")
+    variants: tuple = ("hf fp32", "hf bf16", "liger fp32", "patch fp32", "patch bf16", "patch fp32 compile")
+    vocab: int = 32000
+    batch: int = 8
+    seq: int = 1024
+    steps: int = 3
+    rounds: int = 5
+    warmup: int = 3
+    lr: float = 1e-4
+    decode_batches: tuple = (1, 8)
+    kv: int = 512
+    decode_steps: int = 32
+    seed: int = 0
+
+
 @dataclass
 class Config:
     sizes: list          # elements per operand of the memory-bound rows
@@ -156,6 +183,7 @@ class Config:
     rms_norm: RmsNormBench = field(default_factory=RmsNormBench)
     hf_llama: HfLlamaBench = field(default_factory=HfLlamaBench)
     hf_lora: HfLoraBench = field(default_factory=HfLoraBench)
+    moe: MoeBench = field(default_factory=MoeBench)
 
 
 FULL = Config(sizes=[2**16, 2**20, 2**24, 2**28, 2**30],
@@ -187,7 +215,11 @@ CPU = Config(sizes=[2**10, 2**14], gemm_squares=[32, 64], gemm_odd=[(33, 17, 9),
                                    steps=1, rounds=2, warmup=1, loss_steps=3, batches=4, modes=("eager",), kv=8,
                                    decode_steps=2, prefill_tokens=16),
              hf_lora=HfLoraBench(shapes=(("tiny", 2, 64, 112, 4, 2),), vocab=96, batch=2, seq=16, steps=1, rounds=2,
-                                 warmup=1, loss_steps=3, batches=4, modes=("eager",), r=4, alpha=8))
+                                 warmup=1, loss_steps=3, batches=4, modes=("eager",), r=4, alpha=8),
+             moe=MoeBench(grouped_shapes=(("tiny", 6, 2, 64, 48),), routings=("skewed",),
+                          model_shapes=(("tiny", ("qwen3_moe", 2, 64, 8, 2, 32, 4, 2)),), models=("tiny",),
+                          vocab=96, batch=2, seq=16, steps=1, rounds=2, warmup=1, decode_batches=(1,), kv=8,
+                          decode_steps=2))
 
 
 def config_for(device: str, quick: bool, gemm_squares: str | None, shapes: dict | None = None,

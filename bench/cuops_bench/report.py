@@ -68,7 +68,7 @@ def save(results: dict, path: Path) -> None:
 
 # What names a row across runs: a merged results file keeps one row per key, the newest run's.
 ROW_KEY = ("family", "op", "dtype", "precision", "size", "label", "class", "model", "linear", "kind", "tokens",
-           "mode", "batch", "steps", "dropout")
+           "mode", "batch", "steps", "dropout", "routing")
 
 
 def row_key(r: dict) -> str:
@@ -93,7 +93,7 @@ def merge(old: dict, new: dict) -> dict:
     classes = {(c["class"], c["variant"]): c for c in old.get("shape_classes") or []}
     classes.update({(c["class"], c["variant"]): c for c in new.get("shape_classes") or []})
     # The model sections' configs (what their tables' headers read), kept where this run has none.
-    merged = {**{k: v for k, v in old.items() if k in ("llama", "gpt_train", "hf_llama", "hf_lora")}, **new}
+    merged = {**{k: v for k, v in old.items() if k in ("llama", "gpt_train", "hf_llama", "hf_lora", "moe")}, **new}
     merged.update(rows=rows, shape_classes=list(classes.values()),
                   overhead={**(old.get("overhead") or {}), **(new.get("overhead") or {})},
                   parts=(old.get("parts") or [run_part(old)]) + [run_part(new)])
@@ -179,6 +179,7 @@ def table_lines(results: dict) -> list[str]:
     lines += cross_entropy_lines(results)
     lines += hf_llama_lines(results)
     lines += hf_lora_lines(results)
+    lines += moe_lines(results)
     return lines
 
 
@@ -502,6 +503,56 @@ def hf_lora_lines(results: dict) -> list[str]:
         layers, hidden, ffn, heads, kv = train[0]["shape"]
         lines += ["", f"{model} ({layers} layers, width {hidden}, FFN {ffn}, {heads}/{kv} heads), dropout {dropout}:"]
         lines += train_step_lines(train, base="PEFT")
+    return lines
+
+
+MOE_GROUPED_HEAD = (f"{'shape':<22} {'routing':<8} {'product':<7} {'cuops':>9} {'TFLOP/s':>7} {'_grouped_mm':>11} "
+                    f"{'ratio':>7} {'loop':>9} {'ratio':>7} {'err':>8}")
+MOE_TRAIN_HEAD = f"{'variant':<20} {'ms/step':>9} {'vs hf fp32':>10} {'vs hf bf16':>10} {'vs liger':>9} {'GB a step adds':>14}"
+
+
+def moe_lines(results: dict) -> list[str]:
+    """The mixture-of-experts section (sections/moe.py): the grouped GEMM's products against
+    torch._grouped_mm and a per-expert loop; each model's training-step variants (ratios against HF's
+    two and Liger's) with the memory a step adds; decode."""
+    rows = [r for r in results["rows"] if r["family"] == "moe"]
+    if not rows:
+        return []
+    lines = []
+    grouped = [r for r in rows if r["op"] == "grouped_mm"]
+    if grouped:
+        lines += ["", "grouped GEMM (T x k rows sorted by expert against [E, N, K] weights read as HF does): "
+                  "ratio = baseline's time / cuops'", MOE_GROUPED_HEAD, "-" * len(MOE_GROUPED_HEAD)]
+    for r in grouped:
+        lead = f"{r['model']:<22} {r['routing']:<8} {r['kind']:<7}"
+        if r.get("status") != "ok":
+            lines.append(not_run_line(lead, r))
+            continue
+        tg, loop = r["baselines"].get("torch._grouped_mm"), r["baselines"]["loop"]
+        lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {r['cuops_tflops']:>7.1f} "
+                     f"{fmt_time(tg['ms']) if tg else '-':>11} {fmt_ratio(tg['ratio'] if tg else None):>7} "
+                     f"{fmt_time(loop['ms']):>9} {fmt_ratio(loop['ratio']):>7} {r['check']['rel_error_vs_loop']:>8.1e}")
+    cfg = (results.get("moe") or {}).get("config") or {}
+    for model in dict.fromkeys(r["model"] for r in rows if r["op"] == "train_step"):
+        train = [r for r in rows if r["op"] == "train_step" and r["model"] == model]
+        shape = dict(cfg.get("model_shapes") or ()).get(model)
+        lines += ["", f"{model} {shape or ''}: training step, {cfg.get('batch')} x {cfg.get('seq')} tokens, "
+                  f"{(results.get('moe') or {}).get('optimizer')}; fp32 = float32 weights under bf16 autocast",
+                  MOE_TRAIN_HEAD, "-" * len(MOE_TRAIN_HEAD)]
+        ms = {r["mode"]: r["cuops_ms"] for r in train if r.get("status") == "ok"}
+        for r in train:
+            if r.get("status") != "ok":
+                lines.append(not_run_line(f"{r['mode']:<20}", r))
+                continue
+            vs = [fmt_ratio(ms[b] / r["cuops_ms"] if b in ms else None) for b in ("hf fp32", "hf bf16", "liger fp32")]
+            gb = r.get("cuops_added_gb")
+            lines.append(f"{r['mode']:<20} {fmt_time(r['cuops_ms']):>9} {vs[0]:>10} {vs[1]:>10} {vs[2]:>9} "
+                         f"{'-' if gb is None else f'{gb:.2f}':>14}")
+        for r in [r for r in rows if r["op"] == "decode" and r["model"] == model]:
+            lead = f"decode {r['batch']:>3} {r['size']:<14}"
+            lines.append(not_run_line(lead, r) if r.get("status") != "ok" else
+                         f"{lead} patch {fmt_time(r['cuops_ms'])}, HF {fmt_time(r['baselines']['torch']['ms'])}, "
+                         f"{fmt_ratio(r['ratio'])}, argmax agreement {r['check']['argmax_agreement']:.2f}")
     return lines
 
 

@@ -305,6 +305,65 @@ inline std::tuple<at::Tensor, at::Tensor> _rotary_bwd(const at::Tensor& grad_q,
   return handle.call(grad_q, grad_k, cos, sin, dtype);
 }
 
+// Grouped GEMM (torch._grouped_mm's forms): a [S, K] with b [E, K, N] -> [S, N], the rows of group e
+// (offs[e-1] <= r < offs[e]) times b[e], zeros past offs[E-1]; or a [M, S] with b [S, N] ->
+// [E, M, N], group e's columns of a times its rows of b. offs int32/int64 [E] on a's device, never
+// read on the host. Differentiable in a and b.
+inline at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "cuops::grouped_mm");
+  return handle.call(a, b, offs);
+}
+
+// A mixture-of-experts router after its logits [..., E]: (the k largest softmax probabilities,
+// divided by their sum where renorm, in weight_dtype or float32; their indices, int64). Ties go to
+// the lower index. Differentiable in logits.
+inline std::tuple<at::Tensor, at::Tensor> moe_topk_softmax(
+    const at::Tensor& logits, int64_t k, bool renorm = false,
+    std::optional<at::ScalarType> weight_dtype = std::nullopt) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, int64_t, bool, std::optional<at::ScalarType>)>("cuops::moe_topk_softmax");
+  return handle.call(logits, k, renorm, weight_dtype);
+}
+
+// A mixture of experts' experts: out[t] = sum_j topk_w[t, j] * down[e] (act(g) * u), [g | u] =
+// gate_up[e] x[t], e = topk_idx[t, j]; x [T, H], topk_idx [T, k] int32/int64 (an index outside
+// [0, E) adds nothing), topk_w [T, k], gate_up [E, 2I, H], down [E, H, I]; activation silu or
+// gelu_tanh. Differentiable in x, topk_w, gate_up and down.
+inline at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& topk_idx,
+                              const at::Tensor& topk_w, const at::Tensor& gate_up,
+                              const at::Tensor& down, std::string_view activation = "silu") {
+  static const auto handle =
+      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, std::string_view)>(
+          "cuops::moe_experts");
+  return handle.call(x, topk_idx, topk_w, gate_up, down, activation);
+}
+// moe_experts' pieces for its backward (internal; the schema may change): the output, the gate/up
+// products in expert order [S, 2I], the pairs' order, each pair's place in it, each expert's end.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> _moe_experts_fwd(
+    const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_w,
+    const at::Tensor& gate_up, const at::Tensor& down, std::string_view activation) {
+  static const auto handle =
+      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+          const at::Tensor&, std::string_view)>("cuops::_moe_experts_fwd");
+  return handle.call(x, topk_idx, topk_w, gate_up, down, activation);
+}
+// moe_experts' backward (internal): the gradients of x, topk_w, gate_up and down output_mask asks for.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _moe_experts_bwd(
+    const at::Tensor& dout, const at::Tensor& x, const at::Tensor& topk_w,
+    const at::Tensor& gate_up, const at::Tensor& down, const at::Tensor& gu,
+    const at::Tensor& order, const at::Tensor& pos, const at::Tensor& offs,
+    std::string_view activation, std::array<bool, 4> output_mask) {
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string_view,
+      std::array<bool, 4>)>("cuops::_moe_experts_bwd");
+  return handle.call(dout, x, topk_w, gate_up, down, gu, order, pos, offs, activation, output_mask);
+}
+
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.
 inline std::string build_info() {
   static const auto handle = detail::op<std::string()>("cuops::build_info");

@@ -63,6 +63,9 @@ __all__ = [
     "rms_norm",
     "add_rms_norm",
     "rotary",
+    "grouped_mm",
+    "moe_topk_softmax",
+    "moe_experts",
     "patch",
     "patch_report",
     "build_info",
@@ -508,6 +511,102 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     Calls torch.ops.cuops.rotary.
     """
     return torch.ops.cuops.rotary(q, k, cos, sin, dtype)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """A grouped matrix product with the group sizes on the device, in torch._grouped_mm's two forms
+    (docs/ops.md#grouped_mm).
+
+    Args:
+        a: [S, K] rows in group order, or [M, S] columns in group order.
+        b: [E, K, N], one matrix per group (with a [S, K]), or [S, N] (with a [M, S]).
+        offs: int32 or int64 [E] group ends: group e is [offs[e-1], offs[e]), offs[-1] = 0; on a's
+            device, never read back to the host (no sync; CUDA-graph capturable).
+
+    Returns:
+        [S, N]: row r of group e is a[r] @ b[e], rows past offs[E-1] zeros; or [E, M, N]: group e's
+        columns of a times its rows of b (zeros for an empty group). In a's dtype.
+
+    Dtypes: float32, float64, float16, bfloat16 (a and b one dtype), accumulated in float32 (float64
+    for float64) and rounded once. Under CUDA autocast a and b are cast as F.linear casts them.
+    On CPU offs must be non-decreasing and within [0, S] (a RuntimeError otherwise); on CUDA, where
+    checking would need a sync, each end is taken as min(S, the largest of offs[0..e]).
+
+    Autograd: differentiable in a and b (both gradients are grouped products again).
+
+    Raises:
+        RuntimeError: "cuops::grouped_mm: ..." for a bad shape, dtype or device (b neither [E, K, N]
+            with E offs' length nor [S, N]; offs not int32 or int64), more than 8192 groups, or (CPU)
+            ends that decrease or pass S.
+
+    Calls torch.ops.cuops.grouped_mm.
+    """
+    return torch.ops.cuops.grouped_mm(a, b, offs)
+
+
+def moe_topk_softmax(logits: torch.Tensor, k: int, renorm: bool = False,
+                     weight_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture-of-experts router after its logits: softmax, top-k and the optional renormalisation
+    (docs/ops.md#moe_topk_softmax).
+
+    Args:
+        logits: the router's [..., E] logits.
+        k: how many experts each token takes (1 <= k <= E).
+        renorm: divide the k probabilities by their sum (Mixtral; Qwen's norm_topk_prob).
+        weight_dtype: the weights' dtype (Qwen and OLMoE cast them to the logits' dtype); default
+            the softmax's: float32 (float64 for float64 logits).
+
+    Returns:
+        (weights [..., k], indices int64 [..., k]), largest first; equal probabilities go to the
+        lower expert index.
+
+    Dtypes: logits float32, float64, float16 or bfloat16; the softmax in float32 (float64 for
+    float64), as Hugging Face's routers compute it. Under autocast nothing is cast.
+
+    Autograd: differentiable in logits through the weights (the indices are not differentiable).
+
+    Raises:
+        RuntimeError: "cuops::moe_topk_softmax: ..." for k outside [1, E] or a non-floating dtype.
+
+    Calls torch.ops.cuops.moe_topk_softmax.
+    """
+    return torch.ops.cuops.moe_topk_softmax(logits, k, renorm, weight_dtype)
+
+
+def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, gate_up: torch.Tensor,
+                down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """A mixture of experts' experts, as Hugging Face's experts modules compute them
+    (docs/ops.md#moe_experts): out[t] = sum_j topk_w[t, j] * down[e] @ (act(g) * u) with
+    [g | u] = gate_up[e] @ x[t] and e = topk_idx[t, j].
+
+    Args:
+        x: the [T, H] tokens.
+        topk_idx: int32 or int64 [T, k] expert indices; one outside [0, E) adds nothing (Hugging
+            Face's expert-parallel convention).
+        topk_w: the [T, k] routing weights (any floating dtype; the sum runs in float32).
+        gate_up: [E, 2I, H], each expert's gate rows then its up rows (read in place).
+        down: [E, H, I] (read in place).
+        activation: "silu" or "gelu_tanh", applied to g.
+
+    Returns:
+        A new [T, H] tensor of x's dtype; every shape fixed by the inputs' (no host sync).
+
+    Dtypes: float32, float64, float16, bfloat16 (x, gate_up and down one dtype); products accumulate
+    in float32 (float64 for float64); each token's k rows are summed in slot order in float32 and
+    rounded once, so the bits repeat. Under CUDA autocast x and both weights are cast as F.linear
+    casts them (float32 masters through autocast's cache).
+
+    Autograd: differentiable in x, topk_w, gate_up and down; the backward keeps the gate/up products
+    [T*k, 2I] and the routing's sort.
+
+    Raises:
+        RuntimeError: "cuops::moe_experts: ..." for a bad shape, dtype or device (gate_up not
+            [E, 2I, H] or down not [E, H, I] for x's H; topk_idx not int32/int64 [T, k]; topk_w not
+            topk_idx's shape), more than 8192 experts, or another activation.
+
+    Calls torch.ops.cuops.moe_experts.
+    """
+    return torch.ops.cuops.moe_experts(x, topk_idx, topk_w, gate_up, down, activation)
 
 
 def patch(model: torch.nn.Module, fused_loss: bool = True) -> torch.nn.Module:

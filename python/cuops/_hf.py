@@ -1,4 +1,5 @@
-"""cuops.patch: a built Hugging Face Llama-family model onto cuops' fused ops, in place (docs/patch.md).
+"""cuops.patch: a built Hugging Face Llama-family model (dense, or a mixture of experts: Mixtral, Qwen2-MoE,
+Qwen3-MoE, OLMoE) onto cuops' fused ops, in place (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
 - every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a layer's input norm comes out in
@@ -15,6 +16,9 @@ What changes, module by module (the parameters, buffers and state_dict stay as t
   (so a KV cache keeps keys in the values' dtype);
 - the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
   without biases (other MLPs are left alone);
+- a mixture of experts' experts module is cuops.moe_experts (its 3-D weights read in place); the
+  block around it (router, shared expert, Mixtral's jitter) stays the family's own code, so the
+  router's output recorders (output_router_logits) and hooks see what they see unpatched;
 - the causal LM's training forward with labels returns the loss of cuops.linear_cross_entropy over
   the final hidden states (the [tokens, vocab] logits are never made: LOGITS_NOT_MADE stands in their
   place and raises, naming fused_loss=False, on any use), and gives
@@ -47,10 +51,13 @@ import cuops
 
 
 class _Family(NamedTuple):
-    prefix: str  # class name prefix: Llama, Mistral, Qwen2, Qwen3
+    prefix: str  # class name prefix: Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, ...
     # The sliding window the family's attention hands to the attention interface (None: no argument).
     sliding_window: Optional[Callable[[nn.Module], Optional[int]]]
     qk_norm: bool  # q_norm / k_norm on each head before the rotation (Qwen3)
+    # Whether its attention is Llama's (plus the two fields above); OLMoE's normalises the whole q and k
+    # projections and clamps them (clip_qkv): it runs as its module.
+    llama_attention: bool = True
 
 
 _FAMILIES = {
@@ -58,6 +65,11 @@ _FAMILIES = {
     "mistral": _Family("Mistral", lambda attn: getattr(attn.config, "sliding_window", None), False),
     "qwen2": _Family("Qwen2", lambda attn: attn.sliding_window, False),
     "qwen3": _Family("Qwen3", lambda attn: attn.sliding_window, True),
+    # Mixtures of experts: the dense families' layers with an experts module in the MLP's place.
+    "mixtral": _Family("Mixtral", lambda attn: getattr(attn.config, "sliding_window", None), False),
+    "qwen2_moe": _Family("Qwen2Moe", None, False),  # its attention's mask carries the window
+    "qwen3_moe": _Family("Qwen3Moe", lambda attn: attn.sliding_window, True),
+    "olmoe": _Family("Olmoe", None, False, llama_attention=False),
 }
 
 _SUBCLASSES: dict[tuple[type, Callable], type] = {}
@@ -107,6 +119,8 @@ def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=Non
         return _decoder_layer_forward
     if role == "mlp":
         return _mlp_forward
+    if role == "experts":
+        return _experts_forward
     if role == "causal_lm":
         return _causal_lm_forward(cls)
     if family is None:
@@ -327,6 +341,45 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     return cuops.lora_linear(h, _weight_of(down), a, b, None, "none", lora_x)
 
 
+# The experts implementations that compute what moe_experts does (transformers' own three); one
+# registered by a user through ExpertsInterface may compute anything, so it runs.
+_HF_EXPERTS = ("eager", "grouped_mm", "batched_mm")
+_GATES = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _experts_why_not(experts: nn.Module) -> Optional[str]:
+    """Why an experts module (transformers' 3-D gate_up_proj [E, 2I, H] and down_proj [E, H, I]) runs
+    as its module, or None where cuops.moe_experts computes exactly what it does (_plain: nothing around
+    it, plain parameters; gate and up concatenated, not transposed, no biases, the default gating of
+    act(gate) * up with silu or gelu_tanh, one of transformers' implementations)."""
+    plain = _plain(experts, "experts")
+    if isinstance(plain, str):
+        return plain
+    if not (experts.has_gate and experts.is_concatenated) or experts.is_transposed or experts.has_bias:
+        return "an experts layout moe_experts does not read (interleaved, transposed, biased or ungated)"
+    from transformers.integrations.moe import _default_apply_gate
+    if "_apply_gate" in experts.__dict__ or type(experts)._apply_gate is not _default_apply_gate:
+        return "a gating of its own (_apply_gate)"
+    if _GATES.get(experts.config.hidden_act) is None:
+        return f"activation {experts.config.hidden_act!r}"
+    impl = experts.config._experts_implementation
+    if impl is not None and impl not in _HF_EXPERTS:
+        return f"experts implementation {impl!r} (a registered one runs as it is)"
+    return None
+
+
+def _experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                     top_k_weights: torch.Tensor) -> torch.Tensor:
+    """cuops.moe_experts where it computes what the module does (_experts_why_not) and the tokens come in
+    the weights' dtype or CUDA autocast casts both (transformers' grouped_mm casts the tokens to a
+    float32 weight's dtype, which the op refuses outside autocast); else the module's own forward."""
+    if _experts_why_not(self) is not None or (
+            hidden_states.dtype != self.gate_up_proj.dtype and _autocast_dtype(hidden_states) is None):
+        return self._cuops_base.forward(self, hidden_states, top_k_index, top_k_weights)
+    return cuops.moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj,
+                             _GATES[self.config.hidden_act])
+
+
 def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                            use_cache=False, position_embeddings=None, **kwargs):
     residual = hidden_states
@@ -497,7 +550,11 @@ def _fused_loss_why_not(model: nn.Module, logits_to_keep, causal_lm_loss: Callab
 @functools.lru_cache(maxsize=None)
 def _causal_lm_forward(base: type) -> Callable:
     from transformers.loss.loss_utils import ForCausalLMLoss
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+
+    # A mixture of experts' causal LM also returns its routers' logits and adds their load-balancing
+    # loss (its family's load_balancing_loss_func, as its own forward calls it).
+    balance = getattr(importlib.import_module(base.__module__), "load_balancing_loss_func", None)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -516,6 +573,10 @@ def _causal_lm_forward(base: type) -> Callable:
         return_dict = kwargs.pop("return_dict", None)
         if return_dict is None:  # as transformers' can_return_tuple: the config decides
             return_dict = getattr(self.config, "return_dict", True)
+        if balance is not None:
+            router_logits = kwargs.pop("output_router_logits", None)
+            kwargs["output_router_logits"] = (self.config.output_router_logits if router_logits is None
+                                              else router_logits)
         tokens = input_ids if input_ids is not None else inputs_embeds
         if tokens is not None and _plain_causal(self.config, attention_mask, position_ids, past_key_values,
                                                 tokens.shape[1]):
@@ -531,8 +592,17 @@ def _causal_lm_forward(base: type) -> Callable:
                                           "mean" if num_items is None else "sum")
         if num_items is not None:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-        out = CausalLMOutputWithPast(loss=loss, logits=LOGITS_NOT_MADE, past_key_values=outputs.past_key_values,
-                                     hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        if balance is None:
+            out = CausalLMOutputWithPast(loss=loss, logits=LOGITS_NOT_MADE, past_key_values=outputs.past_key_values,
+                                         hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+            return out if return_dict else out.to_tuple()
+        aux_loss = None
+        if kwargs["output_router_logits"]:
+            aux_loss = balance(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
+            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+        out = MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=LOGITS_NOT_MADE,
+                                        past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
+                                        attentions=outputs.attentions, router_logits=outputs.router_logits)
         return out if return_dict else out.to_tuple()
 
     return forward
@@ -575,9 +645,10 @@ def _roles(model: nn.Module):
     """(class, role) pairs patch() swaps: each matched by its forward, so a user's subclass with a
     forward of its own keeps it (one that only adds methods is patched as its base)."""
     family, mod = _family_of(model)
-    cls = lambda name: getattr(mod, f"{family.prefix}{name}")  # noqa: E731
-    return family, mod, [(cls("RMSNorm"), "rms_norm"), (cls("DecoderLayer"), "decoder_layer"),
-                         (cls("Attention"), "attention"), (cls("MLP"), "mlp"), (cls("ForCausalLM"), "causal_lm")]
+    names = [("RMSNorm", "rms_norm"), ("DecoderLayer", "decoder_layer"), ("Attention", "attention"), ("MLP", "mlp"),
+             ("Experts", "experts"), ("ForCausalLM", "causal_lm")]
+    return family, mod, [(getattr(mod, family.prefix + name), role) for name, role in names
+                         if hasattr(mod, family.prefix + name) and (role != "attention" or family.llama_attention)]
 
 
 def patch(model: nn.Module, fused_loss: bool = True) -> nn.Module:
@@ -659,6 +730,8 @@ def patch_report(model: nn.Module) -> PatchReport:
             if why is None and any(_bias_of(lin) is not None for lin in lins):
                 why = "a projection with a bias"
             add(name, "swiglu + linear", why or _dtypes_why_not(lins))
+        elif role == "experts":
+            add(name, "moe_experts", _experts_why_not(m))
     if getattr(type(target), "_cuops_role", None) == "causal_lm":  # the head last, as the model runs it
         from transformers.loss.loss_utils import ForCausalLMLoss
         add("lm_head", "linear_cross_entropy (train)", _fused_loss_why_not(target, 0, ForCausalLMLoss))

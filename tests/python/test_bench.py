@@ -42,11 +42,11 @@ def test_cpu_smoke_run(tmp_path):
                                      "the real run")
 def test_cpu_smoke_shapes_and_llama(tmp_path):
     """The sections a run measures only when named (the shape suite, the Llama-style model, the GPT
-    training step, the fused ops, the LM-head loss), at the cpu config's tiny sizes: every row runs, the class summary and
+    training step, the fused ops, the LM-head loss, the mixture of experts), at the cpu config's tiny sizes: every row runs, the class summary and
     the models' agreement checks are filled."""
     library = str(LIBRARY.absolute())
     proc = run([BENCH / "run.py", "--device", "cpu", "--only",
-                "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm,hf_llama,hf_lora",
+                "gemm_shapes,llama,gpt_train,fused,cross_entropy,rms_norm,hf_llama,hf_lora,moe",
                 "--out", tmp_path], tmp_path, CUOPS_LIBRARY=library)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "cpu_smoke.json").read_text())
@@ -119,6 +119,19 @@ def test_cpu_smoke_shapes_and_llama(tmp_path):
     assert set(lora) == {("tiny", 0.0, "eager"), ("tiny", 0.05, "eager")}, lora
     assert all(r["status"] == "ok" and r["ratio"] > 0 and "torch eager" in r["baselines"] for r in lora.values()), lora
     assert any(ln.startswith("PEFT eager ") for ln in lines), proc.stdout
+    # Mixtures of experts: the grouped GEMM's three products against the per-expert loop (no
+    # torch._grouped_mm on the cpu), the float32 training step of HF and of the patch, decode.
+    moe = {(r["op"], r.get("kind") or r.get("mode") or r.get("batch")): r for r in results["rows"] if r["family"] == "moe"}
+    assert set(moe) == {("grouped_mm", "forward"), ("grouped_mm", "dX"), ("grouped_mm", "dW"), ("train_step", "hf fp32"),
+                        ("train_step", "patch fp32"), ("decode", 1)}, sorted(moe)
+    for r in moe.values():
+        assert r["status"] == "ok", r
+    for kind in ("forward", "dX", "dW"):
+        assert moe[("grouped_mm", kind)]["check"]["rel_error_vs_loop"] < 1e-5
+    assert abs(moe[("train_step", "patch fp32")]["check"]["first_loss"] / moe[("train_step", "hf fp32")]["check"][
+        "first_loss"] - 1) < 1e-5
+    assert moe[("decode", 1)]["check"]["argmax_agreement"] == 1.0
+    assert any(ln.startswith("patch fp32 ") for ln in lines), proc.stdout
 
 
 def test_check_reads_committed_results():

@@ -23,11 +23,12 @@ import cuops
 from cuops import _library
 
 TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm", "linear", "swiglu", "lora_linear",
-              "lora_swiglu", "rms_norm", "add_rms_norm", "rotary", "linear_cross_entropy"]
+              "lora_swiglu", "rms_norm", "add_rms_norm", "rotary", "linear_cross_entropy", "grouped_mm",
+              "moe_topk_softmax", "moe_experts"]
 # Ops whose names start with "_" are internal (an op's pieces for its backward): no typed function.
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
-PY_TYPE = {"Tensor": torch.Tensor, "float": float, "int": int, "str": str,
+PY_TYPE = {"Tensor": torch.Tensor, "float": float, "int": int, "str": str, "bool": bool,
            "Optional[Tensor]": typing.Optional[torch.Tensor], "Optional[int]": typing.Optional[torch.dtype]}  # ScalarType? reads as int
 
 
@@ -136,8 +137,12 @@ class TypedModel(torch.nn.Module):
         rq, rk = cuops.rotary(g.view(1, 2, 4, 4), h.view(1, 2, 4, 4), w[None], w[None].flip(1))
         adapted = cuops.lora_swiglu(cuops.lora_linear(g, w, w[:2], w[:, :2], None, "silu", h), w, w, w[:2],
                                     w[:, 2:], w[:, :2])
+        weights, experts = cuops.moe_topk_softmax(g, 2, True)
+        gate_up = torch.stack([w, w.flip(0), w.flip(1), w.t()])
+        offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32, device=g.device)
+        moe = cuops.moe_experts(g, experts, weights, gate_up, gate_up[:, :, :2]) + cuops.grouped_mm(g, gate_up, offs)
         return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w) + adapted, cuops.two_norm(g, h),
-                cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s, rq + rk)
+                cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s, rq + rk, moe)
 
 
 def model_inputs(device):
@@ -181,8 +186,12 @@ def scripted_every_op(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor):
     rq, rk = cuops.rotary(g.view(1, 2, 4, 4), h.view(1, 2, 4, 4), w[None], w[None].flip(1))
     adapted = cuops.lora_swiglu(cuops.lora_linear(g, w, w[:2], w[:, :2], None, "silu", h), w, w, w[:2],
                                 w[:, 2:], w[:, :2])
+    weights, experts = cuops.moe_topk_softmax(g, 2, True)
+    gate_up = torch.stack([w, w.flip(0), w.flip(1), w.t()])
+    offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32, device=g.device)
+    moe = cuops.moe_experts(g, experts, weights, gate_up, gate_up[:, :, :2]) + cuops.grouped_mm(g, gate_up, offs)
     return (cuops.swiglu(cuops.linear(g, w, None, "gelu"), w, w) + adapted, cuops.two_norm(g, h),
-            cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s, rq + rk)
+            cuops.linear_cross_entropy(g, w, target), cuops.rms_norm(normed, w[1]) + s, rq + rk, moe)
 
 
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")

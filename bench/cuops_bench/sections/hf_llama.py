@@ -135,13 +135,7 @@ def time_training(bench: Bench, cfg: HfLlamaBench, rows: list, adapt=None) -> No
         t0 = time.perf_counter()
         for _ in range(cfg.warmup):
             step()
-        bench.sync()
-        base = torch.cuda.memory_allocated() if bench.cuda else 0
-        if bench.cuda:
-            torch.cuda.reset_peak_memory_stats()
-        step()
-        bench.sync()
-        mem[key] = (torch.cuda.max_memory_allocated() - base) / 1e9 if bench.cuda else None
+        mem[key] = added_gb(bench, step)
         log(f"hf_llama {key}: warm-up {time.perf_counter() - t0:.1f}s")
     times = {k: [] for k in variants}
     keys = list(variants)
@@ -161,6 +155,19 @@ def time_training(bench: Bench, cfg: HfLlamaBench, rows: list, adapt=None) -> No
         row["baselines"] = {k: {"ms": ms[k], "runs_ms": times[k], "ratio": ms[k] / ms[mine], "added_gb": mem[k]}
                             for k in variants if k != mine}
     del variants, eager, opts, models, ref
+
+
+def added_gb(bench: Bench, step) -> float | None:
+    """The GB one call of step adds at its peak over what is allocated before it (None on the cpu)."""
+    bench.sync()
+    if not bench.cuda:
+        step()
+        return None
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    bench.sync()
+    return (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
 def time_inference(bench: Bench, cfg: HfLlamaBench, rows: list) -> None:

@@ -1,0 +1,517 @@
+// Mixture of experts (docs/ops.md#grouped_mm, #moe_topk_softmax, #moe_experts): checks, CPU, CUDA,
+// Meta, Autograd, Autocast.
+//
+// grouped_mm is the family's GEMM: torch._grouped_mm's two forms (groups of rows against a 3-D
+// weight; groups along K, a per-group weight gradient), the group ends on the device. moe_experts is
+// a whole experts module (Hugging Face's [E, 2I, H] gate_up and [E, H, I] down, read in place):
+// a stable sort of the (token, slot) pairs by expert, the gate/up grouped GEMM on the tokens in that
+// order, the gated activation, the down grouped GEMM, and the weighted sum of each token's k rows in
+// slot order, in the accumulation type, rounded once. Every step is a fixed function of the routing,
+// so the bits repeat; no size is read back to the host, so the shapes are fixed (CUDA graphs,
+// torch.compile without a graph break).
+//
+// The pieces run on CPU and CUDA alike (one composition; the grouped products and index passes are
+// the device's), and the backward keeps the sort and the [S, 2I] gate/up products:
+//   dh' = dout[tok] @ down[e]             (grouped, rows)      dw = <dh', h> per pair
+//   ddown[e] = dout[tok]^T (w h)           (grouped along K)    dgu = act_bwd(w dh', g, u)
+//   dgate_up[e] = dgu^T x[tok]            (grouped along K)    dx = sum over slots of dgu @ gate_up[e]
+// dw from <dh', h> = <dout, h down^T> needs no [S, H] down output kept.
+#include "ops/common.h"
+
+#include <limits>
+#include <string_view>
+
+namespace cuops::ops {
+namespace {
+
+// ---- grouped_mm: a [S, K] with b [E, K, N] (Rows: out [S, N]) or a [M, S] with b [S, N] (K: out
+// [E, M, N]); offs int32 or int64 [E], group e's end.
+
+enum class Grouped { Rows, K };
+
+Grouped check_grouped_mm(const char* op, const at::Tensor& a, const at::Tensor& b,
+                         const at::Tensor& offs) {
+  check_dtypes_and_devices(op, {{"a", &a}, {"b", &b}});
+  TORCH_CHECK(offs.scalar_type() == at::kInt || offs.scalar_type() == at::kLong, "cuops::", op,
+              ": expected offs to have dtype int32 or int64, got ", dtype_name(offs.scalar_type()));
+  TORCH_CHECK(offs.device() == a.device(), "cuops::", op, ": expected offs on the device of a (",
+              a.device(), "), got ", offs.device());
+  check_dim(op, "offs", offs, 1);
+  TORCH_CHECK(a.dim() == 2, "cuops::", op, ": expected a to be 2-D ([S, K] or [M, S]), got ",
+              a.dim(), "-D tensor of shape ", shape_str(a));
+  TORCH_CHECK(offs.sym_size(0) <= kernels::kGroupedMaxGroups, "cuops::", op, ": expected at most ",
+              kernels::kGroupedMaxGroups, " groups (offs' length), got ", offs.sym_size(0));
+  if (b.dim() == 3) {
+    TORCH_CHECK(b.sym_size(0) == offs.sym_size(0), "cuops::", op,
+                ": expected b [E, K, N] to have one matrix per group (offs ", shape_str(offs),
+                "), got b ", shape_str(b));
+    TORCH_CHECK(b.sym_size(1) == a.sym_size(1), "cuops::", op,
+                ": expected a [S, K] and b [E, K, N] to share K, got a ", shape_str(a), " and b ",
+                shape_str(b));
+    return Grouped::Rows;
+  }
+  TORCH_CHECK(b.dim() == 2, "cuops::", op,
+              ": expected b to be 3-D ([E, K, N], groups of a's rows) or 2-D ([S, N], groups "
+              "along a's columns), got ",
+              b.dim(), "-D tensor of shape ", shape_str(b));
+  TORCH_CHECK(b.sym_size(0) == a.sym_size(1), "cuops::", op,
+              ": expected a [M, S] and b [S, N] to share S, got a ", shape_str(a), " and b ",
+              shape_str(b));
+  return Grouped::K;
+}
+
+std::vector<c10::SymInt> grouped_out_shape(Grouped form, const at::Tensor& a, const at::Tensor& b,
+                                           const at::Tensor& offs) {
+  if (form == Grouped::Rows) return {a.sym_size(0), b.sym_size(2)};
+  return {offs.sym_size(0), a.sym_size(0), b.sym_size(1)};
+}
+
+// CPU: the ends checked (non-decreasing, within [0, extent]), each group's product in the
+// accumulation type, rounded once; rows (Rows) past the last group and empty groups (K) are zeros.
+at::Tensor grouped_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  const Grouped form = check_grouped_mm("grouped_mm", a, b, offs);
+  const int64_t extent = form == Grouped::Rows ? a.size(0) : a.size(1);
+  const at::Tensor ends = offs.to(at::kLong).contiguous();
+  const int64_t* end = ends.data_ptr<int64_t>();
+  const auto acc = acc_type(a);
+  at::Tensor out =
+      at::zeros(form == Grouped::Rows ? std::vector<int64_t>{a.size(0), b.size(2)}
+                                      : std::vector<int64_t>{offs.size(0), a.size(0), b.size(1)},
+                a.options().dtype(acc));
+  int64_t start = 0;
+  for (int64_t e = 0; e < offs.size(0); ++e) {
+    TORCH_CHECK(end[e] >= start && end[e] <= extent, "cuops::grouped_mm: expected offs to be ",
+                "non-decreasing group ends within [0, ", extent, "], got offs[", e, "] = ", end[e],
+                e > 0 ? " after " : "", e > 0 ? std::to_string(end[e - 1]) : std::string());
+    const int64_t len = end[e] - start;
+    if (len > 0) {
+      if (form == Grouped::Rows)
+        out.narrow(0, start, len).copy_(at::mm(a.narrow(0, start, len).to(acc), b[e].to(acc)));
+      else
+        out[e].copy_(at::mm(a.narrow(1, start, len).to(acc), b.narrow(0, start, len).to(acc)));
+    }
+    start = end[e];
+  }
+  return out.to(a.scalar_type());
+}
+
+// CUDA: the general grouped kernels (kernels/gemm/grouped_simt.cu), any strides; offs as int32
+// (an int64 end past 2^31 is past any extent these take) and never read on the host.
+at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  const Grouped form = check_grouped_mm("grouped_mm", a, b, offs);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const int64_t extent = form == Grouped::Rows ? a.size(0) : a.size(1);
+  TORCH_CHECK(extent <= std::numeric_limits<int32_t>::max(), "cuops::grouped_mm: expected fewer ",
+              "than 2^31 grouped rows, got ", extent);
+  const at::Tensor ends = offs.to(at::kInt).contiguous();
+  const int64_t groups = offs.size(0);
+  at::Tensor out =
+      at::empty(form == Grouped::Rows ? std::vector<int64_t>{a.size(0), b.size(2)}
+                                      : std::vector<int64_t>{groups, a.size(0), b.size(1)},
+                a.options());
+  if (form == Grouped::Rows)
+    C10_CUDA_CHECK(kernels::launch_grouped_mm_rows(
+        kernel_dtype(a.scalar_type()), a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(),
+        b.stride(0), b.stride(1), b.stride(2), ends.data_ptr<int32_t>(), groups, a.size(0),
+        a.size(1), b.size(2), out.data_ptr(), current_stream(a)));
+  else
+    C10_CUDA_CHECK(kernels::launch_grouped_mm_k(
+        kernel_dtype(a.scalar_type()), a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(),
+        b.stride(0), b.stride(1), ends.data_ptr<int32_t>(), groups, a.size(0), a.size(1), b.size(1),
+        out.data_ptr(), current_stream(a)));
+  return out;
+}
+
+at::Tensor grouped_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  const Grouped form = check_grouped_mm("grouped_mm", a, b, offs);
+  return at::empty_symint(grouped_out_shape(form, a, b, offs), a.options());
+}
+
+// Both gradients are grouped_mm again: Rows: da = dout @ b[e]^T, db[e] = a_e^T dout_e (along K);
+// K: da^T = b @ dout[e]^T (rows), db = a^T @ dout[e] (rows).
+class GroupedMmFunction : public torch::autograd::Function<GroupedMmFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& offs) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({a, b, offs});
+    return cuops::grouped_mm(a, b, offs);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1], &offs = saved[2], &dout = grads[0];
+    at::Tensor da, db;
+    if (b.dim() == 3) {
+      if (ctx->needs_input_grad(0)) da = cuops::grouped_mm(dout, b.transpose(1, 2), offs);
+      if (ctx->needs_input_grad(1)) db = cuops::grouped_mm(a.t(), dout, offs);
+    } else {
+      if (ctx->needs_input_grad(0)) da = cuops::grouped_mm(b, dout.transpose(1, 2), offs).t();
+      if (ctx->needs_input_grad(1)) db = cuops::grouped_mm(a.t(), dout, offs);
+    }
+    return {da, db, at::Tensor()};
+  }
+};
+
+at::Tensor grouped_mm_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  return GroupedMmFunction::apply(a, b, offs);
+}
+
+// Under CUDA autocast, as F.linear: a and b in the autocast dtype (a float32 expert weight through
+// autocast's cache).
+at::Tensor grouped_mm_autocast(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return cuops::grouped_mm(autocast_cuda(a), autocast_cuda(b), offs);
+}
+
+// ---- moe_topk_softmax: softmax over the last dim in the math type (float32; float64 for float64
+// logits), the k largest (ties: the lower expert index first, a stable sort), optionally divided by
+// their sum, cast to weight_dtype (default: the math type); indices int64 as torch.topk's.
+
+at::ScalarType softmax_type(const at::Tensor& logits) {
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+void check_topk_softmax(const at::Tensor& logits, int64_t k) {
+  check_dtypes_and_devices("moe_topk_softmax", {{"logits", &logits}});
+  TORCH_CHECK(logits.dim() >= 1, "cuops::moe_topk_softmax: expected logits to be at least 1-D ",
+              "([..., E]), got 0-D");
+  TORCH_CHECK(k >= 1 && k <= logits.sym_size(-1), "cuops::moe_topk_softmax: expected k in [1, ",
+              logits.sym_size(-1), "] (logits' last dimension), got ", k);
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_softmax_kernel(const at::Tensor& logits, int64_t k,
+                                                       bool renorm,
+                                                       std::optional<at::ScalarType> wtype) {
+  check_topk_softmax(logits, k);
+  const at::Tensor p = at::softmax(logits, -1, softmax_type(logits));
+  auto [sorted, order] = at::sort(p, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  at::Tensor v = sorted.narrow(-1, 0, k);
+  if (renorm) v = v / v.sum(-1, /*keepdim=*/true);
+  return {v.to(wtype.value_or(p.scalar_type())).contiguous(), order.narrow(-1, 0, k).contiguous()};
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_softmax_meta(const at::Tensor& logits, int64_t k,
+                                                     bool renorm,
+                                                     std::optional<at::ScalarType> wtype) {
+  check_topk_softmax(logits, k);
+  std::vector<c10::SymInt> shape(logits.sym_sizes().begin(), logits.sym_sizes().end());
+  shape.back() = k;
+  return {at::empty_symint(shape, logits.options().dtype(wtype.value_or(softmax_type(logits)))),
+          at::empty_symint(shape, logits.options().dtype(at::kLong))};
+}
+
+// d logits = p (d - <d, p>), d the weights' gradient on the chosen experts (through the division by
+// their sum where renorm: (dw - <dw, w>) / sum) and 0 elsewhere; p recomputed from the logits ([T, E],
+// one pass) rather than kept.
+class TopkSoftmaxFunction : public torch::autograd::Function<TopkSoftmaxFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, int64_t k,
+                               bool renorm, std::optional<at::ScalarType> wtype) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [w, idx] = cuops::moe_topk_softmax(logits, k, renorm, wtype);
+    ctx->save_for_backward({logits, idx});
+    ctx->saved_data["renorm"] = renorm;
+    ctx->mark_non_differentiable({idx});
+    return {w, idx};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &logits = saved[0], &idx = saved[1];
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor p = at::softmax(logits, -1, softmax_type(logits));
+    at::Tensor dv = grads[0].to(p.scalar_type());
+    if (ctx->saved_data["renorm"].toBool()) {
+      const at::Tensor v = p.gather(-1, idx), s = v.sum(-1, true);
+      dv = (dv - (dv * (v / s)).sum(-1, true)) / s;
+    }
+    const at::Tensor d = at::zeros_like(p).scatter_(-1, idx, dv);
+    const at::Tensor dlogits = p * (d - (d * p).sum(-1, true));
+    return {dlogits.to(logits.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> topk_softmax_autograd(const at::Tensor& logits, int64_t k,
+                                                         bool renorm,
+                                                         std::optional<at::ScalarType> wtype) {
+  if (!(c10::GradMode::is_enabled() && logits.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return cuops::moe_topk_softmax(logits, k, renorm, wtype);
+  }
+  auto out = TopkSoftmaxFunction::apply(logits, k, renorm, wtype);
+  return {out[0], out[1]};
+}
+
+// ---- moe_experts: x [T, H], topk_idx [T, k] (int32/int64), topk_w [T, k] (any floating dtype),
+// gate_up [E, 2I, H], down [E, H, I]. A pair whose index is outside [0, E) adds nothing (Hugging
+// Face's expert-parallel convention: such pairs are another rank's).
+
+enum class Gate { Silu, GeluTanh };
+
+Gate parse_gate(const char* op, c10::string_view activation) {
+  const std::string_view a(activation.data(), activation.size());
+  if (a == "silu") return Gate::Silu;
+  if (a == "gelu_tanh") return Gate::GeluTanh;
+  TORCH_CHECK(false, "cuops::", op, ": expected activation to be silu or gelu_tanh, got '",
+              std::string(a), "'");
+  return Gate::Silu;
+}
+
+void check_moe_experts(const char* op, const at::Tensor& x, const at::Tensor& idx,
+                       const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& down,
+                       c10::string_view activation) {
+  check_dtypes_and_devices(op, {{"x", &x}, {"gate_up", &gate_up}, {"down", &down}});
+  parse_gate(op, activation);
+  check_dim(op, "x", x, 2);
+  check_dim(op, "topk_idx", idx, 2);
+  check_dim(op, "gate_up", gate_up, 3);
+  check_dim(op, "down", down, 3);
+  TORCH_CHECK(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, "cuops::", op,
+              ": expected topk_idx to have dtype int32 or int64, got ",
+              dtype_name(idx.scalar_type()));
+  TORCH_CHECK(is_supported_dtype(w.scalar_type()), "cuops::", op,
+              ": expected topk_w to have dtype float32, float64, float16 or bfloat16, got ",
+              dtype_name(w.scalar_type()));
+  TORCH_CHECK(idx.device() == x.device() && w.device() == x.device(), "cuops::", op,
+              ": expected topk_idx and topk_w on the device of x (", x.device(), "), got ",
+              idx.device(), " and ", w.device());
+  TORCH_CHECK(idx.sym_size(0) == x.sym_size(0), "cuops::", op,
+              ": expected topk_idx [T, k] to have a row per token of x ", shape_str(x), ", got ",
+              shape_str(idx));
+  check_same_shape(op, {{"topk_idx", &idx}, {"topk_w", &w}});
+  TORCH_CHECK(gate_up.sym_size(2) == x.sym_size(1) && gate_up.sym_size(1) % 2 == 0, "cuops::", op,
+              ": expected gate_up [E, 2I, H] with H x's width, got x ", shape_str(x),
+              " and gate_up ", shape_str(gate_up));
+  TORCH_CHECK(down.sym_size(0) == gate_up.sym_size(0) && down.sym_size(1) == x.sym_size(1) &&
+                  down.sym_size(2) * 2 == gate_up.sym_size(1),
+              "cuops::", op, ": expected down [E, H, I] to match gate_up [E, 2I, H] ",
+              shape_str(gate_up), ", got ", shape_str(down));
+  TORCH_CHECK(gate_up.sym_size(0) <= kernels::kGroupedMaxGroups, "cuops::", op,
+              ": expected at most ", kernels::kGroupedMaxGroups, " experts, got ",
+              gate_up.sym_size(0));
+}
+
+// The pairs p = t * k + j in expert order (stable: within an expert, in pair order), each pair's
+// place in that order, and each expert's end (int32 [E]); pairs outside [0, E) sort last, in none.
+struct Routing {
+  at::Tensor order, pos, offs;
+};
+
+Routing route(const at::Tensor& idx, int64_t experts) {
+  const at::Tensor flat = idx.reshape(-1).to(at::kLong);
+  const at::Tensor key = at::where(flat.ge(0).logical_and(flat.lt(experts)), flat, experts);
+  auto [sorted, order] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor offs = at::searchsorted(sorted, at::arange(experts, key.options()),
+                                           /*out_int32=*/true, /*right=*/true);
+  const at::Tensor pos =
+      at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
+  return {order, pos, offs};
+}
+
+at::Tensor gate_act(const at::Tensor& g, Gate gate) {
+  return gate == Gate::Silu ? at::silu(g) : at::gelu(g, "tanh");
+}
+
+// act(g) * u in the accumulation type, from gu [S, 2I] = [g | u].
+at::Tensor gated(const at::Tensor& gu, Gate gate, at::ScalarType acc) {
+  const int64_t inter = gu.size(1) / 2;
+  return gate_act(gu.narrow(1, 0, inter).to(acc), gate) * gu.narrow(1, inter, inter).to(acc);
+}
+
+// out[t] = sum over j of w[t, j] * rows[pos[t * k + j]] (w null: weight 1), in j order, in the
+// accumulation type, rounded once to rows' dtype.
+at::Tensor combine(const at::Tensor& rows, const at::Tensor& pos, const at::Tensor* w,
+                   int64_t tokens, int64_t k) {
+  const auto acc = acc_type(rows);
+  at::Tensor r = rows.index_select(0, pos).view({tokens, k, rows.size(1)}).to(acc);
+  if (w) r = r * w->to(acc).unsqueeze(-1);
+  return r.sum(1).to(rows.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
+    const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
+    const at::Tensor& down, c10::string_view activation) {
+  check_moe_experts("moe_experts", x, idx, w, gate_up, down, activation);
+  const Gate gate = parse_gate("moe_experts", activation);
+  const int64_t tokens = x.size(0), k = idx.size(1);
+  const Routing r = route(idx, gate_up.size(0));
+  const at::Tensor xp = x.index_select(0, r.order.div(k, "floor"));
+  const at::Tensor gu = cuops::grouped_mm(xp, gate_up.transpose(1, 2), r.offs);
+  const at::Tensor h = gated(gu, gate, acc_type(x)).to(x.scalar_type());
+  const at::Tensor y = cuops::grouped_mm(h, down.transpose(1, 2), r.offs);
+  return {combine(y, r.pos, &w, tokens, k), gu, r.order, r.pos, r.offs};
+}
+
+at::Tensor moe_experts_kernel(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
+                              const at::Tensor& gate_up, const at::Tensor& down,
+                              c10::string_view activation) {
+  return std::get<0>(experts_fwd(x, idx, w, gate_up, down, activation));
+}
+
+at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
+                            const at::Tensor& gate_up, const at::Tensor& down,
+                            c10::string_view activation) {
+  check_moe_experts("moe_experts", x, idx, w, gate_up, down, activation);
+  return at::empty_symint(x.sym_sizes(), x.options());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd_meta(
+    const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
+    const at::Tensor& down, c10::string_view activation) {
+  check_moe_experts("_moe_experts_fwd", x, idx, w, gate_up, down, activation);
+  const c10::SymInt pairs = idx.sym_numel();
+  return {at::empty_symint(x.sym_sizes(), x.options()),
+          at::empty_symint({pairs, gate_up.sym_size(1)}, x.options()),
+          at::empty_symint({pairs}, idx.options().dtype(at::kLong)),
+          at::empty_symint({pairs}, idx.options().dtype(at::kLong)),
+          at::empty_symint({gate_up.sym_size(0)}, idx.options().dtype(at::kInt))};
+}
+
+// ---- the backward (_moe_experts_bwd): the gradients of x, topk_w, gate_up and down that
+// output_mask asks for (the others empty [0]), from the forward's gu, order, pos and offs.
+
+void check_experts_bwd(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w,
+                       const at::Tensor& gate_up, const at::Tensor& down, const at::Tensor& gu,
+                       const at::Tensor& order, const at::Tensor& pos, const at::Tensor& offs) {
+  const char* op = "_moe_experts_bwd";
+  check_dtypes_and_devices(
+      op, {{"dout", &dout}, {"x", &x}, {"gate_up", &gate_up}, {"down", &down}, {"gu", &gu}});
+  check_same_shape(op, {{"dout", &dout}, {"x", &x}});
+  check_dim(op, "topk_w", w, 2);
+  TORCH_CHECK(order.numel() == w.numel() && pos.numel() == w.numel() && gu.size(0) == w.numel() &&
+                  offs.numel() == gate_up.size(0),
+              "cuops::", op, ": expected the forward's gu, order, pos and offs for ", w.numel(),
+              " pairs and ", gate_up.size(0), " experts");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd(
+    const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up,
+    const at::Tensor& down, const at::Tensor& gu, const at::Tensor& order, const at::Tensor& pos,
+    const at::Tensor& offs, c10::string_view activation, std::array<bool, 4> mask) {
+  check_experts_bwd(dout, x, w, gate_up, down, gu, order, pos, offs);
+  const Gate gate = parse_gate("_moe_experts_bwd", activation);
+  const auto dtype = x.scalar_type();
+  const auto acc = acc_type(x);
+  const int64_t tokens = x.size(0), k = w.size(1), inter = down.size(2);
+  const at::Tensor tok = order.div(k, "floor");
+  const at::Tensor wp = w.reshape(-1).index_select(0, order).to(acc).unsqueeze(-1);
+  const at::Tensor dp = dout.index_select(0, tok);
+  const at::Tensor h = gated(gu, gate, acc).to(dtype);
+  const bool need_dgu = mask[0] || mask[2];
+  at::Tensor dx = at::empty({0}, x.options()), dw = at::empty({0}, w.options()),
+             dgate_up = at::empty({0}, x.options()), ddown = at::empty({0}, x.options());
+  at::Tensor dhp;
+  if (mask[1] || need_dgu) dhp = cuops::grouped_mm(dp, down, offs).to(acc);
+  if (mask[1])
+    dw = (dhp * h.to(acc)).sum(-1).index_select(0, pos).view({tokens, k}).to(w.scalar_type());
+  if (mask[3]) ddown = cuops::grouped_mm(dp.t(), (h.to(acc) * wp).to(dtype), offs);
+  if (need_dgu) {
+    const at::Tensor dh = dhp * wp;
+    const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
+    const at::Tensor dg =
+        gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
+    const at::Tensor dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
+    if (mask[2]) dgate_up = cuops::grouped_mm(dgu.t(), x.index_select(0, tok), offs);
+    if (mask[0]) dx = combine(cuops::grouped_mm(dgu, gate_up, offs), pos, nullptr, tokens, k);
+  }
+  return {dx, dw, dgate_up, ddown};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd_meta(
+    const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up,
+    const at::Tensor& down, const at::Tensor& gu, const at::Tensor& order, const at::Tensor& pos,
+    const at::Tensor& offs, c10::string_view activation, std::array<bool, 4> mask) {
+  parse_gate("_moe_experts_bwd", activation);
+  auto like = [](bool on, const at::Tensor& t) {
+    return on ? at::empty_symint(t.sym_sizes(), t.options()) : at::empty({0}, t.options());
+  };
+  return {like(mask[0], x), like(mask[1], w), like(mask[2], gate_up), like(mask[3], down)};
+}
+
+// ---- Autograd: with a gradient required the forward keeps x, topk_w, both weights, gu and the sort
+// (order, pos, offs); without one, nothing.
+
+class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& idx,
+                            const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& down,
+                            c10::string_view activation) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, gu, order, pos, offs] =
+        cuops::_moe_experts_fwd(x, idx, w, gate_up, down, activation);
+    ctx->save_for_backward({x, w, gate_up, down, gu, order, pos, offs});
+    ctx->saved_data["activation"] = std::string(activation.data(), activation.size());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const std::array<bool, 4> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(2),
+                                      ctx->needs_input_grad(3), ctx->needs_input_grad(4)};
+    auto [dx, dw, dgate_up, ddown] =
+        cuops::_moe_experts_bwd(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+                                ctx->saved_data["activation"].toStringRef(), mask);
+    auto or_none = [](bool on, const at::Tensor& t) { return on ? t : at::Tensor(); };
+    return {or_none(mask[0], dx),    at::Tensor(), or_none(mask[1], dw), or_none(mask[2], dgate_up),
+            or_none(mask[3], ddown), at::Tensor()};
+  }
+};
+
+at::Tensor moe_experts_autograd(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
+                                const at::Tensor& gate_up, const at::Tensor& down,
+                                c10::string_view activation) {
+  const bool keep =
+      c10::GradMode::is_enabled() &&
+      (x.requires_grad() || w.requires_grad() || gate_up.requires_grad() || down.requires_grad());
+  if (!keep) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return cuops::moe_experts(x, idx, w, gate_up, down, activation);
+  }
+  return MoeExpertsFunction::apply(x, idx, w, gate_up, down, activation);
+}
+
+// Under CUDA autocast: x and both expert weights in the autocast dtype as F.linear casts them (float32
+// masters through autocast's cache); the routing weights as they come (the combine runs in float32).
+at::Tensor moe_experts_autocast(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
+                                const at::Tensor& gate_up, const at::Tensor& down,
+                                c10::string_view activation) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return cuops::moe_experts(autocast_cuda(x), idx, w, autocast_cuda(gate_up), autocast_cuda(down),
+                            activation);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cuops, CPU, m) {
+  m.impl("grouped_mm", &grouped_mm_cpu);
+  m.impl("moe_topk_softmax", &topk_softmax_kernel);
+  m.impl("moe_experts", &moe_experts_kernel);
+  m.impl("_moe_experts_fwd", &experts_fwd);
+  m.impl("_moe_experts_bwd", &experts_bwd);
+}
+TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
+  m.impl("grouped_mm", &grouped_mm_cuda);
+  m.impl("moe_topk_softmax", &topk_softmax_kernel);
+  m.impl("moe_experts", &moe_experts_kernel);
+  m.impl("_moe_experts_fwd", &experts_fwd);
+  m.impl("_moe_experts_bwd", &experts_bwd);
+}
+TORCH_LIBRARY_IMPL(cuops, Meta, m) {
+  m.impl("grouped_mm", &grouped_mm_meta);
+  m.impl("moe_topk_softmax", &topk_softmax_meta);
+  m.impl("moe_experts", &moe_experts_meta);
+  m.impl("_moe_experts_fwd", &experts_fwd_meta);
+  m.impl("_moe_experts_bwd", &experts_bwd_meta);
+}
+TORCH_LIBRARY_IMPL(cuops, Autograd, m) {
+  m.impl("grouped_mm", &grouped_mm_autograd);
+  m.impl("moe_topk_softmax", &topk_softmax_autograd);
+  m.impl("moe_experts", &moe_experts_autograd);
+}
+TORCH_LIBRARY_IMPL(cuops, AutocastCUDA, m) {
+  m.impl("grouped_mm", &grouped_mm_autocast);
+  m.impl("moe_experts", &moe_experts_autocast);
+}
+
+}  // namespace cuops::ops

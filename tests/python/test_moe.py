@@ -1,0 +1,424 @@
+"""Mixture of experts (docs/ops.md#grouped_mm, #moe_topk_softmax, #moe_experts): the grouped GEMM, the router's
+softmax + top-k and the experts op against float64 references and Hugging Face's experts module; gradients,
+gradcheck, errors, bitwise repeats, opcheck and torch.compile; on the CPU and on CUDA."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuops
+from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, poison_allocator, rel_error, requires_cuda
+
+# Rows per group: balanced, skewed with empty groups, one group taking every row, a lone row, all empty;
+# none a multiple of a tile. The extra rows after the last group must come out as zeros.
+COUNTS = {"balanced": [37, 37, 37, 37], "skewed": [0, 150, 1, 0, 20, 0], "one_takes_all": [0, 0, 203, 0],
+          "single_row": [1], "all_empty": [0, 0, 0]}
+
+
+def ends(counts, device, dtype=torch.int32):
+    return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(dtype=dtype, device=device)
+
+
+def grouped_reference(a, b, counts, ragged_k):
+    """(the float64 product, |a| @ |b| the scale of its rounding error) group by group."""
+    a64, b64 = a.double().cpu(), b.double().cpu()
+    if ragged_k:
+        out, scale = torch.zeros(len(counts), a.shape[0], b.shape[1], dtype=torch.float64), None
+        scale = torch.zeros_like(out)
+    else:
+        out, scale = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64), None
+        scale = torch.zeros_like(out)
+    start = 0
+    for e, c in enumerate(counts):
+        if ragged_k:
+            out[e] = a64[:, start:start + c] @ b64[start:start + c]
+            scale[e] = a64[:, start:start + c].abs() @ b64[start:start + c].abs()
+        else:
+            out[start:start + c] = a64[start:start + c] @ b64[e]
+            scale[start:start + c] = a64[start:start + c].abs() @ b64[e].abs()
+        start += c
+    return out, scale
+
+
+def product_tol(dtype):
+    return HALF_TOL.get(dtype, REDUCTION_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("routing", list(COUNTS))
+def test_grouped_mm_rows_matches_float64(device, dtype, routing):
+    """[S, K] x [E, K, N] with b a transposed view (Hugging Face's weight.transpose(-2, -1)); 3 rows past the
+    last group, which must be zeros; offs as int32 and int64; NaN-poisoned outputs on CUDA."""
+    counts = COUNTS[routing]
+    rows, k, n = sum(counts) + 3, 37, 29
+    a = make((rows, k), dtype, device)
+    b = make((len(counts), n, k), dtype, device).transpose(1, 2)
+    want, scale = grouped_reference(a, b, counts, ragged_k=False)
+    for offs_dtype in (torch.int32, torch.int64):
+        if device == "cuda":
+            poison_allocator()
+        out = cuops.grouped_mm(a, b, ends(counts, device, offs_dtype))
+        assert out.shape == (rows, n) and out.dtype == dtype and out.device.type == device
+        assert rel_error(out, want.to(out.device), scale.to(out.device)) <= product_tol(dtype)
+        assert torch.equal(out[sum(counts):], torch.zeros_like(out[sum(counts):]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("routing", list(COUNTS))
+def test_grouped_mm_along_k_matches_float64(device, dtype, routing):
+    """[M, S] x [S, N] -> [E, M, N] (a per-expert weight gradient), a as a transposed view; empty groups give
+    zeros; columns past the last group belong to none."""
+    counts = COUNTS[routing]
+    s, m, n = sum(counts) + 3, 21, 70
+    a = make((m, s), dtype, device, "transposed")
+    b = make((s, n), dtype, device)
+    if device == "cuda":
+        poison_allocator()
+    out = cuops.grouped_mm(a, b, ends(counts, device))
+    want, scale = grouped_reference(a, b, counts, ragged_k=True)
+    assert out.shape == (len(counts), m, n) and out.dtype == dtype
+    assert rel_error(out, want.to(out.device), scale.to(out.device)) <= product_tol(dtype)
+    for e, c in enumerate(counts):
+        if c == 0:
+            assert torch.equal(out[e], torch.zeros_like(out[e]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_mm_gradcheck_float64(device):
+    counts = [3, 0, 5, 2]
+    offs = ends(counts, device)
+    a = make((12, 6), torch.float64, device).requires_grad_()
+    b = make((4, 6, 5), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: cuops.grouped_mm(a, b, offs), (a, b))
+    a2 = make((4, 12), torch.float64, device).requires_grad_()
+    b2 = make((12, 7), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: cuops.grouped_mm(a, b, offs), (a2, b2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_mm_errors_name_op_argument_and_values(device):
+    f32 = dict(dtype=torch.float32, device=device)
+    offs = ends([2, 2], device)
+    a, b = torch.ones(4, 3, **f32), torch.ones(2, 3, 5, **f32)
+    cases = [
+        ((torch.ones(1, 4, 3, **f32), b, offs), "expected a to be 2-D"),
+        ((a, torch.ones(5, **f32), offs), "expected b to be 3-D"),
+        ((a, torch.ones(2, 4, 5, **f32), offs), "to share K"),
+        ((a, torch.ones(3, 3, 5, **f32), offs), "one matrix per group"),
+        ((a, b, offs.float()), "expected offs to have dtype int32 or int64, got float32"),
+        ((a, b.double(), offs), "expected b to have the dtype of a (float32), got float64"),
+        ((a, b, offs.view(1, 2)), "expected offs to be 1-D"),
+        ((a.t(), torch.ones(5, 5, **f32), offs), "to share S"),
+    ]
+    if device == "cpu":
+        cases += [((a, b, torch.tensor([3, 2], dtype=torch.int32)), "non-decreasing group ends within [0, 4], "
+                   "got offs[1] = 2 after 3"),
+                  ((a, b, torch.tensor([2, 5], dtype=torch.int32)), "got offs[1] = 5")]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match="cuops::grouped_mm: .*" + re.escape(message)):
+            cuops.grouped_mm(*args)
+
+
+@requires_cuda
+def test_grouped_mm_cuda_takes_bad_ends_as_clamped_running_maximum():
+    """Ends the GPU cannot check without a sync are read as min(S, running max): decreasing or too large
+    ends give the product of those groups, never an out-of-bounds read."""
+    a, b = make((10, 8), torch.float32, "cuda"), make((3, 8, 4), torch.float32, "cuda")
+    out = cuops.grouped_mm(a, b, torch.tensor([6, 2, 99], dtype=torch.int32, device="cuda"))
+    want = cuops.grouped_mm(a.cpu(), b.cpu(), torch.tensor([6, 6, 10], dtype=torch.int32))
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+# ---- the router
+
+
+def hf_router(logits, k, renorm, cast):
+    """Hugging Face's Qwen3-MoE/OLMoE router after its F.linear (Mixtral: renorm, no cast)."""
+    p = F.softmax(logits, dtype=torch.float, dim=-1)
+    v, i = torch.topk(p, k, dim=-1)
+    if renorm:
+        v = v / v.sum(dim=-1, keepdim=True)
+    return (v.to(logits.dtype) if cast else v), i
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("renorm", [False, True])
+def test_moe_topk_softmax_matches_hugging_face(device, dtype, renorm):
+    """Distinct logits (multiples of 1/8, exact in bf16): torch.topk leaves the order of ties unspecified."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.stack([torch.randperm(64, generator=g) for _ in range(37)]) / 8 - 4).to(device, dtype)
+    for cast in (False, True):
+        w, idx = cuops.moe_topk_softmax(logits, 8, renorm, logits.dtype if cast else None)
+        want_w, want_idx = hf_router(logits, 8, renorm, cast)
+        assert idx.dtype == torch.int64 and w.dtype == want_w.dtype and w.shape == (37, 8)
+        assert torch.equal(idx, want_idx)
+        torch.testing.assert_close(w, want_w, rtol=1e-6 if w.dtype == torch.float32 else 0, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_topk_softmax_ties_take_the_lower_index(device):
+    logits = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0, 2.0]], device=device)
+    w, idx = cuops.moe_topk_softmax(logits, 2)
+    assert idx.tolist() == [[1, 2], [0, 1]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("renorm", [False, True])
+def test_moe_topk_softmax_gradcheck_float64(device, renorm):
+    logits = make((5, 9), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda z: cuops.moe_topk_softmax(z, 3, renorm)[0], (logits,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_topk_softmax_errors(device):
+    z = torch.zeros(3, 4, device=device)
+    for k in (0, 5):
+        with pytest.raises(RuntimeError, match=rf"cuops::moe_topk_softmax: expected k in \[1, 4\].*got {k}"):
+            cuops.moe_topk_softmax(z, k)
+    with pytest.raises(RuntimeError, match="cuops::moe_topk_softmax: expected logits to have dtype"):
+        cuops.moe_topk_softmax(z.long(), 1)
+
+
+# ---- the experts
+
+
+def experts_reference(x, idx, w, gate_up, down, activation="silu"):
+    """out[t] = sum_j w[t, j] down[e] (act(g) u), [g | u] = gate_up[e] x[t], in float64; and the scale of its
+    rounding error: the same sums over absolute values."""
+    x64, w64, gu64, d64 = x.double().cpu(), w.double().cpu(), gate_up.double().cpu(), down.double().cpu()
+    idx = idx.cpu().long()
+    act = F.silu if activation == "silu" else (lambda g: F.gelu(g, approximate="tanh"))
+    out, scale = torch.zeros_like(x64), torch.zeros_like(x64)
+    inter = down.shape[2]
+    for t in range(x.shape[0]):
+        for j in range(idx.shape[1]):
+            e = int(idx[t, j])
+            if not 0 <= e < gate_up.shape[0]:
+                continue
+            gu = gu64[e] @ x64[t]
+            h = act(gu[:inter]) * gu[inter:]
+            out[t] += w64[t, j] * (d64[e] @ h)
+            hs = 1.2 * (gu64[e].abs() @ x64[t].abs())
+            scale[t] += w64[t, j].abs() * (d64[e].abs() @ (hs[:inter] * hs[inter:] + h.abs()))
+    return out, scale
+
+
+def routing(tokens, k, experts, kind, device, dtype=torch.int64):
+    """[tokens, k] expert indices, distinct in a row: random, skewed (most pairs to experts 0 and 1), or every
+    token to the same k experts."""
+    g = torch.Generator().manual_seed(tokens * 131 + k)
+    if kind == "random":
+        idx = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    elif kind == "skewed":
+        idx = torch.stack([torch.cat([torch.tensor([0, 1]), 2 + torch.randperm(experts - 2, generator=g)])[:k]
+                           if torch.rand(1, generator=g) < 0.8 else torch.randperm(experts, generator=g)[:k]
+                           for _ in range(tokens)])
+    else:
+        idx = torch.arange(k).expand(tokens, k)
+    return idx.to(device=device, dtype=dtype)
+
+
+def experts_tol(dtype):
+    # A product rounded (g and u together, then h, then down's product, then the sum), each within the
+    # dtype's product bound relative to the absolute-value sums the reference's scale carries.
+    return 3 * product_tol(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["random", "skewed", "same"])
+def test_moe_experts_matches_float64(device, dtype, kind):
+    tokens, k, experts, hidden, inter = 29, 3, 6, 40, 24
+    x = make((tokens, hidden), dtype, device)
+    gate_up = make((experts, 2 * inter, hidden), dtype, device, scale=0.3)
+    down = make((experts, hidden, inter), dtype, device, scale=0.3)
+    idx = routing(tokens, k, experts, kind, device)
+    w = torch.rand(tokens, k, device=device)
+    if device == "cuda":
+        poison_allocator()
+    out = cuops.moe_experts(x, idx, w, gate_up, down)
+    assert out.shape == x.shape and out.dtype == dtype and out.device.type == device
+    want, scale = experts_reference(x, idx, w, gate_up, down)
+    assert rel_error(out, want.to(out.device), scale.to(out.device)) <= experts_tol(dtype)
+    assert torch.equal(cuops.moe_experts(x, idx.int(), w, gate_up, down), out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_experts_edges(device):
+    """gelu_tanh; bf16 weights of the routing; an index outside [0, E) adds nothing; k = 1; no tokens."""
+    x = make((9, 16), torch.float32, device)
+    gate_up, down = make((4, 20, 16), torch.float32, device), make((4, 16, 10), torch.float32, device)
+    idx = routing(9, 2, 4, "random", device)
+    w = torch.rand(9, 2, device=device)
+    for activation in ("silu", "gelu_tanh"):
+        want, scale = experts_reference(x, idx, w, gate_up, down, activation)
+        got = cuops.moe_experts(x, idx, w.bfloat16(), gate_up, down, activation)
+        want_bf, _ = experts_reference(x, idx, w.bfloat16(), gate_up, down, activation)
+        assert rel_error(got, want_bf.to(got.device), scale.to(got.device)) <= experts_tol(torch.float32)
+    outside = idx.clone()
+    outside[::2, 1] = 4
+    outside[1, 0] = -1
+    want, scale = experts_reference(x, outside, w, gate_up, down)
+    assert rel_error(cuops.moe_experts(x, outside, w, gate_up, down), want.to(device), scale.to(device)) <= 1e-5
+    want, scale = experts_reference(x, idx[:, :1], w[:, :1], gate_up, down)
+    assert rel_error(cuops.moe_experts(x, idx[:, :1], w[:, :1], gate_up, down), want.to(device),
+                     scale.to(device)) <= 1e-5
+    empty = cuops.moe_experts(x[:0], idx[:0], w[:0], gate_up, down)
+    assert empty.shape == (0, 16)
+
+
+def experts_autograd_reference(x, idx, w, gate_up, down):
+    """The same sum as experts_reference through torch's autograd (float64), for the gradients."""
+    inter = down.shape[2]
+    out = torch.zeros_like(x)
+    for j in range(idx.shape[1]):
+        e = idx[:, j]
+        gu = torch.einsum("th,tih->ti", x, gate_up[e])
+        h = F.silu(gu[:, :inter]) * gu[:, inter:]
+        out = out + w[:, j:j + 1] * torch.einsum("ti,thi->th", h, down[e])
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "same"])
+def test_moe_experts_gradients_match_float64(device, kind):
+    """Every gradient (x, the routing weights, both expert weights) of a float32 op against float64 autograd;
+    an expert nobody routes to gets a zero gradient."""
+    tokens, k, experts, hidden, inter = 23, 2, 5, 24, 16
+    x = make((tokens, hidden), torch.float32, device)
+    gate_up = make((experts, 2 * inter, hidden), torch.float32, device, scale=0.3)
+    down = make((experts, hidden, inter), torch.float32, device, scale=0.3)
+    idx = routing(tokens, k, experts, kind, device)
+    w = torch.rand(tokens, k, device=device)
+    dout = make((tokens, hidden), torch.float32, device)
+    leaves = [t.clone().requires_grad_() for t in (x, w, gate_up, down)]
+    cuops.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3]).backward(dout)
+    ref = [t.detach().double().cpu().requires_grad_() for t in (x, w, gate_up, down)]
+    experts_autograd_reference(ref[0], idx.cpu(), ref[1], ref[2], ref[3]).backward(dout.double().cpu())
+    for name, got, want in zip(("x", "w", "gate_up", "down"), leaves, ref):
+        assert got.grad.dtype == got.dtype, name
+        assert rel_error(got.grad, want.grad.to(device)) <= 1e-5, name
+    if kind == "same":
+        assert torch.equal(leaves[2].grad[k:], torch.zeros_like(leaves[2].grad[k:]))
+        assert torch.equal(leaves[3].grad[k:], torch.zeros_like(leaves[3].grad[k:]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_experts_gradcheck_float64(device):
+    x = make((7, 6), torch.float64, device).requires_grad_()
+    gate_up = make((3, 8, 6), torch.float64, device).requires_grad_()
+    down = make((3, 6, 4), torch.float64, device).requires_grad_()
+    idx = routing(7, 2, 3, "random", device)
+    w = torch.rand(7, 2, dtype=torch.float64, device=device).requires_grad_()
+    for activation in ("silu", "gelu_tanh"):
+        assert torch.autograd.gradcheck(
+            lambda x, w, gu, d: cuops.moe_experts(x, idx, w, gu, d, activation), (x, w, gate_up, down))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_experts_repeats_bitwise(device):
+    """The same routing, the same bits, output and every gradient, over repeated calls."""
+    x = make((64, 32), torch.bfloat16, device)
+    gate_up = make((8, 48, 32), torch.bfloat16, device, scale=0.3)
+    down = make((8, 32, 24), torch.bfloat16, device, scale=0.3)
+    idx, w = routing(64, 4, 8, "skewed", device), torch.rand(64, 4, device=device)
+    dout = make((64, 32), torch.bfloat16, device)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (x, w, gate_up, down)]
+        out = cuops.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3])
+        out.backward(dout)
+        return [out] + [t.grad for t in leaves]
+
+    first = run()
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(run(), first))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_experts_matches_hugging_face_qwen3_moe(device):
+    """Against transformers' own Qwen3MoeExperts (its eager loop) in float32: output and every gradient."""
+    pytest.importorskip("transformers")
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+    config = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3)
+    config._experts_implementation = "eager"
+    module = Qwen3MoeExperts(config).to(device)
+    with torch.no_grad():
+        module.gate_up_proj.normal_(0, 0.2)
+        module.down_proj.normal_(0, 0.2)
+    x = make((41, 32), torch.float32, device).requires_grad_()
+    idx, w = routing(41, 3, 8, "skewed", device), torch.rand(41, 3, device=device).requires_grad_()
+    dout = make((41, 32), torch.float32, device)
+    want = module(x, idx, w)
+    want_grads = torch.autograd.grad(want, (x, w, module.gate_up_proj, module.down_proj), dout)
+    got = cuops.moe_experts(x, idx, w, module.gate_up_proj, module.down_proj)
+    grads = torch.autograd.grad(got, (x, w, module.gate_up_proj, module.down_proj), dout)
+    assert rel_error(got, want.detach()) <= 1e-5
+    for name, g, h in zip(("x", "w", "gate_up", "down"), grads, want_grads):
+        assert rel_error(g, h) <= 1e-5, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_experts_errors_name_op_argument_and_values(device):
+    f32 = dict(dtype=torch.float32, device=device)
+    x, idx, w = torch.ones(4, 8, **f32), torch.zeros(4, 2, dtype=torch.long, device=device), torch.ones(4, 2, **f32)
+    gu, d = torch.ones(3, 10, 8, **f32), torch.ones(3, 8, 5, **f32)
+    cases = [
+        ((x.view(2, 2, 8), idx, w, gu, d), "expected x to be 2-D"),
+        ((x, idx.float(), w, gu, d), "expected topk_idx to have dtype int32 or int64, got float32"),
+        ((x, idx, w[:, :1], gu, d), "expected topk_w to have the shape of topk_idx [4, 2], got [4, 1]"),
+        ((x, idx[:3], w[:3], gu, d), "a row per token"),
+        ((x, idx, w, torch.ones(3, 10, 7, **f32), d), "expected gate_up"),
+        ((x, idx, w, gu, torch.ones(3, 8, 4, **f32)), "expected down"),
+        ((x, idx, w, gu, d.double()), "expected down to have the dtype of x"),
+        ((x, idx, w, gu, d, "relu"), "expected activation to be silu or gelu_tanh, got 'relu'"),
+    ]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match="cuops::moe_experts: .*" + re.escape(message)):
+            cuops.moe_experts(*args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_opcheck(device):
+    offs = ends([3, 0, 4], device)
+    a, b = make((9, 6), torch.float32, device), make((3, 6, 5), torch.float32, device)
+    torch.library.opcheck(ops.grouped_mm, (a.requires_grad_(), b.requires_grad_(), offs))
+    torch.library.opcheck(ops.grouped_mm, (make((4, 9), torch.float32, device), make((9, 5), torch.float32, device),
+                                           offs))
+    torch.library.opcheck(ops.moe_topk_softmax, (make((5, 6), torch.float32, device).requires_grad_(), 2, True))
+    x, gu, d = (make((7, 8), torch.float32, device), make((3, 10, 8), torch.float32, device),
+                make((3, 8, 5), torch.float32, device))
+    idx, w = routing(7, 2, 3, "random", device), torch.rand(7, 2, device=device)
+    leaves = tuple(t.requires_grad_() for t in (x, w, gu, d))
+    torch.library.opcheck(ops.moe_experts, (leaves[0], idx, leaves[1], leaves[2], leaves[3]))
+    torch.library.opcheck(ops._moe_experts_fwd, (x.detach(), idx, w.detach(), gu.detach(), d.detach(), "silu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_layer_compiles_without_graph_breaks(device):
+    """A router and experts as a model's MoE block would call them, fullgraph through the ops' fake kernels and
+    autograd (aot_eager); the same output and gradients as eager."""
+    x = make((2, 9, 16), torch.float32, device).requires_grad_()
+    router = make((6, 16), torch.float32, device).requires_grad_()
+    gu, d = make((6, 20, 16), torch.float32, device).requires_grad_(), make((6, 16, 10), torch.float32,
+                                                                           device).requires_grad_()
+
+    def block(x, router, gu, d):
+        flat = x.view(-1, 16)
+        w, idx = cuops.moe_topk_softmax(F.linear(flat, router), 2, True)
+        return cuops.moe_experts(flat, idx, w, gu, d).view_as(x)
+
+    leaves = (x, router, gu, d)
+    want = block(*leaves)
+    want_grads = torch.autograd.grad(want.square().sum(), leaves)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    got = compiled(*leaves)
+    grads = torch.autograd.grad(got.square().sum(), leaves)
+    assert torch.equal(got, want)
+    for g, h in zip(grads, want_grads):
+        assert torch.equal(g, h)
