@@ -4,18 +4,19 @@
 // grouped_mm is the family's GEMM: torch._grouped_mm's two forms (groups of rows against a 3-D
 // weight; groups along K, a per-group weight gradient), the group ends on the device. moe_experts is
 // a whole experts module (Hugging Face's [E, 2I, H] gate_up and [E, H, I] down, read in place):
-// a stable sort of the (token, slot) pairs by expert, the gate/up grouped GEMM on the tokens in that
-// order, the gated activation, the down grouped GEMM, and the weighted sum of each token's k rows in
-// slot order, in the accumulation type, rounded once. Every step is a fixed function of the routing,
-// so the bits repeat; no size is read back to the host, so the shapes are fixed (CUDA graphs,
-// torch.compile without a graph break).
+// a stable sort of the (token, slot) pairs by expert into a row layout (route(): each expert's rows
+// from a multiple of 128), the gate/up grouped GEMM on the tokens gathered into it, the gated
+// activation, the down grouped GEMM, and the weighted sum of each token's k rows in slot order, in
+// the accumulation type, rounded once. Every step is a fixed function of the routing, so the bits
+// repeat; no size is read back to the host, so the shapes are fixed (CUDA graphs, torch.compile
+// without a graph break).
 //
 // The pieces run on CPU and CUDA alike (one composition; the grouped products and index passes are
-// the device's), and the backward keeps the sort and the [S, 2I] gate/up products:
+// the device's), and the backward keeps the layout and the gate/up products [rows, 2I]:
 //   dh' = dout[tok] @ down[e]             (grouped, rows)      dw = <dh', h> per pair
 //   ddown[e] = dout[tok]^T (w h)           (grouped along K)    dgu = act_bwd(w dh', g, u)
 //   dgate_up[e] = dgu^T x[tok]            (grouped along K)    dx = sum over slots of dgu @ gate_up[e]
-// dw from <dh', h> = <dout, h down^T> needs no [S, H] down output kept.
+// dw from <dh', h> = <dout, h down^T> needs no [rows, H] down output kept.
 #include "ops/common.h"
 
 #include <limits>
@@ -292,55 +293,87 @@ void check_moe_experts(const char* op, const at::Tensor& x, const at::Tensor& id
               gate_up.sym_size(0));
 }
 
-// The pairs p = t * k + j in expert order (stable: within an expert, in pair order), each pair's
-// place in that order, and each expert's end (int32 [E]); pairs outside [0, E) sort last, in none.
+// The expert-ordered row layout both grouped products run on: each expert's pairs (stable: in pair
+// order) from a row that is a multiple of kRowAlign, its last tile's spare rows zeros. Every tile of
+// kRowAlign rows then holds one expert's rows only: the wgmma grouped kernel's full-tile loads and
+// stores need no masking, and a group along K (the weight gradients) starts and ends on whole
+// 64-row k-tiles over zeros. The rows' count is a host bound (padded_rows), so every shape is fixed;
+// the last row is in no group: the pairs outside [0, E) point there, and it stays zeros in every
+// product. kRowAlign: the wgmma tile's BM.
+constexpr int64_t kRowAlign = 128;
+
+// Rows of the layout for `pairs` pairs over `experts` experts: at most min(E, S) experts hold pairs,
+// each padding at most kRowAlign - 1; plus the row in no group.
+c10::SymInt padded_rows(const c10::SymInt& pairs, int64_t experts) {
+  const c10::SymInt busy = pairs < experts ? pairs : c10::SymInt(experts);
+  return (pairs + busy * (kRowAlign - 1) + kRowAlign - 1) / kRowAlign * kRowAlign + 1;
+}
+
+// rows: each pair's row (int64 [S]); offs: each expert's end (int32 [E]); count: padded_rows.
 struct Routing {
-  at::Tensor order, pos, offs;
+  at::Tensor rows, offs;
+  int64_t count;
 };
 
 Routing route(const at::Tensor& idx, int64_t experts) {
   const at::Tensor flat = idx.reshape(-1).to(at::kLong);
-  const at::Tensor key = at::where(flat.ge(0).logical_and(flat.lt(experts)), flat, experts);
-  auto [sorted, order] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  const at::Tensor offs = at::searchsorted(sorted, at::arange(experts, key.options()),
-                                           /*out_int32=*/true, /*right=*/true);
-  const at::Tensor pos =
-      at::empty_like(order).scatter_(0, order, at::arange(order.size(0), order.options()));
-  return {order, pos, offs};
+  const int64_t pairs = flat.numel(), count = padded_rows(pairs, experts).expect_int();
+  const at::Tensor valid = flat.ge(0).logical_and(flat.lt(experts));
+  auto [sorted, order] =
+      at::sort(at::where(valid, flat, experts), /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor ids = at::arange(experts, flat.options());
+  const at::Tensor starts = at::searchsorted(sorted, ids, /*out_int32=*/false, /*right=*/false);
+  const at::Tensor ends = at::searchsorted(sorted, ids, /*out_int32=*/false, /*right=*/true);
+  const at::Tensor padded = (ends - starts + (kRowAlign - 1)).div(kRowAlign, "floor") * kRowAlign;
+  const at::Tensor pad_ends = padded.cumsum(0);
+  // The pair at sorted place r, of expert e: row pad_start(e) + r - start(e); past the experts: the
+  // last row.
+  const at::Tensor e = sorted.clamp_max(experts - 1);
+  const at::Tensor in_expert = at::arange(pairs, flat.options()) - starts.index_select(0, e);
+  const at::Tensor row =
+      at::where(sorted.lt(experts), (pad_ends - padded).index_select(0, e) + in_expert, count - 1);
+  return {at::empty_like(row).scatter_(0, order, row), pad_ends.to(at::kInt), count};
+}
+
+// rows [count, H]: the pairs' tokens of x (row rows[t * k + j] = x[t]) and zeros elsewhere.
+at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows, int64_t count, int64_t k) {
+  at::Tensor out = at::zeros({count, x.size(1)}, x.options());
+  return out.index_put_({rows.view({x.size(0), k})},
+                        x.unsqueeze(1).expand({x.size(0), k, x.size(1)}));
 }
 
 at::Tensor gate_act(const at::Tensor& g, Gate gate) {
   return gate == Gate::Silu ? at::silu(g) : at::gelu(g, "tanh");
 }
 
-// act(g) * u in the accumulation type, from gu [S, 2I] = [g | u].
+// act(g) * u in the accumulation type, from gu [rows, 2I] = [g | u].
 at::Tensor gated(const at::Tensor& gu, Gate gate, at::ScalarType acc) {
   const int64_t inter = gu.size(1) / 2;
   return gate_act(gu.narrow(1, 0, inter).to(acc), gate) * gu.narrow(1, inter, inter).to(acc);
 }
 
-// out[t] = sum over j of w[t, j] * rows[pos[t * k + j]] (w null: weight 1), in j order, in the
-// accumulation type, rounded once to rows' dtype.
-at::Tensor combine(const at::Tensor& rows, const at::Tensor& pos, const at::Tensor* w,
+// out[t] = sum over j of w[t, j] * layout[rows[t * k + j]] (w null: weight 1), in j order, in the
+// accumulation type, rounded once to the layout's dtype.
+at::Tensor combine(const at::Tensor& layout, const at::Tensor& rows, const at::Tensor* w,
                    int64_t tokens, int64_t k) {
-  const auto acc = acc_type(rows);
-  at::Tensor r = rows.index_select(0, pos).view({tokens, k, rows.size(1)}).to(acc);
+  const auto acc = acc_type(layout);
+  at::Tensor r = layout.index_select(0, rows).view({tokens, k, layout.size(1)}).to(acc);
   if (w) r = r * w->to(acc).unsqueeze(-1);
-  return r.sum(1).to(rows.scalar_type());
+  return r.sum(1).to(layout.scalar_type());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
     const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
     const at::Tensor& down, c10::string_view activation) {
   check_moe_experts("moe_experts", x, idx, w, gate_up, down, activation);
   const Gate gate = parse_gate("moe_experts", activation);
   const int64_t tokens = x.size(0), k = idx.size(1);
   const Routing r = route(idx, gate_up.size(0));
-  const at::Tensor xp = x.index_select(0, r.order.div(k, "floor"));
-  const at::Tensor gu = cuops::grouped_mm(xp, gate_up.transpose(1, 2), r.offs);
+  const at::Tensor gu =
+      cuops::grouped_mm(gather_rows(x, r.rows, r.count, k), gate_up.transpose(1, 2), r.offs);
   const at::Tensor h = gated(gu, gate, acc_type(x)).to(x.scalar_type());
   const at::Tensor y = cuops::grouped_mm(h, down.transpose(1, 2), r.offs);
-  return {combine(y, r.pos, &w, tokens, k), gu, r.order, r.pos, r.offs};
+  return {combine(y, r.rows, &w, tokens, k), gu, r.rows, r.offs};
 }
 
 at::Tensor moe_experts_kernel(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
@@ -356,72 +389,74 @@ at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& idx, const at
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd_meta(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd_meta(
     const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
     const at::Tensor& down, c10::string_view activation) {
   check_moe_experts("_moe_experts_fwd", x, idx, w, gate_up, down, activation);
-  const c10::SymInt pairs = idx.sym_numel();
-  return {at::empty_symint(x.sym_sizes(), x.options()),
-          at::empty_symint({pairs, gate_up.sym_size(1)}, x.options()),
-          at::empty_symint({pairs}, idx.options().dtype(at::kLong)),
-          at::empty_symint({pairs}, idx.options().dtype(at::kLong)),
-          at::empty_symint({gate_up.sym_size(0)}, idx.options().dtype(at::kInt))};
+  const int64_t experts = gate_up.size(0);
+  return {
+      at::empty_symint(x.sym_sizes(), x.options()),
+      at::empty_symint({padded_rows(idx.sym_numel(), experts), gate_up.sym_size(1)}, x.options()),
+      at::empty_symint({idx.sym_numel()}, idx.options().dtype(at::kLong)),
+      at::empty({experts}, idx.options().dtype(at::kInt))};
 }
 
 // ---- the backward (_moe_experts_bwd): the gradients of x, topk_w, gate_up and down that
-// output_mask asks for (the others empty [0]), from the forward's gu, order, pos and offs.
+// output_mask asks for (the others empty [0]), from the forward's gu, rows and offs.
 
 void check_experts_bwd(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& gate_up, const at::Tensor& down, const at::Tensor& gu,
-                       const at::Tensor& order, const at::Tensor& pos, const at::Tensor& offs) {
+                       const at::Tensor& rows, const at::Tensor& offs) {
   const char* op = "_moe_experts_bwd";
   check_dtypes_and_devices(
       op, {{"dout", &dout}, {"x", &x}, {"gate_up", &gate_up}, {"down", &down}, {"gu", &gu}});
   check_same_shape(op, {{"dout", &dout}, {"x", &x}});
   check_dim(op, "topk_w", w, 2);
-  TORCH_CHECK(order.numel() == w.numel() && pos.numel() == w.numel() && gu.size(0) == w.numel() &&
+  TORCH_CHECK(rows.numel() == w.numel() &&
+                  gu.size(0) == padded_rows(w.numel(), gate_up.size(0)).expect_int() &&
                   offs.numel() == gate_up.size(0),
-              "cuops::", op, ": expected the forward's gu, order, pos and offs for ", w.numel(),
+              "cuops::", op, ": expected the forward's gu, rows and offs for ", w.numel(),
               " pairs and ", gate_up.size(0), " experts");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd(
     const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up,
-    const at::Tensor& down, const at::Tensor& gu, const at::Tensor& order, const at::Tensor& pos,
-    const at::Tensor& offs, c10::string_view activation, std::array<bool, 4> mask) {
-  check_experts_bwd(dout, x, w, gate_up, down, gu, order, pos, offs);
+    const at::Tensor& down, const at::Tensor& gu, const at::Tensor& rows, const at::Tensor& offs,
+    c10::string_view activation, std::array<bool, 4> mask) {
+  check_experts_bwd(dout, x, w, gate_up, down, gu, rows, offs);
   const Gate gate = parse_gate("_moe_experts_bwd", activation);
   const auto dtype = x.scalar_type();
   const auto acc = acc_type(x);
-  const int64_t tokens = x.size(0), k = w.size(1), inter = down.size(2);
-  const at::Tensor tok = order.div(k, "floor");
-  const at::Tensor wp = w.reshape(-1).index_select(0, order).to(acc).unsqueeze(-1);
-  const at::Tensor dp = dout.index_select(0, tok);
+  const int64_t tokens = x.size(0), k = w.size(1), inter = down.size(2), count = gu.size(0);
+  // Each row's routing weight (0 on spare rows) and its token's gradient, in the layout.
+  const at::Tensor wr =
+      at::zeros({count}, w.options().dtype(acc)).index_put_({rows}, w.reshape(-1).to(acc));
+  const at::Tensor dr = gather_rows(dout, rows, count, k);
   const at::Tensor h = gated(gu, gate, acc).to(dtype);
   const bool need_dgu = mask[0] || mask[2];
   at::Tensor dx = at::empty({0}, x.options()), dw = at::empty({0}, w.options()),
              dgate_up = at::empty({0}, x.options()), ddown = at::empty({0}, x.options());
-  at::Tensor dhp;
-  if (mask[1] || need_dgu) dhp = cuops::grouped_mm(dp, down, offs).to(acc);
+  at::Tensor dh1;  // dout @ down[e]: h's gradient before the routing weight
+  if (mask[1] || need_dgu) dh1 = cuops::grouped_mm(dr, down, offs).to(acc);
   if (mask[1])
-    dw = (dhp * h.to(acc)).sum(-1).index_select(0, pos).view({tokens, k}).to(w.scalar_type());
-  if (mask[3]) ddown = cuops::grouped_mm(dp.t(), (h.to(acc) * wp).to(dtype), offs);
+    dw = (dh1 * h.to(acc)).sum(-1).index_select(0, rows).view({tokens, k}).to(w.scalar_type());
+  if (mask[3]) ddown = cuops::grouped_mm(dr.t(), (h.to(acc) * wr.unsqueeze(-1)).to(dtype), offs);
   if (need_dgu) {
-    const at::Tensor dh = dhp * wp;
+    const at::Tensor dh = dh1 * wr.unsqueeze(-1);
     const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
     const at::Tensor dg =
         gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
     const at::Tensor dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
-    if (mask[2]) dgate_up = cuops::grouped_mm(dgu.t(), x.index_select(0, tok), offs);
-    if (mask[0]) dx = combine(cuops::grouped_mm(dgu, gate_up, offs), pos, nullptr, tokens, k);
+    if (mask[2]) dgate_up = cuops::grouped_mm(dgu.t(), gather_rows(x, rows, count, k), offs);
+    if (mask[0]) dx = combine(cuops::grouped_mm(dgu, gate_up, offs), rows, nullptr, tokens, k);
   }
   return {dx, dw, dgate_up, ddown};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd_meta(
     const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up,
-    const at::Tensor& down, const at::Tensor& gu, const at::Tensor& order, const at::Tensor& pos,
-    const at::Tensor& offs, c10::string_view activation, std::array<bool, 4> mask) {
+    const at::Tensor& down, const at::Tensor& gu, const at::Tensor& rows, const at::Tensor& offs,
+    c10::string_view activation, std::array<bool, 4> mask) {
   parse_gate("_moe_experts_bwd", activation);
   auto like = [](bool on, const at::Tensor& t) {
     return on ? at::empty_symint(t.sym_sizes(), t.options()) : at::empty({0}, t.options());
@@ -429,8 +464,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd_meta(
   return {like(mask[0], x), like(mask[1], w), like(mask[2], gate_up), like(mask[3], down)};
 }
 
-// ---- Autograd: with a gradient required the forward keeps x, topk_w, both weights, gu and the sort
-// (order, pos, offs); without one, nothing.
+// ---- Autograd: with a gradient required the forward keeps x, topk_w, both weights, gu and the
+// layout (rows, offs); without one, nothing.
 
 class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> {
  public:
@@ -438,9 +473,8 @@ class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> 
                             const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& down,
                             c10::string_view activation) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, gu, order, pos, offs] =
-        cuops::_moe_experts_fwd(x, idx, w, gate_up, down, activation);
-    ctx->save_for_backward({x, w, gate_up, down, gu, order, pos, offs});
+    auto [out, gu, rows, offs] = cuops::_moe_experts_fwd(x, idx, w, gate_up, down, activation);
+    ctx->save_for_backward({x, w, gate_up, down, gu, rows, offs});
     ctx->saved_data["activation"] = std::string(activation.data(), activation.size());
     return out;
   }
@@ -450,7 +484,7 @@ class MoeExpertsFunction : public torch::autograd::Function<MoeExpertsFunction> 
     const std::array<bool, 4> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(2),
                                       ctx->needs_input_grad(3), ctx->needs_input_grad(4)};
     auto [dx, dw, dgate_up, ddown] =
-        cuops::_moe_experts_bwd(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+        cuops::_moe_experts_bwd(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6],
                                 ctx->saved_data["activation"].toStringRef(), mask);
     auto or_none = [](bool on, const at::Tensor& t) { return on ? t : at::Tensor(); };
     return {or_none(mask[0], dx),    at::Tensor(), or_none(mask[1], dw), or_none(mask[2], dgate_up),

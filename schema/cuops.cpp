@@ -147,19 +147,19 @@ TORCH_LIBRARY(cuops, m) {
       "moe_experts(Tensor x, Tensor topk_idx, Tensor topk_w, Tensor gate_up, Tensor down, str "
       "activation=\"silu\") -> Tensor",
       tags);
-  // moe_experts' output, the gate/up products [S, 2I] in expert order, the pairs in that order
-  // (int64 [S]), each pair's place in it (int64 [S]) and each expert's end (int32 [E]), for its
-  // backward (internal).
+  // moe_experts' output and, for its backward (internal), its row layout: the gate/up products [R,
+  // 2I] with each expert's pairs from a multiple of 128 rows (R a bound on the rows that takes; the
+  // last row in no expert), each pair's row (int64 [S]) and each expert's end row (int32 [E]).
   m.def(
       "_moe_experts_fwd(Tensor x, Tensor topk_idx, Tensor topk_w, Tensor gate_up, Tensor down, str "
-      "activation) -> (Tensor out, Tensor gu, Tensor order, Tensor pos, Tensor offs)",
+      "activation) -> (Tensor out, Tensor gu, Tensor rows, Tensor offs)",
       tags);
   // The gradients of x, topk_w, gate_up and down that output_mask asks for (the others empty [0])
   // (internal).
   m.def(
       "_moe_experts_bwd(Tensor dout, Tensor x, Tensor topk_w, Tensor gate_up, Tensor down, Tensor "
-      "gu, Tensor order, Tensor pos, Tensor offs, str activation, bool[4] output_mask) -> (Tensor, "
-      "Tensor, Tensor, Tensor)",
+      "gu, Tensor rows, Tensor offs, str activation, bool[4] output_mask) -> (Tensor, Tensor, "
+      "Tensor, Tensor)",
       tags);
   // JSON: cuops version, torch and CUDA versions built against, CUDA archs, compiler, build type.
   m.def("build_info() -> str", tags);

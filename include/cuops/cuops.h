@@ -341,27 +341,26 @@ inline at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& topk_idx,
   return handle.call(x, topk_idx, topk_w, gate_up, down, activation);
 }
 // moe_experts' pieces for its backward (internal; the schema may change): the output, the gate/up
-// products in expert order [S, 2I], the pairs' order, each pair's place in it, each expert's end.
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> _moe_experts_fwd(
+// products in its row layout (each expert's pairs from a multiple of 128 rows), each pair's row, each
+// expert's end row.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _moe_experts_fwd(
     const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_w,
     const at::Tensor& gate_up, const at::Tensor& down, std::string_view activation) {
-  static const auto handle =
-      detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-          const at::Tensor&, std::string_view)>("cuops::_moe_experts_fwd");
+  static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      std::string_view)>("cuops::_moe_experts_fwd");
   return handle.call(x, topk_idx, topk_w, gate_up, down, activation);
 }
 // moe_experts' backward (internal): the gradients of x, topk_w, gate_up and down output_mask asks for.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _moe_experts_bwd(
     const at::Tensor& dout, const at::Tensor& x, const at::Tensor& topk_w,
-    const at::Tensor& gate_up, const at::Tensor& down, const at::Tensor& gu,
-    const at::Tensor& order, const at::Tensor& pos, const at::Tensor& offs,
-    std::string_view activation, std::array<bool, 4> output_mask) {
+    const at::Tensor& gate_up, const at::Tensor& down, const at::Tensor& gu, const at::Tensor& rows,
+    const at::Tensor& offs, std::string_view activation, std::array<bool, 4> output_mask) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string_view,
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string_view,
       std::array<bool, 4>)>("cuops::_moe_experts_bwd");
-  return handle.call(dout, x, topk_w, gate_up, down, gu, order, pos, offs, activation, output_mask);
+  return handle.call(dout, x, topk_w, gate_up, down, gu, rows, offs, activation, output_mask);
 }
 
 // JSON describing the build: cuops, torch and CUDA versions, CUDA archs, compiler, build type.

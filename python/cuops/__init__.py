@@ -597,7 +597,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
     casts them (float32 masters through autocast's cache).
 
     Autograd: differentiable in x, topk_w, gate_up and down; the backward keeps the gate/up products
-    [T*k, 2I] and the routing's sort.
+    in the routing's row layout ([rows, 2I], each expert's rows from a multiple of 128).
 
     Raises:
         RuntimeError: "cuops::moe_experts: ..." for a bad shape, dtype or device (gate_up not

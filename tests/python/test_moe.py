@@ -308,6 +308,34 @@ def test_moe_experts_gradients_match_float64(device, kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_moe_experts_row_layout(device):
+    """_moe_experts_fwd's layout: each expert's rows from a multiple of 128, in pair order, at most the
+    host bound (T k + min(E, T k) 127, rounded up to 128, plus the last row in no expert); the spare rows
+    and the last row of the gate/up products zeros; a pair outside [0, E) on the last row."""
+    tokens, k, experts = 70, 3, 5
+    x = make((tokens, 16), torch.float32, device)
+    gate_up, down = make((experts, 12, 16), torch.float32, device), make((experts, 16, 6), torch.float32, device)
+    idx = routing(tokens, k, experts, "skewed", device)
+    idx[3, 1] = experts  # another rank's expert
+    w = torch.rand(tokens, k, device=device)
+    out, gu, rows, offs = ops._moe_experts_fwd(x, idx, w, gate_up, down, "silu")
+    pairs = tokens * k
+    bound = (pairs + min(experts, pairs) * 127 + 127) // 128 * 128 + 1
+    assert gu.shape == (bound, 12) and rows.dtype == torch.int64 and offs.dtype == torch.int32
+    assert torch.equal(out, cuops.moe_experts(x, idx, w, gate_up, down))
+    rows, offs, flat = rows.cpu(), offs.cpu().long(), idx.flatten().cpu()
+    assert rows[3 * k + 1] == bound - 1 and int(offs[-1]) <= bound - 1
+    start = 0
+    for e in range(experts):
+        mine = rows[flat == e]
+        assert start % 128 == 0 and torch.equal(mine, torch.arange(start, start + len(mine)))
+        assert int(offs[e]) == start + (len(mine) + 127) // 128 * 128
+        assert not gu[start + len(mine):int(offs[e])].any()
+        start = int(offs[e])
+    assert not gu[start:].any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_moe_experts_gradcheck_float64(device):
     x = make((7, 6), torch.float64, device).requires_grad_()
     gate_up = make((3, 8, 6), torch.float64, device).requires_grad_()
