@@ -227,7 +227,8 @@ class TopkSoftmaxFunction : public torch::autograd::Function<TopkSoftmaxFunction
       const at::Tensor v = p.gather(-1, idx), s = v.sum(-1, true);
       dv = (dv - (dv * (v / s)).sum(-1, true)) / s;
     }
-    const at::Tensor d = at::zeros_like(p).scatter_(-1, idx, dv);
+    // Out of place: under DTensor this runs on the sharded tensors, whose in-place scatter has no rule.
+    const at::Tensor d = at::scatter(at::zeros_like(p), -1, idx, dv);
     const at::Tensor dlogits = p * (d - (d * p).sum(-1, true));
     return {dlogits.to(logits.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -280,6 +280,47 @@ def register() -> bool:
     def rotary_bwd_rule(grad_q, grad_k, cos, sin, dtype):
         return rotary_entries(grad_q, cos, [None])
 
+    # grouped_mm: the groups' ends are global row (or k) positions, so the grouped dimension stays
+    # whole; the other product dimensions shard as mm's do. Rows form (a [S, K], b [E, K, N]): b's N
+    # gives out's columns, K on both a partial sum. K form (a [M, S], b [S, N]): a's M and b's N give
+    # out's [E, M, N] dimensions 1 and 2.
+    @register_sharding(ops.grouped_mm.default)
+    def grouped_mm_rule(a, b, offs):
+        rules = [([Replicate()], [Replicate(), Replicate(), Replicate()])]
+        if b.ndim == 3:
+            rules += [([Shard(1)], [Replicate(), Shard(2), Replicate()]),
+                      ([Partial()], [Shard(1), Shard(1), Replicate()])]
+        else:
+            rules += [([Shard(1)], [Shard(0), Replicate(), Replicate()]),
+                      ([Shard(2)], [Replicate(), Shard(1), Replicate()])]
+        return rules
+
+    @register_sharding(ops.moe_topk_softmax.default)
+    def moe_topk_softmax_rule(logits, k, renorm=False, weight_dtype=None):
+        # Per token: any leading dimension sharded, both outputs alike; the experts whole.
+        return [([p, p], [p, None, None, None]) for p in leading(logits)]
+
+    # moe_experts: replicated, or the tokens sharded (x, topk_idx and topk_w by rows; the expert
+    # weights whole: expert parallelism is another design). Each process then routes its own tokens:
+    # the internal ops' layout (gu, rows, offs) is that process's, carried as "sharded by rows"
+    # between the forward and the backward, which read it only there; the weight gradients are
+    # partial sums over the processes' tokens.
+    @register_sharding(ops.moe_experts.default)
+    def moe_experts_rule(x, topk_idx, topk_w, gate_up, down, activation="silu"):
+        return [([Replicate()], [Replicate()] * 5 + [None]),
+                ([Shard(0)], [Shard(0)] * 3 + [Replicate()] * 2 + [None])]
+
+    @register_sharding(ops._moe_experts_fwd.default)
+    def moe_experts_fwd_rule(x, topk_idx, topk_w, gate_up, down, activation):
+        return [([Replicate()] * 4, [Replicate()] * 5 + [None]),
+                ([Shard(0)] * 4, [Shard(0)] * 3 + [Replicate()] * 2 + [None])]
+
+    @register_sharding(ops._moe_experts_bwd.default)
+    def moe_experts_bwd_rule(dout, x, topk_w, gate_up, down, gu, rows, offs, activation, output_mask):
+        return [([Replicate()] * 4, [Replicate()] * 8 + [None, None]),
+                ([Shard(0), Shard(0), Partial(), Partial()],
+                 [Shard(0)] * 3 + [Replicate()] * 2 + [Shard(0)] * 3 + [None, None])]
+
     # ---- In-place ops: rules as (c, a, b) placements per mesh dimension; c's is never changed.
 
     @_inplace(ops.add2.default, "add2")

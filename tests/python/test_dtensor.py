@@ -286,6 +286,34 @@ def check_ops(rank, world, port, device, backend):
             assert oq.placements == (pq,) and ok.placements == (pq,), (pq, oq.placements)
             torch.testing.assert_close(oq.full_tensor(), want_q, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(ok.full_tensor(), want_k, rtol=1e-12, atol=1e-12)
+        # Mixture of experts: grouped_mm with b's N, or K, sharded; the router and the experts with the
+        # tokens sharded (each process routes its own; the weights' gradients partial sums), forward
+        # and every gradient; replicated inputs, replicated results.
+        offs = torch.tensor([2, 2, 6], dtype=torch.int32, device=dev)
+        gb = randn(gen, 3, 10, 4, device=dev)
+        for pa, pb, out in ((Replicate(), Shard(2), Shard(1)), (Shard(1), Shard(1), Partial()),
+                            (Replicate(), Replicate(), Replicate())):
+            got = cuops.grouped_mm(dt(a, pa), dt(gb, pb), dt(offs, Replicate()))
+            assert got.placements == (out,), (pa, pb, got.placements)
+            torch.testing.assert_close(got.full_tensor(), cuops.grouped_mm(a, gb, offs), rtol=1e-12, atol=1e-12)
+        router, gate_up, down = randn(gen, 5, 10, device=dev), randn(gen, 5, 8, 10, device=dev), \
+            randn(gen, 5, 10, 4, device=dev)
+        whole = [t.clone().requires_grad_() for t in (a, router, gate_up, down)]
+
+        def moe(x, r, gu, d):
+            w, idx = cuops.moe_topk_softmax(x @ r.t(), 2, True)
+            return cuops.moe_experts(x, idx, w, gu, d)
+
+        moe_want = moe(*whole)
+        moe_want.sum().backward()
+        for px in (Shard(0), Replicate()):
+            sharded = [dt(t, p).requires_grad_() for t, p in zip(whole, (px, Replicate(), Replicate(), Replicate()))]
+            got = moe(*sharded)
+            assert got.placements == (px,), got.placements
+            torch.testing.assert_close(got.full_tensor(), moe_want, rtol=1e-12, atol=1e-12)
+            got.full_tensor().sum().backward()
+            for i, (piece, full) in enumerate(zip(sharded, whole)):
+                torch.testing.assert_close(piece.grad.full_tensor(), full.grad, rtol=1e-10, atol=1e-10, msg=str(i))
         # A partial sum (k-split mm) scaled stays partial and reduces to the scaled product.
         part = ops.mm(dt(a, Shard(1)), dt(b, Shard(0)))
         got = ops.scale(part, 0.5)
