@@ -119,7 +119,9 @@ struct Shape {
 // each thread waited out an L1/L2 round trip between the reduction and its stores. bf16 8192 x 2048
 // on an H100: 27.6 against 31.4 us (0.99 against 0.87 of a copy of the same bytes); 131072 x 128:
 // 28.5 against 34.3 us.
-template <typename T, typename S, typename W, typename Y, int E, int kPer = kFwdPer>
+// kRes: add_rms_norm (res and sum set), an instance of its own: its x and residual registers
+// would otherwise hold rms_norm's occupancy down too (bf16 78 -> 111 registers a thread).
+template <typename T, typename S, typename W, typename Y, int E, bool kRes, int kPer = kFwdPer>
 __global__ void __launch_bounds__(kMaxGroup)
     rms_norm_fwd(Shape sh, const T* x, int64_t ld_x, const S* res, int64_t ld_res, const W* w,
                  acc_t<T> eps, Y* y, S* sum, acc_t<T>* rstd_out) {
@@ -135,23 +137,37 @@ __global__ void __launch_bounds__(kMaxGroup)
     const bool live = row < sh.rows;
     Raw<S, E> sr[kPer];
     Raw<W, kEarlyW ? E : 1> wr[kPer];
+    Raw<T, E> xr[kRes ? kPer : 1];  // add_rms_norm: x and the residual as loaded
+    Raw<S, E> rr[kRes ? kPer : 1];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t j = lane + int64_t{i} * g;
       if (i < per && live && j < vecs) {
-        if constexpr (std::is_same_v<S, T>) {
-          if (res == nullptr) load_raw<S, E>(x + row * ld_x + j * E, sr[i]);
+        if constexpr (kRes) {
+          load_raw<T, E>(x + row * ld_x + j * E, xr[i]);
+          load_raw<S, E>(res + row * ld_res + j * E, rr[i]);
+        } else {
+          load_raw<S, E>(x + row * ld_x + j * E, sr[i]);
         }
-        if (res != nullptr) {  // the sum, rounded to S as torch's residual + x is
+        if constexpr (kEarlyW) load_raw<W, E>(w + j * E, wr[i]);
+      }
+    }
+    // The sum, rounded to S as torch's residual + x is, stored once every load is issued: stored
+    // between one vector's loads and the next (the compiler cannot move a load above a store that
+    // may alias it), it left one vector of x and of the residual in flight a thread.
+    if constexpr (kRes) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int64_t j = lane + int64_t{i} * g;
+        if (i < per && live && j < vecs) {
           A v[E], r[E];
-          load_elems<T, E>(x + row * ld_x + j * E, v);
-          load_elems<S, E>(res + row * ld_res + j * E, r);
+          unpack_raw(xr[i], v);
+          unpack_raw(rr[i], r);
 #pragma unroll
           for (int e = 0; e < E; ++e) v[e] += r[e];
           store_elems<S, E>(sum + row * sh.d + j * E, v);
           pack_raw(v, sr[i]);
         }
-        if constexpr (kEarlyW) load_raw<W, E>(w + j * E, wr[i]);
       }
     }
     A ss = 0;
@@ -362,11 +378,16 @@ cudaError_t fwd_typed(const RmsNormArgs& a, cudaStream_t stream) {
   // at 8192 x 4096: 96.4 against 101.1 us). The kernel still loops past gridDim's limit.
   const int64_t grid =
       std::min<int64_t>((a.rows + threads / sh.g - 1) / (threads / sh.g), 0x7fffffff);
-  rms_norm_fwd<T, S, W, Y, E><<<static_cast<unsigned>(grid), threads, 0, stream>>>(
-      sh, static_cast<const T*>(a.x), a.ld_x, static_cast<const S*>(a.res), a.ld_res,
-      static_cast<const W*>(a.w), static_cast<acc_t<T>>(a.eps), static_cast<Y*>(a.y),
-      static_cast<S*>(a.sum), static_cast<acc_t<T>*>(a.rstd));
-  return cudaGetLastError();
+  const auto launch = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(grid), threads, 0, stream>>>(
+        sh, static_cast<const T*>(a.x), a.ld_x, static_cast<const S*>(a.res), a.ld_res,
+        static_cast<const W*>(a.w), static_cast<acc_t<T>>(a.eps), static_cast<Y*>(a.y),
+        static_cast<S*>(a.sum), static_cast<acc_t<T>*>(a.rstd));
+    return cudaGetLastError();
+  };
+  if (a.res != nullptr) return launch(rms_norm_fwd<T, S, W, Y, E, true>);
+  if constexpr (std::is_same_v<S, T>) return launch(rms_norm_fwd<T, S, W, Y, E, false>);
+  return cudaErrorInvalidValue;  // a sum of another type than x's is add_rms_norm's
 }
 
 template <typename S, typename W, typename Y, typename X, int E>
