@@ -385,8 +385,20 @@ cudaError_t fwd_typed(const RmsNormArgs& a, cudaStream_t stream) {
         static_cast<S*>(a.sum), static_cast<acc_t<T>*>(a.rstd));
     return cudaGetLastError();
   };
-  if (a.res != nullptr) return launch(rms_norm_fwd<T, S, W, Y, E, true>);
-  if constexpr (std::is_same_v<S, T>) return launch(rms_norm_fwd<T, S, W, Y, E, false>);
+  // Register arrays sized for kTarget vectors where the row takes no more: a float32 sum held in
+  // arrays of kFwdPer took 120-127 registers a thread (bf16 x, float32 residual: autocast's mix).
+  if (a.res != nullptr) {
+    if constexpr (kTarget < kFwdPer) {
+      if (sh.per <= kTarget) return launch(rms_norm_fwd<T, S, W, Y, E, true, kTarget>);
+    }
+    return launch(rms_norm_fwd<T, S, W, Y, E, true>);
+  }
+  if constexpr (std::is_same_v<S, T>) {
+    if constexpr (kTarget < kFwdPer) {
+      if (sh.per <= kTarget) return launch(rms_norm_fwd<T, S, W, Y, E, false, kTarget>);
+    }
+    return launch(rms_norm_fwd<T, S, W, Y, E, false>);
+  }
   return cudaErrorInvalidValue;  // a sum of another type than x's is add_rms_norm's
 }
 
