@@ -189,12 +189,16 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
 // preceding phase counts as complete, so the first kStages waits return at once).
 // The dual GEMM (kDual: B k-major, map_b2 the second weight): the B tile's first BN / 2 rows are
 // map_b's rows col0 .. col0 + BN / 2 - 1, the rest map_b2's same rows (a pair's CTAs load one each).
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kDual = false>
+// kGrouped (the grouped kernel, single CTAs): map_b (and map_b2) are 3-D, one matrix an expert, and
+// B's boxes come from matrix `expert`.
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kDual = false,
+          bool kGrouped = false>
 __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b,
                                           int row0, int col0, int kt0, int ktiles, uint32_t base_s,
                                           uint32_t full_s, uint32_t empty_s, uint32_t rank,
                                           WgRing<WgCfg<T, BM, BN>::kStages>& ring,
-                                          const CUtensorMap* map_b2 = nullptr) {
+                                          const CUtensorMap* map_b2 = nullptr, int expert = 0) {
+  static_assert(!kGrouped || kCM == 1, "the grouped kernel runs single CTAs");
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kConsumers = WgShape<BM>::kConsumers;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
@@ -217,7 +221,9 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     }
     // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
     auto load_b = [&](uint32_t dst, int c0, int c1) {
-      if constexpr (kCM == 1) {
+      if constexpr (kGrouped) {
+        wg::tma_load3(dst, &map_b, c0, c1, expert, bar);
+      } else if constexpr (kCM == 1) {
         wg::tma_load(dst, &map_b, c0, c1, bar);
       } else {
         wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
@@ -225,7 +231,10 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     };
     if constexpr (kDual) {
       static_assert(!BNM && (kCM == 1 || kCM == 2), "the dual GEMM reads nn.Linear's weights");
-      if constexpr (kCM == 1) {
+      if constexpr (kGrouped) {
+        wg::tma_load3(sb, &map_b, k0, col0, expert, bar);
+        wg::tma_load3(sb + (BN / 2) * 128, map_b2, k0, col0, expert, bar);
+      } else if constexpr (kCM == 1) {
         wg::tma_load(sb, &map_b, k0, col0, bar);
         wg::tma_load(sb + (BN / 2) * 128, map_b2, k0, col0, bar);
       } else {
@@ -554,17 +563,42 @@ __device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUten
   store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
 }
 
+// The grouped kernel's groups (kGrouped): group e owns the rows [ends[e - 1], ends[e]) of A and c,
+// every group starting at a multiple of BM (ops/moe.cpp's row layout), so each BM-row tile is one
+// group's; rows from ends[E - 1] on are in none (their tiles compute and store zeros). ends: int32
+// [experts] on the device, read after the dependent-launch wait.
+struct WgGroups {
+  const int32_t* ends;
+  int experts;
+};
+
+// The group of the tile starting at row0: the first e with ends[e] > row0 (a binary search, in the
+// producer thread only: the consumers need no group).
+__device__ __forceinline__ int group_of(const WgGroups& g, int64_t row0) {
+  int lo = 0, hi = g.experts;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(g.ends + mid) <= row0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 // The kernel's body, for the plain epilogue (E Plain) and the fused ones (maps b2, aux, aux2 and f:
 // gemm_wgmma_fused). TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four
 // boxes of 32 m x 32 k (one 128-byte swizzled row of m per k). c_trans (float only): the problem is
 // C^T = B^T A^T, so the result (i, j) goes to c[j * ldc + i]. A fused tile covers kOutBN of c's
 // columns (the dual GEMM's BN / 2).
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, GemmEpilogue E>
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, GemmEpilogue E,
+          bool kGrouped = false>
 __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUtensorMap& map_b,
                                            const CUtensorMap& map_c, const CUtensorMap* map_b2,
                                            const CUtensorMap* map_aux, const CUtensorMap* map_aux2,
                                            const GemmProblem& p, bool tma_store, bool c_trans,
-                                           const WgTail& tail, const FusedArgs& f) {
+                                           const WgTail& tail, const FusedArgs& f,
+                                           const WgGroups* groups = nullptr) {
   constexpr bool kDual = E == GemmEpilogue::GatedSilu;
   constexpr int kOutBN = kDual ? BN / 2 : BN;
   using Cfg = WgCfg<T, BM, BN>;
@@ -597,6 +631,10 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
     __syncthreads();
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
+  // Grouped: rows from here on are in no group.
+  int64_t last_row = 0;
+  if constexpr (kGrouped)
+    last_row = groups->experts > 0 ? __ldg(groups->ends + groups->experts - 1) : 0;
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
@@ -606,10 +644,17 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  [&](int64_t unit, int k0, int n, WgPart) {
                    int64_t um, tn;
                    tile_coords<8>(unit, units_m, tiles_n, um, tn);
-                   load_unit<T, BM, BN, AK, BNM, kCM, kDual>(
-                       map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
-                       static_cast<int>(tn * kOutBN), k0, n, base_s, full_s, empty_s, rank, ring,
-                       map_b2);
+                   const int64_t row0 = (um * kCM + rank) * BM;
+                   int expert = 0;
+                   if constexpr (kGrouped) {
+                     if (row0 >= last_row)
+                       n = 0;  // in no group: nothing to load
+                     else
+                       expert = group_of(*groups, row0);
+                   }
+                   load_unit<T, BM, BN, AK, BNM, kCM, kDual, kGrouped>(
+                       map_a, map_b, static_cast<int>(row0), static_cast<int>(tn * kOutBN), k0, n,
+                       base_s, full_s, empty_s, rank, ring, map_b2, expert);
                  });
     }
   } else {
@@ -647,6 +692,9 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  int64_t um, tn;
                  tile_coords<8>(unit, units_m, tiles_n, um, tn);
                  const int64_t tm = um * kCM + rank;
+                 if constexpr (kGrouped) {
+                   if (tm * BM >= last_row) n = 0;  // in no group: zeros stored
+                 }
                  LaneBias<T, BN, E == GemmEpilogue::BiasActivation> bias;
                  bias.load(f, p, tn * BN, lane);
                  float d[BN / 2];
@@ -702,6 +750,23 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                      const WgTail tail, const FusedArgs f) {
   wgmma_body<T, BM, BN, true, false, kCM, E>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
                                              true, false, tail, f);
+}
+
+// The grouped kernel (kernels/gemm/gemm_wgmma_grouped.cu): A k-major [rows, K] in the groups' row
+// layout, B one matrix a group (3-D maps), c and the kept products by TMA stores; the plain epilogue
+// or the dual GEMM's (gate/up: map_b the gate rows, map_b2 the up rows of each expert).
+template <typename T, int BM, int BN, bool BNM, GemmEpilogue E>
+__global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
+    gemm_wgmma_grouped(const __grid_constant__ CUtensorMap map_a,
+                       const __grid_constant__ CUtensorMap map_b,
+                       const __grid_constant__ CUtensorMap map_c,
+                       const __grid_constant__ CUtensorMap map_b2,
+                       const __grid_constant__ CUtensorMap map_aux,
+                       const __grid_constant__ CUtensorMap map_aux2, const GemmProblem p,
+                       const FusedArgs f, const WgGroups groups) {
+  wgmma_body<T, BM, BN, true, BNM, 1, E, true>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
+                                               true, false, WgTail{nullptr, nullptr, 0, 1}, f,
+                                               &groups);
 }
 
 // ---- host side
