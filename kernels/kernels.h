@@ -193,6 +193,9 @@ cudaError_t launch_grouped_mm_k(DType dtype, const void* a, int64_t sa0, int64_t
 // (k-major as b, or null): the dual GEMM, c = silu(a b) * (a b2), and where aux is set a b into aux
 // and a b2 into aux2 ([rows, n], ld_aux apart). bfloat16 / float16; pointers 16-byte aligned,
 // strides whole 16 bytes (the tensor maps' terms; cudaErrorInvalidValue where they fail).
+// along_k (a weight gradient): c [groups m, n] (ldc apart), group e's m rows = a[ks, :]^T b[ks, :]
+// over group e's rows ks of a [rows, m] (lda) and b [rows, n] (ldb), zeros for an empty group; m a
+// multiple of 128; k, b2 and aux unused.
 struct GroupedGemm {
   DType dtype;
   int64_t rows, n, k;
@@ -209,6 +212,8 @@ struct GroupedGemm {
   int64_t ld_aux;
   const int32_t* ends;
   int64_t groups;
+  bool along_k = false;
+  int64_t m = 0;
 };
 cudaError_t launch_grouped_wgmma(const GroupedGemm& g, int sms, cudaStream_t stream);
 

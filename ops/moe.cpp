@@ -381,6 +381,33 @@ bool layout_mm_wgmma(const at::Tensor& a, const at::Tensor& w, bool k_major, boo
   return true;
 }
 
+// [E, m, n]: for each group e, a's rows of e transposed times b's rows of e (a [rows, m], b [rows, n]
+// in the layout: a weight gradient), on the Hopper grouped kernel where it runs (m a multiple of
+// 128 besides its other terms), else grouped_mm.
+at::Tensor layout_mm_k(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  const auto dtype = a.scalar_type();
+  const int64_t m = a.size(1), n = b.size(1), groups = offs.size(0);
+  const auto aligned = [](const at::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  if (a.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
+      kernels::current_gemm_device().wgmma && m % 128 == 0 && n % 8 == 0 && a.is_contiguous() &&
+      b.is_contiguous() && aligned(a) && aligned(b) && groups > 0) {
+    at::Tensor out = at::empty({groups, m, n}, a.options());
+    kernels::GroupedGemm g{};
+    g.dtype = kernel_dtype(dtype);
+    g.rows = a.size(0), g.n = n, g.m = m, g.along_k = true;
+    g.a = a.data_ptr(), g.lda = m, g.b = b.data_ptr(), g.ldb = n;
+    g.c = out.data_ptr(), g.ldc = n;
+    const at::Tensor ends = offs.to(at::kInt).contiguous();
+    g.ends = ends.data_ptr<int32_t>(), g.groups = groups;
+    C10_CUDA_CHECK(kernels::launch_grouped_wgmma(
+        g, at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount, current_stream(a)));
+    return out;
+  }
+  return cuops::grouped_mm(a.t(), b, offs);
+}
+
 // out = a times each group's w[e] (as layout_mm_wgmma), on that kernel or grouped_mm.
 at::Tensor layout_mm(const at::Tensor& a, const at::Tensor& w, bool k_major,
                      const at::Tensor& offs) {
@@ -498,14 +525,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd(
   if (mask[1] || need_dgu) dh1 = layout_mm(dr, down, false, offs).to(acc);
   if (mask[1])
     dw = (dh1 * h.to(acc)).sum(-1).index_select(0, rows).view({tokens, k}).to(w.scalar_type());
-  if (mask[3]) ddown = cuops::grouped_mm(dr.t(), (h.to(acc) * wr.unsqueeze(-1)).to(dtype), offs);
+  if (mask[3]) ddown = layout_mm_k(dr, (h.to(acc) * wr.unsqueeze(-1)).to(dtype), offs);
   if (need_dgu) {
     const at::Tensor dh = dh1 * wr.unsqueeze(-1);
     const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
     const at::Tensor dg =
         gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
     const at::Tensor dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
-    if (mask[2]) dgate_up = cuops::grouped_mm(dgu.t(), gather_rows(x, rows, count, k), offs);
+    if (mask[2]) dgate_up = layout_mm_k(dgu, gather_rows(x, rows, count, k), offs);
     if (mask[0]) dx = combine(layout_mm(dgu, gate_up, false, offs), rows, nullptr, tokens, k);
   }
   return {dx, dw, dgate_up, ddown};

@@ -563,13 +563,18 @@ __device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUten
   store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
 }
 
-// The grouped kernel's groups (kGrouped): group e owns the rows [ends[e - 1], ends[e]) of A and c,
-// every group starting at a multiple of BM (ops/moe.cpp's row layout), so each BM-row tile is one
-// group's; rows from ends[E - 1] on are in none (their tiles compute and store zeros). ends: int32
-// [experts] on the device, read after the dependent-launch wait.
+// The grouped kernel's groups. Rows (WgGroup::Rows): group e owns the rows [ends[e - 1], ends[e]) of
+// A and c, every group starting at a multiple of BM (ops/moe.cpp's row layout), so each BM-row tile
+// is one group's; rows from ends[E - 1] on are in none (their tiles compute and store zeros). Along
+// k (WgGroup::K, a weight gradient): group e sums A's and B's k rows [ends[e - 1], ends[e]) (whole
+// k-tiles: the layout's multiples of 128) into c's rows [e m, (e + 1) m), m = tiles_per_group BM;
+// an empty group stores zeros. ends: int32 [experts] on the device, read after the dependent-launch
+// wait.
+enum class WgGroup { None, Rows, K };
 struct WgGroups {
   const int32_t* ends;
   int experts;
+  int tiles_per_group;  // K: c's row tiles a group
 };
 
 // The group of the tile starting at row0: the first e with ends[e] > row0 (a binary search, in the
@@ -592,7 +597,7 @@ __device__ __forceinline__ int group_of(const WgGroups& g, int64_t row0) {
 // C^T = B^T A^T, so the result (i, j) goes to c[j * ldc + i]. A fused tile covers kOutBN of c's
 // columns (the dual GEMM's BN / 2).
 template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, GemmEpilogue E,
-          bool kGrouped = false>
+          WgGroup G = WgGroup::None>
 __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUtensorMap& map_b,
                                            const CUtensorMap& map_c, const CUtensorMap* map_b2,
                                            const CUtensorMap* map_aux, const CUtensorMap* map_aux2,
@@ -631,10 +636,17 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
     __syncthreads();
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
-  // Grouped: rows from here on are in no group.
+  // Rows: rows from here on are in no group.
   int64_t last_row = 0;
-  if constexpr (kGrouped)
+  if constexpr (G == WgGroup::Rows)
     last_row = groups->experts > 0 ? __ldg(groups->ends + groups->experts - 1) : 0;
+  // K: the group of c's row tile tm, and its k-tiles.
+  auto k_range = [&](int64_t tm, int& k0, int& n) {
+    const int e = static_cast<int>(tm / groups->tiles_per_group);
+    const int start = e == 0 ? 0 : __ldg(groups->ends + e - 1), end = __ldg(groups->ends + e);
+    k0 = start / kBK;
+    n = end > start ? (end - start) / kBK : 0;
+  };
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
@@ -644,15 +656,18 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  [&](int64_t unit, int k0, int n, WgPart) {
                    int64_t um, tn;
                    tile_coords<8>(unit, units_m, tiles_n, um, tn);
-                   const int64_t row0 = (um * kCM + rank) * BM;
+                   int64_t row0 = (um * kCM + rank) * BM;
                    int expert = 0;
-                   if constexpr (kGrouped) {
+                   if constexpr (G == WgGroup::Rows) {
                      if (row0 >= last_row)
                        n = 0;  // in no group: nothing to load
                      else
                        expert = group_of(*groups, row0);
+                   } else if constexpr (G == WgGroup::K) {
+                     k_range(um, k0, n);
+                     row0 = (um % groups->tiles_per_group) * BM;  // A's rows: the group's own m
                    }
-                   load_unit<T, BM, BN, AK, BNM, kCM, kDual, kGrouped>(
+                   load_unit<T, BM, BN, AK, BNM, kCM, kDual, G == WgGroup::Rows>(
                        map_a, map_b, static_cast<int>(row0), static_cast<int>(tn * kOutBN), k0, n,
                        base_s, full_s, empty_s, rank, ring, map_b2, expert);
                  });
@@ -692,8 +707,11 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  int64_t um, tn;
                  tile_coords<8>(unit, units_m, tiles_n, um, tn);
                  const int64_t tm = um * kCM + rank;
-                 if constexpr (kGrouped) {
+                 if constexpr (G == WgGroup::Rows) {
                    if (tm * BM >= last_row) n = 0;  // in no group: zeros stored
+                 } else if constexpr (G == WgGroup::K) {
+                   int k0;
+                   k_range(tm, k0, n);
                  }
                  LaneBias<T, BN, E == GemmEpilogue::BiasActivation> bias;
                  bias.load(f, p, tn * BN, lane);
@@ -754,8 +772,9 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
 
 // The grouped kernel (kernels/gemm/gemm_wgmma_grouped.cu): A k-major [rows, K] in the groups' row
 // layout, B one matrix a group (3-D maps), c and the kept products by TMA stores; the plain epilogue
-// or the dual GEMM's (gate/up: map_b the gate rows, map_b2 the up rows of each expert).
-template <typename T, int BM, int BN, bool BNM, GemmEpilogue E>
+// or the dual GEMM's (gate/up: map_b the gate rows, map_b2 the up rows of each expert). K: A m-major
+// and B n-major over the layout's rows (2-D maps), c [E m, N].
+template <typename T, int BM, int BN, bool AK, bool BNM, GemmEpilogue E, WgGroup G>
 __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
     gemm_wgmma_grouped(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b,
@@ -764,9 +783,8 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                        const __grid_constant__ CUtensorMap map_aux,
                        const __grid_constant__ CUtensorMap map_aux2, const GemmProblem p,
                        const FusedArgs f, const WgGroups groups) {
-  wgmma_body<T, BM, BN, true, BNM, 1, E, true>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
-                                               true, false, WgTail{nullptr, nullptr, 0, 1}, f,
-                                               &groups);
+  wgmma_body<T, BM, BN, AK, BNM, 1, E, G>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
+                                          true, false, WgTail{nullptr, nullptr, 0, 1}, f, &groups);
 }
 
 // ---- host side
