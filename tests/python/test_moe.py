@@ -124,6 +124,29 @@ def test_grouped_mm_errors_name_op_argument_and_values(device):
 
 
 @requires_cuda
+def test_grouped_mm_a_million_rows():
+    """T k = 2^20 rows (the issue's largest) over 64 groups of random sizes, one of them empty, both forms,
+    against float64 products group by group on the GPU."""
+    g = torch.Generator().manual_seed(5)
+    counts = torch.multinomial(torch.ones(64), 2 ** 20, replacement=True, generator=g).bincount(minlength=64)
+    counts[7] = 0
+    counts[0] += 2 ** 20 - int(counts.sum())
+    offs = counts.cumsum(0).int().cuda()
+    ends = [0] + counts.cumsum(0).tolist()
+    a, b = make((2 ** 20, 24), torch.bfloat16, "cuda"), make((64, 24, 40), torch.bfloat16, "cuda")
+    out = cuops.grouped_mm(a, b, offs)
+    want = torch.cat([a[s:e].double() @ b[i].double() for i, (s, e) in enumerate(zip(ends, ends[1:]))])
+    scale = torch.cat([a[s:e].double().abs() @ b[i].double().abs() for i, (s, e) in enumerate(zip(ends, ends[1:]))])
+    assert rel_error(out, want, scale) <= HALF_TOL[torch.bfloat16]
+    bk = make((2 ** 20, 40), torch.bfloat16, "cuda")
+    out_k = cuops.grouped_mm(a.t(), bk, offs)
+    for i in (0, 7, 63):
+        s, e = ends[i], ends[i + 1]
+        ref = a[s:e].double().t() @ bk[s:e].double()
+        assert rel_error(out_k[i], ref, a[s:e].double().abs().t() @ bk[s:e].double().abs()) <= HALF_TOL[torch.bfloat16]
+
+
+@requires_cuda
 def test_grouped_mm_cuda_takes_bad_ends_as_clamped_running_maximum():
     """Ends the GPU cannot check without a sync are read as min(S, running max): decreasing or too large
     ends give the product of those groups, never an out-of-bounds read."""
