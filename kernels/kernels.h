@@ -214,6 +214,7 @@ struct GroupedGemm {
   int64_t groups;
   bool along_k = false;
   int64_t m = 0;
+  int bn = 256;  // the tile's columns (plan_grouped's: 128 or 256; the dual GEMM 256)
 };
 cudaError_t launch_grouped_wgmma(const GroupedGemm& g, int sms, cudaStream_t stream);
 

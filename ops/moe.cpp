@@ -338,33 +338,41 @@ Routing route(const at::Tensor& idx, int64_t experts) {
   return {at::empty_like(row).scatter_(0, order, row), pad_ends.to(at::kInt), count};
 }
 
+// Whether t (read contiguous: its rows' lengths `dims`, each a whole 16 bytes) and its base are
+// 16-byte aligned for the tensor maps (plan_grouped's `aligned`).
+bool whole_16_bytes(const at::Tensor& t, std::initializer_list<int64_t> dims) {
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  for (const int64_t d : dims)
+    if ((d * es) % 16 != 0) return false;
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 // The row layout's grouped products on CUDA: the Hopper grouped kernel (gemm_wgmma_grouped.cu) where
-// it runs (sm_90a, bf16 / fp16, whole 16-byte rows and matrices), which relies on the layout's
-// groups starting at multiples of 128 rows; false (nothing enqueued) elsewhere.
+// plan_grouped picks it (its rows in gemm_plan.cpp), which relies on the layout's groups starting at
+// multiples of 128 rows; false (nothing enqueued) elsewhere.
 // out [rows, n] = a [rows, k] times each group's w[e]: w [E, n, k] read as [n, k] rows (k_major:
 // nn.Linear's, the product with w[e]^T) or w [E, k, n] as [k, n]. dual: w holds [gate; up] as
 // [E, 2n, k]: out = act(a gate^T) * (a up^T) (silu), and gu [rows, 2n] = [g | u] where defined.
 bool layout_mm_wgmma(const at::Tensor& a, const at::Tensor& w, bool k_major, bool dual,
                      const at::Tensor& offs, at::Tensor& out, at::Tensor* gu) {
-  const auto dtype = a.scalar_type();
-  if (!a.is_cuda() || (dtype != at::kBFloat16 && dtype != at::kHalf) ||
-      !kernels::current_gemm_device().wgmma)
-    return false;
-  const at::Tensor wc = w.contiguous(), ac = a.contiguous();
+  if (!a.is_cuda() || !is_supported_dtype(a.scalar_type())) return false;
   const int64_t rows = a.size(0), k = a.size(1);
   const int64_t n = dual ? w.size(1) / 2 : (k_major ? w.size(1) : w.size(2));
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (k % 8 != 0 || n % 8 != 0 || w.size(1) % 8 != 0 || w.size(2) % 8 != 0 ||
-      !aligned(ac.data_ptr()) || !aligned(wc.data_ptr()))
-    return false;
+  const kernels::GroupedPlan plan =
+      kernels::plan_grouped({kernel_dtype(a.scalar_type()), n, k, 0, false, dual, !k_major,
+                             whole_16_bytes(a, {k}) && whole_16_bytes(w, {w.size(1), w.size(2)})},
+                            kernels::current_gemm_device());
+  if (!plan.wgmma) return false;
+  const at::Tensor wc = w.contiguous(), ac = a.contiguous();
   out = at::empty({rows, n}, a.options());
   kernels::GroupedGemm g{};
-  g.dtype = kernel_dtype(dtype);
+  g.dtype = kernel_dtype(a.scalar_type());
   g.rows = rows, g.n = n, g.k = k;
   g.a = ac.data_ptr(), g.lda = k;
   g.b = wc.data_ptr(), g.ldb = w.size(2), g.b_group_stride = w.size(1) * w.size(2);
   g.b_nmajor = !k_major;
   g.c = out.data_ptr(), g.ldc = n;
+  g.bn = plan.bn;
   if (dual) {
     g.b2 = static_cast<const char*>(wc.data_ptr()) + n * w.size(2) * wc.element_size();
     if (gu != nullptr) {
@@ -382,21 +390,22 @@ bool layout_mm_wgmma(const at::Tensor& a, const at::Tensor& w, bool k_major, boo
 }
 
 // [E, m, n]: for each group e, a's rows of e transposed times b's rows of e (a [rows, m], b [rows, n]
-// in the layout: a weight gradient), on the Hopper grouped kernel where it runs (m a multiple of
-// 128 besides its other terms), else grouped_mm.
+// in the layout: a weight gradient), on the Hopper grouped kernel where plan_grouped picks it, else
+// grouped_mm.
 at::Tensor layout_mm_k(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
-  const auto dtype = a.scalar_type();
   const int64_t m = a.size(1), n = b.size(1), groups = offs.size(0);
-  const auto aligned = [](const at::Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  };
-  if (a.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
-      kernels::current_gemm_device().wgmma && m % 128 == 0 && n % 8 == 0 && a.is_contiguous() &&
-      b.is_contiguous() && aligned(a) && aligned(b) && groups > 0) {
+  const kernels::GroupedPlan plan =
+      a.is_cuda() && groups > 0
+          ? kernels::plan_grouped({kernel_dtype(a.scalar_type()), n, 0, m, true, false, true,
+                                   a.is_contiguous() && b.is_contiguous() &&
+                                       whole_16_bytes(a, {m}) && whole_16_bytes(b, {n})},
+                                  kernels::current_gemm_device())
+          : kernels::GroupedPlan{};
+  if (plan.wgmma) {
     at::Tensor out = at::empty({groups, m, n}, a.options());
     kernels::GroupedGemm g{};
-    g.dtype = kernel_dtype(dtype);
-    g.rows = a.size(0), g.n = n, g.m = m, g.along_k = true;
+    g.dtype = kernel_dtype(a.scalar_type());
+    g.rows = a.size(0), g.n = n, g.m = m, g.along_k = true, g.bn = plan.bn;
     g.a = a.data_ptr(), g.lda = m, g.b = b.data_ptr(), g.ldb = n;
     g.c = out.data_ptr(), g.ldc = n;
     const at::Tensor ends = offs.to(at::kInt).contiguous();

@@ -591,6 +591,61 @@ __device__ __forceinline__ int group_of(const WgGroups& g, int64_t row0) {
   return lo;
 }
 
+// The ring's shared memory: the stages from a 1024-byte aligned base, the output tile's buffer, the
+// full and empty barriers; and the same as shared-memory addresses (the loops use these, with
+// constant offsets per stage, rather than convert generic pointers on every k-tile).
+struct WgSmem {
+  unsigned char* c_tile;
+  uint64_t *full, *empty;
+  uint32_t base_s, full_s, empty_s;
+};
+template <typename Cfg> __device__ __forceinline__ WgSmem wg_smem() {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* c_tile = base + Cfg::kStages * Cfg::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
+  uint64_t* empty = full + Cfg::kStages;
+  return {c_tile, full, empty, smem_addr(base), smem_addr(full), smem_addr(empty)};
+}
+
+// A unit's share of the groups, as the producer and the consumers see it (G None: nothing). Rows:
+// tiles from last_row on are in no group (nothing loaded, zeros stored), the producer's B comes from
+// the tile's group. K: the tile's group gives the k-tiles, and A's rows are the group's own m.
+template <WgGroup G, int BM, int kBK> struct WgGroupUnit {
+  const WgGroups* g;
+  int64_t last_row = 0;
+  __device__ __forceinline__ explicit WgGroupUnit(const WgGroups* groups) : g(groups) {
+    if constexpr (G == WgGroup::Rows)
+      last_row = g->experts > 0 ? __ldg(g->ends + g->experts - 1) : 0;
+  }
+  __device__ __forceinline__ void k_range(int64_t tm, int& k0, int& n) const {
+    const int e = static_cast<int>(tm / g->tiles_per_group);
+    const int start = e == 0 ? 0 : __ldg(g->ends + e - 1), end = __ldg(g->ends + e);
+    k0 = start / kBK;
+    n = end > start ? (end - start) / kBK : 0;
+  }
+  // The group whose matrix B comes from (Rows; else 0).
+  __device__ __forceinline__ int producer(int64_t tm, int64_t& row0, int& k0, int& n) const {
+    if constexpr (G == WgGroup::Rows) {
+      if (row0 < last_row) return group_of(*g, row0);
+      n = 0;
+    } else if constexpr (G == WgGroup::K) {
+      k_range(tm, k0, n);
+      row0 = (tm % g->tiles_per_group) * BM;
+    }
+    return 0;
+  }
+  __device__ __forceinline__ void consumer(int64_t tm, int& n) const {
+    if constexpr (G == WgGroup::Rows) {
+      if (tm * BM >= last_row) n = 0;
+    } else if constexpr (G == WgGroup::K) {
+      int k0;
+      k_range(tm, k0, n);
+    }
+  }
+};
+
 // The kernel's body, for the plain epilogue (E Plain) and the fused ones (maps b2, aux, aux2 and f:
 // gemm_wgmma_fused). TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four
 // boxes of 32 m x 32 k (one 128-byte swizzled row of m per k). c_trans (float only): the problem is
@@ -611,15 +666,10 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   static_assert(BM == 128 || (kCM == 1 && !kRS), "192-row tiles: 16-bit, single CTAs");
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  unsigned char* c_tile = base + kStages * Cfg::kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
-  uint64_t* empty = full + kStages;
-  // The same as shared-memory addresses: the loops below use these (with constant offsets per
-  // stage) rather than convert generic pointers on every k-tile.
-  const uint32_t base_s = smem_addr(base), full_s = smem_addr(full), empty_s = smem_addr(empty);
+  const WgSmem sm = wg_smem<Cfg>();
+  unsigned char* c_tile = sm.c_tile;
+  uint64_t *full = sm.full, *empty = sm.empty;
+  const uint32_t base_s = sm.base_s, full_s = sm.full_s, empty_s = sm.empty_s;
   // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + kOutBN - 1) / kOutBN;
@@ -636,17 +686,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
     __syncthreads();
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
-  // Rows: rows from here on are in no group.
-  int64_t last_row = 0;
-  if constexpr (G == WgGroup::Rows)
-    last_row = groups->experts > 0 ? __ldg(groups->ends + groups->experts - 1) : 0;
-  // K: the group of c's row tile tm, and its k-tiles.
-  auto k_range = [&](int64_t tm, int& k0, int& n) {
-    const int e = static_cast<int>(tm / groups->tiles_per_group);
-    const int start = e == 0 ? 0 : __ldg(groups->ends + e - 1), end = __ldg(groups->ends + e);
-    k0 = start / kBK;
-    n = end > start ? (end - start) / kBK : 0;
-  };
+  const WgGroupUnit<G, BM, kBK> grouped(groups);
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
@@ -657,16 +697,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                    int64_t um, tn;
                    tile_coords<8>(unit, units_m, tiles_n, um, tn);
                    int64_t row0 = (um * kCM + rank) * BM;
-                   int expert = 0;
-                   if constexpr (G == WgGroup::Rows) {
-                     if (row0 >= last_row)
-                       n = 0;  // in no group: nothing to load
-                     else
-                       expert = group_of(*groups, row0);
-                   } else if constexpr (G == WgGroup::K) {
-                     k_range(um, k0, n);
-                     row0 = (um % groups->tiles_per_group) * BM;  // A's rows: the group's own m
-                   }
+                   const int expert = grouped.producer(um, row0, k0, n);
                    load_unit<T, BM, BN, AK, BNM, kCM, kDual, G == WgGroup::Rows>(
                        map_a, map_b, static_cast<int>(row0), static_cast<int>(tn * kOutBN), k0, n,
                        base_s, full_s, empty_s, rank, ring, map_b2, expert);
@@ -707,12 +738,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  int64_t um, tn;
                  tile_coords<8>(unit, units_m, tiles_n, um, tn);
                  const int64_t tm = um * kCM + rank;
-                 if constexpr (G == WgGroup::Rows) {
-                   if (tm * BM >= last_row) n = 0;  // in no group: zeros stored
-                 } else if constexpr (G == WgGroup::K) {
-                   int k0;
-                   k_range(tm, k0, n);
-                 }
+                 grouped.consumer(tm, n);
                  LaneBias<T, BN, E == GemmEpilogue::BiasActivation> bias;
                  bias.load(f, p, tn * BN, lane);
                  float d[BN / 2];

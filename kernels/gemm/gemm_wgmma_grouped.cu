@@ -13,8 +13,7 @@ namespace cuops::kernels {
 namespace detail {
 namespace {
 
-// The tile: 128 rows (the layout's alignment) by 256 columns (the dual GEMM: 128 outputs of each
-// weight) where the product is at least 256 wide, else 128.
+// The tile: 128 rows (the layout's alignment) by the plan's columns (plan_grouped).
 template <typename T, int BN, bool BNM, GemmEpilogue E>
 cudaError_t launch_grouped(const GroupedGemm& g, int sms, cudaStream_t stream) {
   constexpr int BM = 128;
@@ -83,14 +82,15 @@ cudaError_t launch_grouped_k(const GroupedGemm& g, int sms, cudaStream_t stream)
 
 template <typename T>
 cudaError_t launch_grouped_typed(const GroupedGemm& g, int sms, cudaStream_t stream) {
+  if (g.bn != 128 && g.bn != 256) return cudaErrorInvalidValue;
+  const bool wide = g.bn == 256;
   if (g.along_k)
-    return g.n >= 256 ? launch_grouped_k<T, 256>(g, sms, stream)
-                      : launch_grouped_k<T, 128>(g, sms, stream);
+    return wide ? launch_grouped_k<T, 256>(g, sms, stream)
+                : launch_grouped_k<T, 128>(g, sms, stream);
   if (g.b2 != nullptr) {
-    if (g.b_nmajor) return cudaErrorInvalidValue;  // the dual GEMM reads nn.Linear-like rows
+    if (g.b_nmajor || !wide) return cudaErrorInvalidValue;  // nn.Linear-like rows, 128 outputs
     return launch_grouped<T, 256, false, GemmEpilogue::GatedSilu>(g, sms, stream);
   }
-  const bool wide = g.n >= 256;
   if (g.b_nmajor)
     return wide ? launch_grouped<T, 256, true, GemmEpilogue::Plain>(g, sms, stream)
                 : launch_grouped<T, 128, true, GemmEpilogue::Plain>(g, sms, stream);
