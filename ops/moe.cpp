@@ -452,9 +452,11 @@ at::Tensor combine(const at::Tensor& layout, const at::Tensor& rows, const at::T
   return r.sum(1).to(layout.scalar_type());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
+// The forward; keep: the backward's gu is wanted (moe_experts alone does not keep it where the
+// gate/up kernel forms silu(g) * u itself: two [rows, I] stores fewer).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_experts(
     const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
-    const at::Tensor& down, c10::string_view activation) {
+    const at::Tensor& down, c10::string_view activation, bool keep) {
   check_moe_experts("moe_experts", x, idx, w, gate_up, down, activation);
   const Gate gate = parse_gate("moe_experts", activation);
   const int64_t tokens = x.size(0), k = idx.size(1);
@@ -462,7 +464,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
   const at::Tensor xr = gather_rows(x, r.rows, r.count, k);
   at::Tensor h, gu;
   // silu(g) * u in the gate/up product's epilogue where the Hopper kernel runs; else apart.
-  if (gate != Gate::Silu || !layout_mm_wgmma(xr, gate_up, true, true, r.offs, h, &gu)) {
+  if (gate != Gate::Silu ||
+      !layout_mm_wgmma(xr, gate_up, true, true, r.offs, h, keep ? &gu : nullptr)) {
     gu = layout_mm(xr, gate_up, true, r.offs);
     h = gated(gu, gate, acc_type(x)).to(x.scalar_type());
   }
@@ -470,10 +473,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
   return {combine(y, r.rows, &w, tokens, k), gu, r.rows, r.offs};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
+    const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
+    const at::Tensor& down, c10::string_view activation) {
+  return run_experts(x, idx, w, gate_up, down, activation, true);
+}
+
 at::Tensor moe_experts_kernel(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
                               const at::Tensor& gate_up, const at::Tensor& down,
                               c10::string_view activation) {
-  return std::get<0>(experts_fwd(x, idx, w, gate_up, down, activation));
+  return std::get<0>(run_experts(x, idx, w, gate_up, down, activation, false));
 }
 
 at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
