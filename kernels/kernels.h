@@ -184,4 +184,38 @@ cudaError_t launch_grouped_mm_k(DType dtype, const void* a, int64_t sa0, int64_t
                                 int64_t sb0, int64_t sb1, const int32_t* offs, int64_t groups,
                                 int64_t m, int64_t k, int64_t n, void* out, cudaStream_t stream);
 
+// The grouped GEMM on the Hopper kernel (kernels/gemm/gemm_wgmma_grouped.cu, sm_90a; elsewhere
+// cudaErrorNotSupported): c [rows, n] (ldc apart) = a [rows, k] (row-major, lda) times group e's
+// matrix for the rows of group e, every group starting at a multiple of 128 rows (ends: int32
+// [groups] on the device, non-decreasing, within rows); rows from ends[groups - 1] on are zeros.
+// b: group e's matrix at b + e * b_group_stride, k-major ([n, k], rows ldb apart: nn.Linear's
+// layout) or n-major (b_nmajor: [k, n], rows ldb apart); parts past its n or k read as zeros. b2
+// (k-major as b, or null): the dual GEMM, c = silu(a b) * (a b2), and where aux is set a b into aux
+// and a b2 into aux2 ([rows, n], ld_aux apart). bfloat16 / float16; pointers 16-byte aligned,
+// strides whole 16 bytes (the tensor maps' terms; cudaErrorInvalidValue where they fail).
+// along_k (a weight gradient): c [groups m, n] (ldc apart), group e's m rows = a[ks, :]^T b[ks, :]
+// over group e's rows ks of a [rows, m] (lda) and b [rows, n] (ldb), zeros for an empty group; m a
+// multiple of 128; k, b2 and aux unused.
+struct GroupedGemm {
+  DType dtype;
+  int64_t rows, n, k;
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb, b_group_stride;
+  bool b_nmajor;
+  const void* b2;
+  void* c;
+  int64_t ldc;
+  void* aux;
+  void* aux2;
+  int64_t ld_aux;
+  const int32_t* ends;
+  int64_t groups;
+  bool along_k = false;
+  int64_t m = 0;
+  int bn = 256;  // the tile's columns (plan_grouped's: 128 or 256; the dual GEMM 256)
+};
+cudaError_t launch_grouped_wgmma(const GroupedGemm& g, int sms, cudaStream_t stream);
+
 }  // namespace cuops::kernels

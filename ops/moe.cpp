@@ -19,6 +19,8 @@
 // dw from <dh', h> = <dout, h down^T> needs no [rows, H] down output kept.
 #include "ops/common.h"
 
+#include "kernels/gemm/gemm_plan.h"
+
 #include <limits>
 #include <string_view>
 
@@ -336,6 +338,93 @@ Routing route(const at::Tensor& idx, int64_t experts) {
   return {at::empty_like(row).scatter_(0, order, row), pad_ends.to(at::kInt), count};
 }
 
+// Whether t (read contiguous: its rows' lengths `dims`, each a whole 16 bytes) and its base are
+// 16-byte aligned for the tensor maps (plan_grouped's `aligned`).
+bool whole_16_bytes(const at::Tensor& t, std::initializer_list<int64_t> dims) {
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  for (const int64_t d : dims)
+    if ((d * es) % 16 != 0) return false;
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// The row layout's grouped products on CUDA: the Hopper grouped kernel (gemm_wgmma_grouped.cu) where
+// plan_grouped picks it (its rows in gemm_plan.cpp), which relies on the layout's groups starting at
+// multiples of 128 rows; false (nothing enqueued) elsewhere.
+// out [rows, n] = a [rows, k] times each group's w[e]: w [E, n, k] read as [n, k] rows (k_major:
+// nn.Linear's, the product with w[e]^T) or w [E, k, n] as [k, n]. dual: w holds [gate; up] as
+// [E, 2n, k]: out = act(a gate^T) * (a up^T) (silu), and gu [rows, 2n] = [g | u] where defined.
+bool layout_mm_wgmma(const at::Tensor& a, const at::Tensor& w, bool k_major, bool dual,
+                     const at::Tensor& offs, at::Tensor& out, at::Tensor* gu) {
+  if (!a.is_cuda() || !is_supported_dtype(a.scalar_type())) return false;
+  const int64_t rows = a.size(0), k = a.size(1);
+  const int64_t n = dual ? w.size(1) / 2 : (k_major ? w.size(1) : w.size(2));
+  const kernels::GroupedPlan plan =
+      kernels::plan_grouped({kernel_dtype(a.scalar_type()), n, k, 0, false, dual, !k_major,
+                             whole_16_bytes(a, {k}) && whole_16_bytes(w, {w.size(1), w.size(2)})},
+                            kernels::current_gemm_device());
+  if (!plan.wgmma) return false;
+  const at::Tensor wc = w.contiguous(), ac = a.contiguous();
+  out = at::empty({rows, n}, a.options());
+  kernels::GroupedGemm g{};
+  g.dtype = kernel_dtype(a.scalar_type());
+  g.rows = rows, g.n = n, g.k = k;
+  g.a = ac.data_ptr(), g.lda = k;
+  g.b = wc.data_ptr(), g.ldb = w.size(2), g.b_group_stride = w.size(1) * w.size(2);
+  g.b_nmajor = !k_major;
+  g.c = out.data_ptr(), g.ldc = n;
+  g.bn = plan.bn;
+  if (dual) {
+    g.b2 = static_cast<const char*>(wc.data_ptr()) + n * w.size(2) * wc.element_size();
+    if (gu != nullptr) {
+      *gu = at::empty({rows, 2 * n}, a.options());
+      g.aux = gu->data_ptr();
+      g.aux2 = static_cast<char*>(gu->data_ptr()) + n * gu->element_size();
+      g.ld_aux = 2 * n;
+    }
+  }
+  const at::Tensor ends = offs.to(at::kInt).contiguous();
+  g.ends = ends.data_ptr<int32_t>(), g.groups = offs.size(0);
+  C10_CUDA_CHECK(kernels::launch_grouped_wgmma(
+      g, at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount, current_stream(a)));
+  return true;
+}
+
+// [E, m, n]: for each group e, a's rows of e transposed times b's rows of e (a [rows, m], b [rows, n]
+// in the layout: a weight gradient), on the Hopper grouped kernel where plan_grouped picks it, else
+// grouped_mm.
+at::Tensor layout_mm_k(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+  const int64_t m = a.size(1), n = b.size(1), groups = offs.size(0);
+  const kernels::GroupedPlan plan =
+      a.is_cuda() && groups > 0
+          ? kernels::plan_grouped({kernel_dtype(a.scalar_type()), n, 0, m, true, false, true,
+                                   a.is_contiguous() && b.is_contiguous() &&
+                                       whole_16_bytes(a, {m}) && whole_16_bytes(b, {n})},
+                                  kernels::current_gemm_device())
+          : kernels::GroupedPlan{};
+  if (plan.wgmma) {
+    at::Tensor out = at::empty({groups, m, n}, a.options());
+    kernels::GroupedGemm g{};
+    g.dtype = kernel_dtype(a.scalar_type());
+    g.rows = a.size(0), g.n = n, g.m = m, g.along_k = true, g.bn = plan.bn;
+    g.a = a.data_ptr(), g.lda = m, g.b = b.data_ptr(), g.ldb = n;
+    g.c = out.data_ptr(), g.ldc = n;
+    const at::Tensor ends = offs.to(at::kInt).contiguous();
+    g.ends = ends.data_ptr<int32_t>(), g.groups = groups;
+    C10_CUDA_CHECK(kernels::launch_grouped_wgmma(
+        g, at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount, current_stream(a)));
+    return out;
+  }
+  return cuops::grouped_mm(a.t(), b, offs);
+}
+
+// out = a times each group's w[e] (as layout_mm_wgmma), on that kernel or grouped_mm.
+at::Tensor layout_mm(const at::Tensor& a, const at::Tensor& w, bool k_major,
+                     const at::Tensor& offs) {
+  at::Tensor out;
+  if (layout_mm_wgmma(a, w, k_major, false, offs, out, nullptr)) return out;
+  return cuops::grouped_mm(a, k_major ? w.transpose(1, 2) : w, offs);
+}
+
 // rows [count, H]: the pairs' tokens of x (row rows[t * k + j] = x[t]) and zeros elsewhere.
 at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows, int64_t count, int64_t k) {
   at::Tensor out = at::zeros({count, x.size(1)}, x.options());
@@ -363,24 +452,37 @@ at::Tensor combine(const at::Tensor& layout, const at::Tensor& rows, const at::T
   return r.sum(1).to(layout.scalar_type());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
+// The forward; keep: the backward's gu is wanted (moe_experts alone does not keep it where the
+// gate/up kernel forms silu(g) * u itself: two [rows, I] stores fewer).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_experts(
     const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
-    const at::Tensor& down, c10::string_view activation) {
+    const at::Tensor& down, c10::string_view activation, bool keep) {
   check_moe_experts("moe_experts", x, idx, w, gate_up, down, activation);
   const Gate gate = parse_gate("moe_experts", activation);
   const int64_t tokens = x.size(0), k = idx.size(1);
   const Routing r = route(idx, gate_up.size(0));
-  const at::Tensor gu =
-      cuops::grouped_mm(gather_rows(x, r.rows, r.count, k), gate_up.transpose(1, 2), r.offs);
-  const at::Tensor h = gated(gu, gate, acc_type(x)).to(x.scalar_type());
-  const at::Tensor y = cuops::grouped_mm(h, down.transpose(1, 2), r.offs);
+  const at::Tensor xr = gather_rows(x, r.rows, r.count, k);
+  at::Tensor h, gu;
+  // silu(g) * u in the gate/up product's epilogue where the Hopper kernel runs; else apart.
+  if (gate != Gate::Silu ||
+      !layout_mm_wgmma(xr, gate_up, true, true, r.offs, h, keep ? &gu : nullptr)) {
+    gu = layout_mm(xr, gate_up, true, r.offs);
+    h = gated(gu, gate, acc_type(x)).to(x.scalar_type());
+  }
+  const at::Tensor y = layout_mm(h, down, true, r.offs);
   return {combine(y, r.rows, &w, tokens, k), gu, r.rows, r.offs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
+    const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& gate_up,
+    const at::Tensor& down, c10::string_view activation) {
+  return run_experts(x, idx, w, gate_up, down, activation, true);
 }
 
 at::Tensor moe_experts_kernel(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
                               const at::Tensor& gate_up, const at::Tensor& down,
                               c10::string_view activation) {
-  return std::get<0>(experts_fwd(x, idx, w, gate_up, down, activation));
+  return std::get<0>(run_experts(x, idx, w, gate_up, down, activation, false));
 }
 
 at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
@@ -438,18 +540,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd(
   at::Tensor dx = at::empty({0}, x.options()), dw = at::empty({0}, w.options()),
              dgate_up = at::empty({0}, x.options()), ddown = at::empty({0}, x.options());
   at::Tensor dh1;  // dout @ down[e]: h's gradient before the routing weight
-  if (mask[1] || need_dgu) dh1 = cuops::grouped_mm(dr, down, offs).to(acc);
+  if (mask[1] || need_dgu) dh1 = layout_mm(dr, down, false, offs).to(acc);
   if (mask[1])
     dw = (dh1 * h.to(acc)).sum(-1).index_select(0, rows).view({tokens, k}).to(w.scalar_type());
-  if (mask[3]) ddown = cuops::grouped_mm(dr.t(), (h.to(acc) * wr.unsqueeze(-1)).to(dtype), offs);
+  if (mask[3]) ddown = layout_mm_k(dr, (h.to(acc) * wr.unsqueeze(-1)).to(dtype), offs);
   if (need_dgu) {
     const at::Tensor dh = dh1 * wr.unsqueeze(-1);
     const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
     const at::Tensor dg =
         gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
     const at::Tensor dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
-    if (mask[2]) dgate_up = cuops::grouped_mm(dgu.t(), gather_rows(x, rows, count, k), offs);
-    if (mask[0]) dx = combine(cuops::grouped_mm(dgu, gate_up, offs), rows, nullptr, tokens, k);
+    if (mask[2]) dgate_up = layout_mm_k(dgu, gather_rows(x, rows, count, k), offs);
+    if (mask[0]) dx = combine(layout_mm(dgu, gate_up, false, offs), rows, nullptr, tokens, k);
   }
   return {dx, dw, dgate_up, ddown};
 }

@@ -156,6 +156,23 @@
 // |                           |   busiest-SM time (plan_simt)     |   0.74-0.78x; cost fitted to  |
 // |                           |                                   |   the sweep (0.996x the best  |
 // |                           |                                   |   pick)                       |
+//
+// plan_grouped's rules (the grouped GEMM over ops/moe.cpp's row layout), in its order:
+//
+// | rule                      | when, and the plan                | why                           |
+// |---------------------------|-----------------------------------|-------------------------------|
+// | GroupedGeneral            | not 16-bit, no wgmma device, an   | the grouped wgmma kernel      |
+// |                           |   operand not TMA-readable (rows  |   reads by TMA and stores     |
+// |                           |   or matrices not whole 16 bytes  |   whole 128-row tiles, so a   |
+// |                           |   apart, bases not 16-byte        |   weight gradient's group     |
+// |                           |   aligned), or along k with m not |   must fill its c tiles       |
+// |                           |   a multiple of 128:              |                               |
+// |                           |   grouped_simt.cu                 |                               |
+// | GroupedWgmma              | elsewhere: gemm_wgmma_grouped.cu, | the dense kernel's widest     |
+// |                           |   128 x 256 for the dual GEMM     |   single-CTA tile where a     |
+// |                           |   (128 outputs of each weight)    |   product is at least that    |
+// |                           |   and n >= 256, else 128 x 128    |   wide (not yet measured on   |
+// |                           |                                   |   the grouped shapes)         |
 
 #include "gemm_plan.h"
 
@@ -939,6 +956,19 @@ GemmPlan with_split_k(GemmPlan plan, int split) {
       split_planes_bytes(plan.m, plan.n, split, plan.kernel == GemmKernel::Simt ? 4 : 8);
   plan.rule = "with_split_k";
   return plan;
+}
+
+GroupedPlan plan_grouped(const GroupedRequest& r, const GemmDevice& d) {
+  GroupedPlan p;
+  const bool half = r.dtype == DType::BFloat16 || r.dtype == DType::Float16;
+  if (!half || !d.wgmma || !r.aligned || (r.along_k && r.m % kWgmmaBM != 0)) {
+    p.rule = "GroupedGeneral";
+    return p;
+  }
+  p.wgmma = true;
+  p.bn = r.dual || r.n >= 256 ? 256 : 128;
+  p.rule = "GroupedWgmma";
+  return p;
 }
 
 }  // namespace cuops::kernels

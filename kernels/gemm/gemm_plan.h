@@ -210,6 +210,23 @@ inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t e
   return split > 1 ? split * m * n * elem : 0;
 }
 
+// The grouped GEMM over ops/moe.cpp's row layout (every group from a multiple of 128 rows): which
+// kernel and tile (plan_grouped; the rules' rows close the table in gemm_plan.cpp). Rows form:
+// c [rows, n] = a [rows, k] times group e's [n, k] (b k-major) or [k, n] matrix, dual: the gate/up
+// product with silu; along_k: the weight gradients, c [groups m, n]. aligned: every operand's rows
+// and matrices a whole 16 bytes apart and its base 16-byte aligned (TMA's terms).
+struct GroupedRequest {
+  DType dtype;
+  int64_t n, k, m;
+  bool along_k, dual, b_nmajor, aligned;
+};
+struct GroupedPlan {
+  bool wgmma = false;  // gemm_wgmma_grouped.cu; else grouped_simt.cu
+  int bn = 0;          // the wgmma tile's columns (its rows: 128)
+  const char* rule = "";
+};
+GroupedPlan plan_grouped(const GroupedRequest& r, const GemmDevice& d);
+
 // The current device's GemmDevice (settled once per device).
 GemmDevice current_gemm_device();
 

@@ -189,12 +189,16 @@ __device__ __forceinline__ void tail_add(const WgTail& tail, float (&d)[BN / 2],
 // preceding phase counts as complete, so the first kStages waits return at once).
 // The dual GEMM (kDual: B k-major, map_b2 the second weight): the B tile's first BN / 2 rows are
 // map_b's rows col0 .. col0 + BN / 2 - 1, the rest map_b2's same rows (a pair's CTAs load one each).
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kDual = false>
+// kGrouped (the grouped kernel, single CTAs): map_b (and map_b2) are 3-D, one matrix an expert, and
+// B's boxes come from matrix `expert`.
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kDual = false,
+          bool kGrouped = false>
 __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtensorMap& map_b,
                                           int row0, int col0, int kt0, int ktiles, uint32_t base_s,
                                           uint32_t full_s, uint32_t empty_s, uint32_t rank,
                                           WgRing<WgCfg<T, BM, BN>::kStages>& ring,
-                                          const CUtensorMap* map_b2 = nullptr) {
+                                          const CUtensorMap* map_b2 = nullptr, int expert = 0) {
+  static_assert(!kGrouped || kCM == 1, "the grouped kernel runs single CTAs");
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kConsumers = WgShape<BM>::kConsumers;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
@@ -217,7 +221,9 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     }
     // This CTA's share of B: all of it, or (in a pair) half, multicast to both.
     auto load_b = [&](uint32_t dst, int c0, int c1) {
-      if constexpr (kCM == 1) {
+      if constexpr (kGrouped) {
+        wg::tma_load3(dst, &map_b, c0, c1, expert, bar);
+      } else if constexpr (kCM == 1) {
         wg::tma_load(dst, &map_b, c0, c1, bar);
       } else {
         wg::tma_load_multicast(dst, &map_b, c0, c1, bar, (1u << kCM) - 1);
@@ -225,7 +231,10 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     };
     if constexpr (kDual) {
       static_assert(!BNM && (kCM == 1 || kCM == 2), "the dual GEMM reads nn.Linear's weights");
-      if constexpr (kCM == 1) {
+      if constexpr (kGrouped) {
+        wg::tma_load3(sb, &map_b, k0, col0, expert, bar);
+        wg::tma_load3(sb + (BN / 2) * 128, map_b2, k0, col0, expert, bar);
+      } else if constexpr (kCM == 1) {
         wg::tma_load(sb, &map_b, k0, col0, bar);
         wg::tma_load(sb + (BN / 2) * 128, map_b2, k0, col0, bar);
       } else {
@@ -554,17 +563,102 @@ __device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUten
   store_unit_direct<T, BM, BN, kRS>(p, d, tm, tn, cw, warp, lane, c_trans);
 }
 
+// The grouped kernel's groups. Rows (WgGroup::Rows): group e owns the rows [ends[e - 1], ends[e]) of
+// A and c, every group starting at a multiple of BM (ops/moe.cpp's row layout), so each BM-row tile
+// is one group's; rows from ends[E - 1] on are in none (their tiles compute and store zeros). Along
+// k (WgGroup::K, a weight gradient): group e sums A's and B's k rows [ends[e - 1], ends[e]) (whole
+// k-tiles: the layout's multiples of 128) into c's rows [e m, (e + 1) m), m = tiles_per_group BM;
+// an empty group stores zeros. ends: int32 [experts] on the device, read after the dependent-launch
+// wait.
+enum class WgGroup { None, Rows, K };
+struct WgGroups {
+  const int32_t* ends;
+  int experts;
+  int tiles_per_group;  // K: c's row tiles a group
+};
+
+// The group of the tile starting at row0: the first e with ends[e] > row0 (a binary search, in the
+// producer thread only: the consumers need no group).
+__device__ __forceinline__ int group_of(const WgGroups& g, int64_t row0) {
+  int lo = 0, hi = g.experts;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(g.ends + mid) <= row0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// The ring's shared memory: the stages from a 1024-byte aligned base, the output tile's buffer, the
+// full and empty barriers; and the same as shared-memory addresses (the loops use these, with
+// constant offsets per stage, rather than convert generic pointers on every k-tile).
+struct WgSmem {
+  unsigned char* c_tile;
+  uint64_t *full, *empty;
+  uint32_t base_s, full_s, empty_s;
+};
+template <typename Cfg> __device__ __forceinline__ WgSmem wg_smem() {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* c_tile = base + Cfg::kStages * Cfg::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
+  uint64_t* empty = full + Cfg::kStages;
+  return {c_tile, full, empty, smem_addr(base), smem_addr(full), smem_addr(empty)};
+}
+
+// A unit's share of the groups, as the producer and the consumers see it (G None: nothing). Rows:
+// tiles from last_row on are in no group (nothing loaded, zeros stored), the producer's B comes from
+// the tile's group. K: the tile's group gives the k-tiles, and A's rows are the group's own m.
+template <WgGroup G, int BM, int kBK> struct WgGroupUnit {
+  const WgGroups* g;
+  int64_t last_row = 0;
+  __device__ __forceinline__ explicit WgGroupUnit(const WgGroups* groups) : g(groups) {
+    if constexpr (G == WgGroup::Rows)
+      last_row = g->experts > 0 ? __ldg(g->ends + g->experts - 1) : 0;
+  }
+  __device__ __forceinline__ void k_range(int64_t tm, int& k0, int& n) const {
+    const int e = static_cast<int>(tm / g->tiles_per_group);
+    const int start = e == 0 ? 0 : __ldg(g->ends + e - 1), end = __ldg(g->ends + e);
+    k0 = start / kBK;
+    n = end > start ? (end - start) / kBK : 0;
+  }
+  // The group whose matrix B comes from (Rows; else 0).
+  __device__ __forceinline__ int producer(int64_t tm, int64_t& row0, int& k0, int& n) const {
+    if constexpr (G == WgGroup::Rows) {
+      if (row0 < last_row) return group_of(*g, row0);
+      n = 0;
+    } else if constexpr (G == WgGroup::K) {
+      k_range(tm, k0, n);
+      row0 = (tm % g->tiles_per_group) * BM;
+    }
+    return 0;
+  }
+  __device__ __forceinline__ void consumer(int64_t tm, int& n) const {
+    if constexpr (G == WgGroup::Rows) {
+      if (tm * BM >= last_row) n = 0;
+    } else if constexpr (G == WgGroup::K) {
+      int k0;
+      k_range(tm, k0, n);
+    }
+  }
+};
+
 // The kernel's body, for the plain epilogue (E Plain) and the fused ones (maps b2, aux, aux2 and f:
 // gemm_wgmma_fused). TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four
 // boxes of 32 m x 32 k (one 128-byte swizzled row of m per k). c_trans (float only): the problem is
 // C^T = B^T A^T, so the result (i, j) goes to c[j * ldc + i]. A fused tile covers kOutBN of c's
 // columns (the dual GEMM's BN / 2).
-template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, GemmEpilogue E>
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, GemmEpilogue E,
+          WgGroup G = WgGroup::None>
 __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUtensorMap& map_b,
                                            const CUtensorMap& map_c, const CUtensorMap* map_b2,
                                            const CUtensorMap* map_aux, const CUtensorMap* map_aux2,
                                            const GemmProblem& p, bool tma_store, bool c_trans,
-                                           const WgTail& tail, const FusedArgs& f) {
+                                           const WgTail& tail, const FusedArgs& f,
+                                           const WgGroups* groups = nullptr) {
   constexpr bool kDual = E == GemmEpilogue::GatedSilu;
   constexpr int kOutBN = kDual ? BN / 2 : BN;
   using Cfg = WgCfg<T, BM, BN>;
@@ -572,15 +666,10 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
   constexpr int kStages = Cfg::kStages, kBK = Cfg::kBK;
   constexpr bool kRS = std::is_same_v<T, float> && !AK;
   static_assert(BM == 128 || (kCM == 1 && !kRS), "192-row tiles: 16-bit, single CTAs");
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  unsigned char* c_tile = base + kStages * Cfg::kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(c_tile + Cfg::kCBytes);
-  uint64_t* empty = full + kStages;
-  // The same as shared-memory addresses: the loops below use these (with constant offsets per
-  // stage) rather than convert generic pointers on every k-tile.
-  const uint32_t base_s = smem_addr(base), full_s = smem_addr(full), empty_s = smem_addr(empty);
+  const WgSmem sm = wg_smem<Cfg>();
+  unsigned char* c_tile = sm.c_tile;
+  uint64_t *full = sm.full, *empty = sm.empty;
+  const uint32_t base_s = sm.base_s, full_s = sm.full_s, empty_s = sm.empty_s;
   // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + kOutBN - 1) / kOutBN;
@@ -597,6 +686,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
     __syncthreads();
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
+  const WgGroupUnit<G, BM, kBK> grouped(groups);
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
@@ -606,10 +696,11 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  [&](int64_t unit, int k0, int n, WgPart) {
                    int64_t um, tn;
                    tile_coords<8>(unit, units_m, tiles_n, um, tn);
-                   load_unit<T, BM, BN, AK, BNM, kCM, kDual>(
-                       map_a, map_b, static_cast<int>((um * kCM + rank) * BM),
-                       static_cast<int>(tn * kOutBN), k0, n, base_s, full_s, empty_s, rank, ring,
-                       map_b2);
+                   int64_t row0 = (um * kCM + rank) * BM;
+                   const int expert = grouped.producer(um, row0, k0, n);
+                   load_unit<T, BM, BN, AK, BNM, kCM, kDual, G == WgGroup::Rows>(
+                       map_a, map_b, static_cast<int>(row0), static_cast<int>(tn * kOutBN), k0, n,
+                       base_s, full_s, empty_s, rank, ring, map_b2, expert);
                  });
     }
   } else {
@@ -647,6 +738,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  int64_t um, tn;
                  tile_coords<8>(unit, units_m, tiles_n, um, tn);
                  const int64_t tm = um * kCM + rank;
+                 grouped.consumer(tm, n);
                  LaneBias<T, BN, E == GemmEpilogue::BiasActivation> bias;
                  bias.load(f, p, tn * BN, lane);
                  float d[BN / 2];
@@ -702,6 +794,23 @@ __global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
                      const WgTail tail, const FusedArgs f) {
   wgmma_body<T, BM, BN, true, false, kCM, E>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
                                              true, false, tail, f);
+}
+
+// The grouped kernel (kernels/gemm/gemm_wgmma_grouped.cu): A k-major [rows, K] in the groups' row
+// layout, B one matrix a group (3-D maps), c and the kept products by TMA stores; the plain epilogue
+// or the dual GEMM's (gate/up: map_b the gate rows, map_b2 the up rows of each expert). K: A m-major
+// and B n-major over the layout's rows (2-D maps), c [E m, N].
+template <typename T, int BM, int BN, bool AK, bool BNM, GemmEpilogue E, WgGroup G>
+__global__ void __launch_bounds__(WgShape<BM>::kThreads, 1)
+    gemm_wgmma_grouped(const __grid_constant__ CUtensorMap map_a,
+                       const __grid_constant__ CUtensorMap map_b,
+                       const __grid_constant__ CUtensorMap map_c,
+                       const __grid_constant__ CUtensorMap map_b2,
+                       const __grid_constant__ CUtensorMap map_aux,
+                       const __grid_constant__ CUtensorMap map_aux2, const GemmProblem p,
+                       const FusedArgs f, const WgGroups groups) {
+  wgmma_body<T, BM, BN, AK, BNM, 1, E, G>(map_a, map_b, map_c, &map_b2, &map_aux, &map_aux2, p,
+                                          true, false, WgTail{nullptr, nullptr, 0, 1}, f, &groups);
 }
 
 // ---- host side

@@ -92,6 +92,41 @@ template <typename T> bool make_map(CUtensorMap& map, const void* ptr, int64_t i
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Tensor map of `depth` row-major [outer, inner] matrices depth_stride elements apart (a grouped
+// GEMM's per-expert weights, [E, outer, inner]), read in boxes of [1, box_outer, box_inner] with the
+// 128-byte swizzle: each matrix's own bounds give the zeros past its edges (no box reads the next
+// one's rows). false as make_map's.
+template <typename T> bool make_map3(CUtensorMap& map, const void* ptr, int64_t inner,
+                                     int64_t outer, int64_t depth, int64_t ld, int64_t depth_stride,
+                                     uint32_t box_inner, uint32_t box_outer) {
+  constexpr int64_t kElem = sizeof(T);
+  if (ld < inner || depth_stride < ld * outer || inner > INT32_MAX || outer > INT32_MAX ||
+      depth > INT32_MAX || (ld * kElem) % 16 != 0 || (depth_stride * kElem) % 16 != 0 ||
+      tma_encoder() == nullptr || !bind_current_context()) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
+                              static_cast<cuuint64_t>(depth)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * kElem),
+                                 static_cast<cuuint64_t>(depth_stride * kElem)};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return tma_encoder()(&map, tma_dtype<T>(), 3, const_cast<void*>(ptr), dims, strides, box,
+                       elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// 3-D TMA load of the box at (c0 innermost, c1, c2: the matrix); as tma_load.
+__device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
 // Parts of the box outside the tensor arrive as zeros (and still count their bytes).
 // dst, bar: shared-memory addresses.

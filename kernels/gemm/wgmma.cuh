@@ -17,6 +17,7 @@ using detail::mbar_init;
 using detail::mbar_wait;
 // So is the 2-D TMA load (tma.cuh, shared with the small-M GEMM).
 using detail::tma_load;
+using detail::tma_load3;
 // So are the cluster primitives (shared with the small-M GEMM's split-k reduction).
 using detail::cluster_rank;
 using detail::cluster_sync;

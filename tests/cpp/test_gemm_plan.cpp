@@ -32,6 +32,8 @@ using cuops::kernels::GemmKernel;
 using cuops::kernels::GemmOperand;
 using cuops::kernels::GemmPlan;
 using cuops::kernels::GemmRequest;
+using cuops::kernels::GroupedPlan;
+using cuops::kernels::GroupedRequest;
 using cuops::kernels::kernel_name;
 using cuops::kernels::kSkinnyMaxTokens;
 using cuops::kernels::kSkinnyTma;
@@ -40,6 +42,7 @@ using cuops::kernels::kSkinnyTmaStages;
 using cuops::kernels::kSkinnyWarps;
 using cuops::kernels::OperandCopy;
 using cuops::kernels::plan_gemm;
+using cuops::kernels::plan_grouped;
 using cuops::kernels::split_planes_bytes;
 using cuops::kernels::tail_workspace_bytes;
 using cuops::kernels::with_split;
@@ -1501,6 +1504,37 @@ TEST(GemmRule, Simt) {
   EXPECT_EQ(p.tiled().split_k, 1);
   EXPECT_EQ(p.workspace_bytes, 0);
   EXPECT_EQ(p.grid, 64 * 64);
+}
+
+// The grouped GEMM: the general kernel for what the wgmma one cannot read or store whole.
+TEST(GemmRule, GroupedGeneral) {
+  const GroupedRequest rows{DType::BFloat16, 1536, 2048, 0, false, false, false, true};
+  EXPECT_TRUE(plan_grouped(rows, kH100).wgmma);
+  for (const auto& [r, dev] : std::vector<std::pair<GroupedRequest, GemmDevice>>{
+           {{DType::Float32, 1536, 2048, 0, false, false, false, true}, kH100},
+           {rows, kA100},
+           {{DType::BFloat16, 1536, 2048, 0, false, false, false, false}, kH100},
+           {{DType::Float16, 2048, 0, 1000, true, false, false, true}, kH100}}) {
+    const GroupedPlan p = plan_grouped(r, dev);
+    EXPECT_FALSE(p.wgmma);
+    EXPECT_STREQ(p.rule, "GroupedGeneral");
+  }
+}
+
+// Elsewhere the wgmma grouped kernel: 128 x 256 for the dual GEMM and products >= 256 wide.
+TEST(GemmRule, GroupedWgmma) {
+  const GroupedPlan dual =
+      plan_grouped({DType::BFloat16, 192, 2048, 0, false, true, false, true}, kH100);
+  EXPECT_TRUE(dual.wgmma);
+  EXPECT_EQ(dual.bn, 256);
+  EXPECT_STREQ(dual.rule, "GroupedWgmma");
+  EXPECT_EQ(plan_grouped({DType::Float16, 2048, 768, 0, false, false, true, true}, kH100).bn, 256);
+  EXPECT_EQ(plan_grouped({DType::BFloat16, 192, 2048, 0, false, false, false, true}, kH100).bn,
+            128);
+  const GroupedPlan k =
+      plan_grouped({DType::BFloat16, 2048, 0, 1536, true, false, true, true}, kH100);
+  EXPECT_TRUE(k.wgmma);
+  EXPECT_EQ(k.bn, 256);
 }
 
 // ---- Across the rows ----

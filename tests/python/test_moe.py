@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import cuops
-from conftest import DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, poison_allocator, rel_error, requires_cuda
+from conftest import (DEVICES, DTYPES, HALF_TOL, REDUCTION_TOL, cuda_kernels, make, ops, poison_allocator, rel_error,
+                      requires_cuda, requires_hopper)
 
 # Rows per group: balanced, skewed with empty groups, one group taking every row, a lone row, all empty;
 # none a multiple of a tile. The extra rows after the last group must come out as zeros.
@@ -120,6 +121,29 @@ def test_grouped_mm_errors_name_op_argument_and_values(device):
     for args, message in cases:
         with pytest.raises(RuntimeError, match="cuops::grouped_mm: .*" + re.escape(message)):
             cuops.grouped_mm(*args)
+
+
+@requires_cuda
+def test_grouped_mm_a_million_rows():
+    """T k = 2^20 rows (the issue's largest) over 64 groups of random sizes, one of them empty, both forms,
+    against float64 products group by group on the GPU."""
+    g = torch.Generator().manual_seed(5)
+    counts = torch.multinomial(torch.ones(64), 2 ** 20, replacement=True, generator=g).bincount(minlength=64)
+    counts[7] = 0
+    counts[0] += 2 ** 20 - int(counts.sum())
+    offs = counts.cumsum(0).int().cuda()
+    ends = [0] + counts.cumsum(0).tolist()
+    a, b = make((2 ** 20, 24), torch.bfloat16, "cuda"), make((64, 24, 40), torch.bfloat16, "cuda")
+    out = cuops.grouped_mm(a, b, offs)
+    want = torch.cat([a[s:e].double() @ b[i].double() for i, (s, e) in enumerate(zip(ends, ends[1:]))])
+    scale = torch.cat([a[s:e].double().abs() @ b[i].double().abs() for i, (s, e) in enumerate(zip(ends, ends[1:]))])
+    assert rel_error(out, want, scale) <= HALF_TOL[torch.bfloat16]
+    bk = make((2 ** 20, 40), torch.bfloat16, "cuda")
+    out_k = cuops.grouped_mm(a.t(), bk, offs)
+    for i in (0, 7, 63):
+        s, e = ends[i], ends[i + 1]
+        ref = a[s:e].double().t() @ bk[s:e].double()
+        assert rel_error(out_k[i], ref, a[s:e].double().abs().t() @ bk[s:e].double().abs()) <= HALF_TOL[torch.bfloat16]
 
 
 @requires_cuda
@@ -333,6 +357,38 @@ def test_moe_experts_row_layout(device):
         assert not gu[start + len(mine):int(offs[e])].any()
         start = int(offs[e])
     assert not gu[start:].any()
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kind", ["random", "skewed", "same"])
+def test_moe_experts_hopper_grouped_kernel(dtype, kind):
+    """Shapes the Hopper grouped kernel takes in every product (H and 2I multiples of 128): the forward's
+    gate/up (silu in its epilogue, g and u kept) and down, the backward's two row products and both weight
+    gradients along k, into NaN-poisoned outputs; output and every gradient against float32 math on the same
+    half inputs; the grouped kernel launched; the same bits again."""
+    tokens, k, experts, hidden, inter = 300, 4, 8, 256, 192
+    x = make((tokens, hidden), dtype, "cuda")
+    gate_up = make((experts, 2 * inter, hidden), dtype, "cuda", scale=0.1)
+    down = make((experts, hidden, inter), dtype, "cuda", scale=0.1)
+    idx = routing(tokens, k, experts, kind, "cuda")
+    w = torch.rand(tokens, k, device="cuda")
+    dout = make((tokens, hidden), dtype, "cuda")
+
+    def run(cast):
+        leaves = [t.detach().to(cast if t is not w else w.dtype).requires_grad_() for t in (x, w, gate_up, down)]
+        out = cuops.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3])
+        out.backward(dout.to(cast))
+        return [out] + [t.grad for t in leaves]
+
+    poison_allocator()
+    got = []
+    names = cuda_kernels(lambda: got.extend(run(dtype)))
+    assert sum("gemm_wgmma_grouped" in n for n in names) >= 6, names
+    want = run(torch.float32)
+    for name, g, ref in zip(("out", "x", "w", "gate_up", "down"), got, want):
+        assert rel_error(g, ref) <= (4 if dtype == torch.bfloat16 else 1) * 1e-2, name
+    assert all(torch.equal(a, b) for a, b in zip(run(dtype), got))
 
 
 @pytest.mark.parametrize("device", DEVICES)
