@@ -242,6 +242,13 @@ requires_hopper = pytest.mark.skipif(
     not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0),
     reason=NO_GPU_REASON if not HAS_CUDA else "the fused GEMM epilogues are sm_90a's (compute capability 9.0)")
 
+# torch keeps no peak statistics with its caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING, which
+# tools/sanitize.sh sets so the tools see every tensor as its own allocation): a memory bound's lower
+# side then fails on figures that were never measured.
+requires_caching_allocator = pytest.mark.skipif(
+    os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "0") not in ("", "0"),
+    reason="measures memory through torch's caching allocator, which PYTORCH_NO_CUDA_MEMORY_CACHING turns off")
+
 
 def cuda_kernels(fn):
     """The names of the CUDA kernels fn() launches, in order (the profiler's record). Under

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import cuops
-from conftest import DEVICES, DEVICES_CPU_IN_CI, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error, requires_cuda
+from conftest import (DEVICES, DEVICES_CPU_IN_CI, DTYPES, HALF_TOL, REDUCTION_TOL, make, ops, rel_error,
+                      requires_caching_allocator, requires_cuda)
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -207,6 +208,7 @@ def test_several_token_chunks_on_cuda():
 
 
 @requires_cuda
+@requires_caching_allocator
 @pytest.mark.parametrize("vocab", [32000, 128256])
 def test_the_chunk_takes_at_most_an_eighth_of_the_float32_logits(vocab):
     """What a training call adds over its inputs and results: at most 1/8 of the float32 logits
@@ -358,6 +360,7 @@ def test_cuda_graph_capture():
 
 
 @requires_cuda
+@requires_caching_allocator
 def test_memory_beyond_inputs_and_gradients_is_bounded():
     """SPEC §1b: at T = 8192, V = 128256 (K = 256 to keep the test short) forward + backward allocate at
     most 1/8 of the float32 logits' bytes (526 MB) beyond the inputs and the gradients they return."""
