@@ -1,5 +1,5 @@
 """float64 GEMM on the FP64 tensor cores (kernels/gemm/gemm_f64.cu; kernels/gemm/gemm_plan.cpp's float64 rows):
-against a product computed on the CPU, to 1e-12 of |a| @ |b| for k <= 4096 (a bound a lost or doubled
+against torch's float64 product (cuBLAS DGEMM), to 1e-12 of |a| @ |b| for k <= 4096 (a bound a lost or doubled
 16-deep slice of k would break by orders of magnitude), with poisoned outputs, in every operand layout
 and both output orders, on shapes that cut every tile edge and pick each tile and split, with
 alpha/beta; and the same bits on every run and from a CUDA-graph replay. The planner's choices of
