@@ -196,6 +196,9 @@ cudaError_t launch_grouped_mm_k(DType dtype, const void* a, int64_t sa0, int64_t
 // along_k (a weight gradient): c [groups m, n] (ldc apart), group e's m rows = a[ks, :]^T b[ks, :]
 // over group e's rows ks of a [rows, m] (lda) and b [rows, n] (ldb), zeros for an empty group; m a
 // multiple of 128; k, b2 and aux unused.
+// packed: torch._grouped_mm's groups, starting anywhere, ends taken as grouped_simt's
+// (min(extent, running max)); rows past the last group zeros; no b2 or aux. workspace: int32
+// [2 (groups + 1)] on the device, written by the launch (the ends as taken, the tiles' count).
 struct GroupedGemm {
   DType dtype;
   int64_t rows, n, k;
@@ -215,6 +218,8 @@ struct GroupedGemm {
   bool along_k = false;
   int64_t m = 0;
   int bn = 256;  // the tile's columns (plan_grouped's: 128 or 256; the dual GEMM 256)
+  bool packed = false;
+  int32_t* workspace = nullptr;
 };
 cudaError_t launch_grouped_wgmma(const GroupedGemm& g, int sms, cudaStream_t stream);
 

@@ -98,8 +98,60 @@ at::Tensor grouped_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Te
   return out.to(a.scalar_type());
 }
 
-// CUDA: the general grouped kernels (kernels/gemm/grouped_simt.cu), any strides; offs as int32
-// (an int64 end past 2^31 is past any extent these take) and never read on the host.
+// A tensor map's terms for t's 2-D matrices along dims (outer, inner): inner contiguous, the rows
+// ld elements apart with ld and the base whole 16 bytes: ld, or -1 where t cannot be read so. A
+// dimension of one row may have any stride: its ld is then the rows' length rounded up.
+int64_t tma_ld(const at::Tensor& t, int64_t outer, int64_t inner) {
+  const int64_t es = static_cast<int64_t>(t.element_size()), per = 16 / es;
+  if (t.stride(inner) != 1) return -1;
+  const int64_t ld = t.size(outer) == 1 ? (t.size(inner) + per - 1) / per * per : t.stride(outer);
+  const bool ok =
+      ld >= t.size(inner) && ld % per == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  return ok ? ld : -1;
+}
+
+// The Hopper grouped kernel in torch's packed form (gemm_wgmma_grouped.cu) where plan_grouped picks it
+// and the operands are TMA-readable: a's rows k-contiguous (Rows) or a^T's (K: a [M, S] m-contiguous),
+// b's matrices either way (Rows) or n-contiguous (K); into out, made here. False (nothing enqueued)
+// elsewhere.
+bool grouped_mm_wgmma(Grouped form, const at::Tensor& a, const at::Tensor& b,
+                      const at::Tensor& ends, at::Tensor& out) {
+  const int64_t groups = ends.size(0), es = static_cast<int64_t>(a.element_size());
+  const bool rows = form == Grouped::Rows;
+  if (groups == 0 || (rows ? a.size(0) : a.size(1)) == 0 || a.numel() == 0) return false;
+  kernels::GroupedGemm g{};
+  g.dtype = kernel_dtype(a.scalar_type());
+  g.packed = true, g.groups = groups;
+  bool aligned;
+  if (rows) {
+    g.rows = a.size(0), g.k = a.size(1), g.n = b.size(2);
+    g.lda = tma_ld(a, 0, 1);
+    g.b_nmajor = b.stride(1) != 1;  // [n, k] rows (nn.Linear's, HF's weight.transpose) else [k, n]
+    g.ldb = g.b_nmajor ? tma_ld(b, 1, 2) : tma_ld(b, 2, 1);
+    g.b_group_stride = b.size(0) == 1 ? g.ldb * (g.b_nmajor ? b.size(1) : b.size(2)) : b.stride(0);
+    aligned = g.lda > 0 && g.ldb > 0 && (g.b_group_stride * es) % 16 == 0 && (g.n * es) % 16 == 0;
+  } else {
+    g.rows = a.size(1), g.m = a.size(0), g.n = b.size(1), g.along_k = true, g.b_nmajor = true;
+    g.lda = tma_ld(a, 1, 0), g.ldb = tma_ld(b, 0, 1);
+    aligned = g.lda > 0 && g.ldb > 0 && (g.n * es) % 16 == 0;
+  }
+  const kernels::GroupedPlan plan =
+      kernels::plan_grouped({g.dtype, g.n, g.k, g.m, g.along_k, false, g.b_nmajor, aligned},
+                            kernels::current_gemm_device());
+  if (!plan.wgmma) return false;
+  out = at::empty(rows ? std::vector<int64_t>{g.rows, g.n} : std::vector<int64_t>{groups, g.m, g.n},
+                  a.options());
+  const at::Tensor ws = at::empty({2 * (groups + 1)}, ends.options());
+  g.a = a.data_ptr(), g.b = b.data_ptr(), g.c = out.data_ptr(), g.ldc = g.n;
+  g.ends = ends.data_ptr<int32_t>(), g.workspace = ws.data_ptr<int32_t>(), g.bn = plan.bn;
+  C10_CUDA_CHECK(kernels::launch_grouped_wgmma(
+      g, at::cuda::getDeviceProperties(a.get_device())->multiProcessorCount, current_stream(a)));
+  return true;
+}
+
+// CUDA: the Hopper grouped kernel where grouped_mm_wgmma takes the product, else the general grouped
+// kernels (kernels/gemm/grouped_simt.cu), any strides; offs as int32 (an int64 end past 2^31 is past
+// any extent these take) and never read on the host.
 at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
   const Grouped form = check_grouped_mm("grouped_mm", a, b, offs);
   const c10::cuda::CUDAGuard guard(a.device());
@@ -108,10 +160,11 @@ at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::T
               "than 2^31 grouped rows, got ", extent);
   const at::Tensor ends = offs.to(at::kInt).contiguous();
   const int64_t groups = offs.size(0);
-  at::Tensor out =
-      at::empty(form == Grouped::Rows ? std::vector<int64_t>{a.size(0), b.size(2)}
-                                      : std::vector<int64_t>{groups, a.size(0), b.size(1)},
-                a.options());
+  at::Tensor out;
+  if (grouped_mm_wgmma(form, a, b, ends, out)) return out;
+  out = at::empty(form == Grouped::Rows ? std::vector<int64_t>{a.size(0), b.size(2)}
+                                        : std::vector<int64_t>{groups, a.size(0), b.size(1)},
+                  a.options());
   if (form == Grouped::Rows)
     C10_CUDA_CHECK(kernels::launch_grouped_mm_rows(
         kernel_dtype(a.scalar_type()), a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(),

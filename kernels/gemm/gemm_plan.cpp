@@ -157,7 +157,8 @@
 // |                           |                                   |   the sweep (0.996x the best  |
 // |                           |                                   |   pick)                       |
 //
-// plan_grouped's rules (the grouped GEMM over ops/moe.cpp's row layout), in its order:
+// plan_grouped's rules (the grouped GEMM over ops/moe.cpp's row layout or torch's packed
+// groups), in its order:
 //
 // | rule                      | when, and the plan                | why                           |
 // |---------------------------|-----------------------------------|-------------------------------|

@@ -210,8 +210,9 @@ inline int64_t split_planes_bytes(int64_t m, int64_t n, int64_t split, int64_t e
   return split > 1 ? split * m * n * elem : 0;
 }
 
-// The grouped GEMM over ops/moe.cpp's row layout (every group from a multiple of 128 rows): which
-// kernel and tile (plan_grouped; the rules' rows close the table in gemm_plan.cpp). Rows form:
+// The grouped GEMM over ops/moe.cpp's row layout (every group from a multiple of 128 rows) or
+// torch._grouped_mm's packed groups (cuops.grouped_mm): which kernel and tile (plan_grouped; the
+// rules' rows close the table in gemm_plan.cpp). Rows form:
 // c [rows, n] = a [rows, k] times group e's [n, k] (b k-major) or [k, n] matrix, dual: the gate/up
 // product with silu; along_k: the weight gradients, c [groups m, n]. aligned: every operand's rows
 // and matrices a whole 16 bytes apart and its base 16-byte aligned (TMA's terms).

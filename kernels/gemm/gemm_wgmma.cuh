@@ -197,7 +197,8 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
                                           int row0, int col0, int kt0, int ktiles, uint32_t base_s,
                                           uint32_t full_s, uint32_t empty_s, uint32_t rank,
                                           WgRing<WgCfg<T, BM, BN>::kStages>& ring,
-                                          const CUtensorMap* map_b2 = nullptr, int expert = 0) {
+                                          const CUtensorMap* map_b2 = nullptr, int expert = 0,
+                                          int k_off = 0) {
   static_assert(!kGrouped || kCM == 1, "the grouped kernel runs single CTAs");
   using Cfg = WgCfg<T, BM, BN>;
   constexpr int kConsumers = WgShape<BM>::kConsumers;
@@ -207,7 +208,7 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
     const uint32_t sa = base_s + ring.stage * Cfg::kStageBytes, sb = sa + Cfg::kABytes,
                    bar = full_s + 8 * ring.stage;
     wg::mbar_expect_tx(bar, Cfg::kStageBytes);
-    const int k0 = (kt0 + kt) * Cfg::kBK;
+    const int k0 = (kt0 + kt) * Cfg::kBK + k_off;
     if constexpr (AK) {
       wg::tma_load(sa, &map_a, k0, row0, bar);
     } else if constexpr (kRS) {  // boxes of 32 m x 32 k, two per consumer
@@ -260,17 +261,23 @@ __device__ __forceinline__ void load_unit(const CUtensorMap& map_a, const CUtens
 // descriptors: da_lo / db_lo are the low words of the stage-0, k-step-0 descriptors, advanced by
 // constants (make_desc: no carry out of the address field), the high words constant. Each stage goes
 // back (release) once the group after it is issued: one group stays in flight, so the tensor cores
-// never wait on this thread.
-template <typename T, int BM, int BN, bool AK, bool BNM, typename Release>
+// never wait on this thread. before(kt, stage): run once a k-tile's stage has landed, before its
+// products (the packed weight gradient's edge; elsewhere nothing).
+struct NoStageHook {
+  __device__ __forceinline__ void operator()(int, uint32_t) const {}
+};
+template <typename T, int BM, int BN, bool AK, bool BNM, typename Release,
+          typename Before = NoStageHook>
 __device__ __forceinline__ void mma_unit_shared(float (&d)[BN / 2], int ktiles, uint32_t full_s,
                                                 uint64_t da_hi, uint32_t da_lo, uint64_t db_hi,
                                                 uint32_t db_lo,
                                                 WgRing<WgCfg<T, BM, BN>::kStages>& ring,
-                                                Release release) {
+                                                Release release, Before before = {}) {
   using Cfg = WgCfg<T, BM, BN>;
   uint32_t prev = 0;  // the stage of the group before
   for (int kt = 0; kt < ktiles; ++kt) {
     wg::mbar_wait(full_s + 8 * ring.stage, ring.phase);
+    before(kt, ring.stage);
     const uint32_t so = ring.stage * (Cfg::kStageBytes / 16);
     wg::fence();
 #pragma unroll
@@ -570,11 +577,21 @@ __device__ __forceinline__ void store_unit(const CUtensorMap& map_c, const CUten
 // k-tiles: the layout's multiples of 128) into c's rows [e m, (e + 1) m), m = tiles_per_group BM;
 // an empty group stores zeros. ends: int32 [experts] on the device, read after the dependent-launch
 // wait.
-enum class WgGroup { None, Rows, K };
+// Packed (torch._grouped_mm's rows: groups start anywhere): ends [experts + 1] as grouped_prep
+// leaves them (non-decreasing, ends[experts] = the rows), tile_ends [experts + 1] the running count
+// of each group's BM-row tiles, group `experts` the rows past the last group (zeros). A tile starts
+// at its group's first row plus a multiple of BM: its A rows past the group belong to the next one
+// (read, never stored); a tile the group fills leaves by TMA, a partial one by direct stores. The
+// units: tile_ends[experts] tile rows, read on the device.
+// PackedK (torch's weight-gradient form): group e sums k rows [ends[e - 1], ends[e]) (ends as
+// Packed's) from that row on, so its last k-tile may hold the next group's rows: they are zeroed in
+// the stage before its products (both operands: 0 * inf would be NaN). c as K's.
+enum class WgGroup { None, Rows, K, Packed, PackedK };
 struct WgGroups {
   const int32_t* ends;
   int experts;
-  int tiles_per_group;  // K: c's row tiles a group
+  int tiles_per_group;                 // K, PackedK: c's row tiles a group
+  const int32_t* tile_ends = nullptr;  // Packed
 };
 
 // The group of the tile starting at row0: the first e with ends[e] > row0 (a binary search, in the
@@ -609,6 +626,27 @@ template <typename Cfg> __device__ __forceinline__ WgSmem wg_smem() {
   return {c_tile, full, empty, smem_addr(base), smem_addr(full), smem_addr(empty)};
 }
 
+// PackedK's stage hook: on a group's last k-tile, the k rows past the group (from `edge` on) zeroed in
+// every 64-k box of the stage (A's boxes then B's, 8 KiB each, one k a 128-byte row whatever the
+// swizzle), by both consumer warpgroups, then made visible to the tensor cores' proxy.
+template <typename Cfg> struct ZeroKEdge {
+  uint32_t base_s;
+  int last, edge, t;  // the last k-tile, its own rows, this thread (0 .. 255)
+  __device__ __forceinline__ void operator()(int kt, uint32_t stage) const {
+    static_assert(Cfg::kStageBytes % 8192 == 0 && Cfg::kBK == 64, "boxes of 64 k x 128 bytes");
+    if (kt != last || edge == 0) return;
+    constexpr int kBoxes = Cfg::kStageBytes / 8192;
+    const int per_box = (64 - edge) * 8;  // 16-byte chunks
+    const uint32_t sa = base_s + stage * Cfg::kStageBytes;
+    for (int i = t; i < kBoxes * per_box; i += 256) {
+      const int box = i / per_box, c = i % per_box;
+      wg::sts128_zero(sa + box * 8192 + (edge + c / 8) * 128 + (c % 8) * 16);
+    }
+    wg::fence_proxy_async();
+    wg::named_sync(WgShape<128>::kAll, 256);
+  }
+};
+
 // A unit's share of the groups, as the producer and the consumers see it (G None: nothing). Rows:
 // tiles from last_row on are in no group (nothing loaded, zeros stored), the producer's B comes from
 // the tile's group. K: the tile's group gives the k-tiles, and A's rows are the group's own m.
@@ -625,26 +663,141 @@ template <WgGroup G, int BM, int kBK> struct WgGroupUnit {
     k0 = start / kBK;
     n = end > start ? (end - start) / kBK : 0;
   }
-  // The group whose matrix B comes from (Rows; else 0).
-  __device__ __forceinline__ int producer(int64_t tm, int64_t& row0, int& k0, int& n) const {
+  // PackedK: the group's first k row, its k-tiles, and the rows of its last k-tile that are its own
+  // (0: all).
+  __device__ __forceinline__ void k_rows(int64_t tm, int& start, int& n, int& edge) const {
+    const int e = static_cast<int>(tm / g->tiles_per_group);
+    start = e == 0 ? 0 : __ldg(g->ends + e - 1);
+    const int len = __ldg(g->ends + e) - start;
+    n = (len + kBK - 1) / kBK;
+    edge = len % kBK;
+  }
+  // Packed: the group of tile row tm (experts: the rows past the last group) and its rows
+  // [row0, row_end) (row_end - row0 >= BM: the tile is the group's). tm < tile_ends[experts].
+  __device__ __forceinline__ int packed_tile(int64_t tm, int64_t& row0, int64_t& row_end) const {
+    int lo = 0, hi = g->experts;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (__ldg(g->tile_ends + mid) <= tm)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    const int64_t t0 = lo == 0 ? 0 : __ldg(g->tile_ends + lo - 1);
+    row0 = (lo == 0 ? 0 : __ldg(g->ends + lo - 1)) + (tm - t0) * BM;
+    row_end = __ldg(g->ends + lo);
+    return lo;
+  }
+  // The group whose matrix B comes from (Rows, Packed; else 0); k_off: the element k of the first
+  // k-tile (PackedK; else 0).
+  __device__ __forceinline__ int producer(int64_t tm, int64_t& row0, int& k0, int& n,
+                                          int& k_off) const {
+    k_off = 0;
     if constexpr (G == WgGroup::Rows) {
       if (row0 < last_row) return group_of(*g, row0);
       n = 0;
     } else if constexpr (G == WgGroup::K) {
       k_range(tm, k0, n);
       row0 = (tm % g->tiles_per_group) * BM;
+    } else if constexpr (G == WgGroup::Packed) {
+      int64_t row_end;
+      const int e = packed_tile(tm, row0, row_end);
+      if (e < g->experts) return e;
+      n = 0;
+    } else if constexpr (G == WgGroup::PackedK) {
+      int edge;
+      k0 = 0;
+      k_rows(tm, k_off, n, edge);
+      row0 = (tm % g->tiles_per_group) * BM;
     }
     return 0;
   }
-  __device__ __forceinline__ void consumer(int64_t tm, int& n) const {
+  // Packed: the walk's units from the device.
+  __device__ __forceinline__ void units(int64_t& units_m, int64_t& units, int64_t tiles_n) const {
+    if constexpr (G == WgGroup::Packed) {
+      units_m = __ldg(g->tile_ends + g->experts);
+      units = units_m * tiles_n;
+    }
+  }
+  // The consumers' k-tiles of tile row tm (n), and Packed's rows or PackedK's edge.
+  struct Unit {
+    int64_t row0 = 0, row_end = 0;
+    int last = -1, edge = 0;
+  };
+  __device__ __forceinline__ Unit consumer(int64_t tm, int& n) const {
+    Unit u;
     if constexpr (G == WgGroup::Rows) {
       if (tm * BM >= last_row) n = 0;
     } else if constexpr (G == WgGroup::K) {
       int k0;
       k_range(tm, k0, n);
+    } else if constexpr (G == WgGroup::Packed) {
+      if (packed_tile(tm, u.row0, u.row_end) == g->experts) n = 0;
+    } else if constexpr (G == WgGroup::PackedK) {
+      int start;
+      k_rows(tm, start, n, u.edge);
+      u.last = n - 1;
     }
+    return u;
+  }
+  // mma_unit_shared's stage hook for the unit: PackedK's edge, else nothing.
+  template <typename Cfg>
+  __device__ __forceinline__ auto hook(const Unit& u, uint32_t base_s, int t) const {
+    if constexpr (G == WgGroup::PackedK)
+      return ZeroKEdge<Cfg>{base_s, u.last, u.edge, t};
+    else
+      return NoStageHook{};
   }
 };
+
+// Packed's store: a consumer's 64 rows of the tile from row0 (its group's rows end at row_end),
+// alpha applied and rounded: by TMA where the group fills the tile, else directly, rows from row_end
+// on left to the next group.
+template <typename T, int BM, int BN> __device__ __forceinline__ void store_unit_packed(
+    const CUtensorMap& map_c, const float (&d)[BN / 2], uint32_t mine, const GemmProblem& p,
+    int64_t row0, int64_t row_end, int64_t tn, int cw, int tid, int warp, int lane) {
+  if (row_end - row0 >= BM) {
+    store_tile_tma<T, BM, BN, BN>(
+        map_c, mine, row0 + cw * 64, tn * BN, cw, tid, warp, lane, [&](int j, int h) {
+          return Epilogue::staged<T>(p.alpha, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        });
+    return;
+  }
+  GemmProblem q = p;
+  q.m = row_end;
+  const int64_t r = row0 + cw * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int64_t c = tn * BN + j * 8 + 2 * (lane % 4);
+    Epilogue::pair<T>(q, r, c, d[4 * j], d[4 * j + 1]);
+    Epilogue::pair<T>(q, r + 8, c, d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
+// The producer thread's walk: each unit's k-tiles of A and B into the ring (load_unit), B from the
+// tile's group where grouped.
+template <typename T, int BM, int BN, bool AK, bool BNM, int kCM, bool kDual, WgGroup G, int kBK>
+__device__ __forceinline__ void produce_units(const CUtensorMap& map_a, const CUtensorMap& map_b,
+                                              const CUtensorMap* map_b2, int64_t units,
+                                              int64_t units_m, int64_t tiles_n, int64_t first_unit,
+                                              int64_t unit_step, int kt0, int ktiles,
+                                              const WgTail& tail, uint32_t rank, uint32_t base_s,
+                                              uint32_t full_s, uint32_t empty_s,
+                                              const WgGroupUnit<G, BM, kBK>& grouped) {
+  constexpr int kOutBN = kDual ? BN / 2 : BN;
+  WgRing<WgCfg<T, BM, BN>::kStages> ring;
+  walk_units(
+      units, first_unit, unit_step, kt0, ktiles, tail, [&](int64_t unit, int k0, int n, WgPart) {
+        int64_t um, tn;
+        tile_coords<8>(unit, units_m, tiles_n, um, tn);
+        int64_t row0 = (um * kCM + rank) * BM;
+        int k_off;
+        const int expert = grouped.producer(um, row0, k0, n, k_off);
+        load_unit<T, BM, BN, AK, BNM, kCM, kDual, G == WgGroup::Rows || G == WgGroup::Packed>(
+            map_a, map_b, static_cast<int>(row0), static_cast<int>(tn * kOutBN), k0, n, base_s,
+            full_s, empty_s, rank, ring, map_b2, expert, k_off);
+      });
+}
 
 // The kernel's body, for the plain epilogue (E Plain) and the fused ones (maps b2, aux, aux2 and f:
 // gemm_wgmma_fused). TF32 with an m-major A (kRS) reads A from registers: its tile arrives as four
@@ -673,7 +826,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
   // Work units: kCM vertically adjacent tiles, one per CTA of the cluster (a unit past the last
   // tile row computes zeros that its epilogue drops: TMA fills rows past m with zeros).
   const int64_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + kOutBN - 1) / kOutBN;
-  const int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
+  int64_t units_m = (tiles_m + kCM - 1) / kCM, units = units_m * tiles_n;
   const int64_t first_unit = blockIdx.x / kCM, unit_step = gridDim.x / kCM;
   const uint32_t rank = kCM == 1 ? 0 : wg::cluster_rank();  // the tile of a pair
   const int kt0 = 0, ktiles = static_cast<int>((p.k + kBK - 1) / kBK);
@@ -687,22 +840,14 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
   }
   end_dependent_prologue();  // launched as a programmatic dependent (launch_wg)
   const WgGroupUnit<G, BM, kBK> grouped(groups);
+  grouped.units(units_m, units, tiles_n);
 
   if (threadIdx.x < 128) {
     wg::setmaxnreg_dec<Sh::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      WgRing<kStages> ring;
-      walk_units(units, first_unit, unit_step, kt0, ktiles, tail,
-                 [&](int64_t unit, int k0, int n, WgPart) {
-                   int64_t um, tn;
-                   tile_coords<8>(unit, units_m, tiles_n, um, tn);
-                   int64_t row0 = (um * kCM + rank) * BM;
-                   const int expert = grouped.producer(um, row0, k0, n);
-                   load_unit<T, BM, BN, AK, BNM, kCM, kDual, G == WgGroup::Rows>(
-                       map_a, map_b, static_cast<int>(row0), static_cast<int>(tn * kOutBN), k0, n,
-                       base_s, full_s, empty_s, rank, ring, map_b2, expert);
-                 });
-    }
+    if (threadIdx.x == 0)
+      produce_units<T, BM, BN, AK, BNM, kCM, kDual>(map_a, map_b, map_b2, units, units_m, tiles_n,
+                                                    first_unit, unit_step, kt0, ktiles, tail, rank,
+                                                    base_s, full_s, empty_s, grouped);
   } else {
     wg::setmaxnreg_inc<Sh::kConsumerRegs>();
     // This consumer's 64 rows of the block tile. Read through a shuffle from lane 0 so the compiler
@@ -738,7 +883,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                  int64_t um, tn;
                  tile_coords<8>(unit, units_m, tiles_n, um, tn);
                  const int64_t tm = um * kCM + rank;
-                 grouped.consumer(tm, n);
+                 const auto gu = grouped.consumer(tm, n);
                  LaneBias<T, BN, E == GemmEpilogue::BiasActivation> bias;
                  bias.load(f, p, tn * BN, lane);
                  float d[BN / 2];
@@ -748,9 +893,14 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                    mma_unit_registers<BM, BN>(d, n, full_s, base_s + cw * 8192 + (warp / 2) * 4096,
                                               off, db_hi, db_lo, ring, release);
                  } else {
-                   mma_unit_shared<T, BM, BN, AK, BNM>(d, n, full_s, da_hi, da_lo, db_hi, db_lo,
-                                                       ring, release);
+                   mma_unit_shared<T, BM, BN, AK, BNM>(
+                       d, n, full_s, da_hi, da_lo, db_hi, db_lo, ring, release,
+                       grouped.template hook<Cfg>(gu, base_s, tid + 128 * cw));
                  }
+                 if constexpr (G == WgGroup::Packed)
+                   return store_unit_packed<T, BM, BN>(
+                       map_c, d, smem_addr(c_tile) + cw * (Cfg::kCBytes / Sh::kConsumers), p,
+                       gu.row0, gu.row_end, tn, cw, tid, warp, lane);
                  if constexpr (kCM == 1) {
                    if (part == WgPart::Tail) {
                      tail_put<BM, BN>(tail, d, cw, tid);

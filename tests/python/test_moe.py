@@ -1,6 +1,7 @@
 """Mixture of experts (docs/ops.md#grouped_mm, #moe_topk_softmax, #moe_experts): the grouped GEMM, the router's
 softmax + top-k and the experts op against float64 references and Hugging Face's experts module; gradients,
 gradcheck, errors, bitwise repeats, opcheck and torch.compile; on the CPU and on CUDA."""
+import os
 import re
 
 import pytest
@@ -154,6 +155,108 @@ def test_grouped_mm_cuda_takes_bad_ends_as_clamped_running_maximum():
     out = cuops.grouped_mm(a, b, torch.tensor([6, 2, 99], dtype=torch.int32, device="cuda"))
     want = cuops.grouped_mm(a.cpu(), b.cpu(), torch.tensor([6, 6, 10], dtype=torch.int32))
     torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+    # bf16 at TMA-readable sizes: the Hopper kernel's reading of the ends (grouped_prep), both forms.
+    a, b = make((300, 16), torch.bfloat16, "cuda"), make((3, 16, 16), torch.bfloat16, "cuda")
+    bad, good = [200, 50, 9999], [200, 200, 300]
+    out = cuops.grouped_mm(a, b, torch.tensor(bad, dtype=torch.int32, device="cuda"))
+    want = cuops.grouped_mm(a.float().cpu(), b.float().cpu(), torch.tensor(good, dtype=torch.int32))
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1e-2, atol=1e-2)
+    x, g = make((300, 128), torch.bfloat16, "cuda"), make((300, 16), torch.bfloat16, "cuda")
+    out = cuops.grouped_mm(x.t(), g, torch.tensor([-4, 250, 100], dtype=torch.int32, device="cuda"))
+    want = cuops.grouped_mm(x.t().float().cpu(), g.float().cpu(), torch.tensor([0, 250, 250], dtype=torch.int32))
+    torch.testing.assert_close(out.float().cpu(), want, rtol=1e-2, atol=1e-2)
+
+
+# Groups of rows for torch's packed form on the Hopper grouped kernel: tiles that start inside a group and
+# run past its end, a group of one row, empty groups, one group of several tiles.
+PACKED_COUNTS = {"ragged": [0, 300, 1, 0, 129, 7, 0, 255], "one_takes_all": [0, 0, 700, 0], "tiny": [1, 2, 0, 3]}
+
+
+def launched(fn):
+    """The CUDA kernels fn() launches (cuda_kernels); under compute-sanitizer, which holds the profiler's
+    CUPTI, fn() runs and None comes back (the results are still checked)."""
+    if os.environ.get("CUOPS_SANITIZER"):
+        fn()
+        return None
+    return cuda_kernels(fn)
+
+
+def assert_groups_match(out, want, scale, counts, dtype, ragged_k):
+    """Group by group (a one-row group's error would vanish in the whole's norm); empty groups (ragged_k)
+    exact zeros."""
+    start = 0
+    for e, c in enumerate(counts):
+        got, ref, sc = (out[e], want[e], scale[e]) if ragged_k else (
+            out[start:start + c], want[start:start + c], scale[start:start + c])
+        if c > 0:
+            assert rel_error(got, ref.to(got.device), sc.to(got.device)) <= HALF_TOL[dtype], (e, c)
+        elif ragged_k:
+            assert torch.equal(got, torch.zeros_like(got)), e
+        start += c
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("routing", list(PACKED_COUNTS))
+@pytest.mark.parametrize("n", [200, 264], ids=str)
+@pytest.mark.parametrize("b_layout", ["k_major", "n_major"])
+def test_grouped_mm_hopper_packed_rows(dtype, routing, n, b_layout):
+    """torch's packed groups (starting anywhere) on the Hopper grouped kernel: each group against float64,
+    5 rows past the last group zeros, a NaN-poisoned output; 128- and 256-column tiles with a partial last
+    one; b as Hugging Face's weight.transpose(-2, -1) and as a contiguous [E, K, N]; the same bits again."""
+    counts = PACKED_COUNTS[routing]
+    rows, k = sum(counts) + 5, 136
+    a = make((rows, k), dtype, "cuda")
+    b = (make((len(counts), n, k), dtype, "cuda").transpose(1, 2) if b_layout == "k_major"
+         else make((len(counts), k, n), dtype, "cuda"))
+    offs = ends(counts, "cuda")
+    poison_allocator()
+    got = []
+    names = launched(lambda: got.append(cuops.grouped_mm(a, b, offs)))
+    assert names is None or any("gemm_wgmma_grouped" in x for x in names), names
+    want, scale = grouped_reference(a, b, counts, ragged_k=False)
+    assert_groups_match(got[0], want, scale, counts, dtype, ragged_k=False)
+    assert torch.equal(got[0][sum(counts):], torch.zeros_like(got[0][sum(counts):]))
+    assert torch.equal(cuops.grouped_mm(a, b, offs), got[0])
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("routing", list(PACKED_COUNTS))
+@pytest.mark.parametrize("n", [200, 264], ids=str)
+def test_grouped_mm_hopper_packed_along_k(dtype, routing, n):
+    """The weight-gradient form on the Hopper grouped kernel: groups of k rows that start and end inside
+    64-row k-tiles, whose last k-tile holds the next group's rows (zeroed before the products: inf in both
+    operands' rows past the last group must not reach it); m 256; each group against float64, empty groups
+    zeros, a NaN-poisoned output; the same bits again."""
+    counts = PACKED_COUNTS[routing]
+    s, m = sum(counts) + 5, 256
+    x, g = make((s, m), dtype, "cuda"), make((s, n), dtype, "cuda")
+    x[sum(counts):], g[sum(counts):] = float("inf"), float("-inf")
+    offs = ends(counts, "cuda")
+    poison_allocator()
+    got = []
+    names = launched(lambda: got.append(cuops.grouped_mm(x.t(), g, offs)))
+    assert names is None or any("gemm_wgmma_grouped" in x for x in names), names
+    want, scale = grouped_reference(x.t(), g, counts, ragged_k=True)
+    assert_groups_match(got[0], want, scale, counts, dtype, ragged_k=True)
+    assert torch.equal(cuops.grouped_mm(x.t(), g, offs), got[0])
+
+
+@requires_hopper
+def test_grouped_mm_hopper_gradients_match_float64():
+    """Autograd through the packed Hopper products: da (rows against b[e]^T) and db (along k, per group)
+    of a [S, K] times HF's weight.transpose(-2, -1), each group against float64."""
+    counts, k, n = PACKED_COUNTS["ragged"], 256, 192
+    dtype = torch.bfloat16
+    a = make((sum(counts), k), dtype, "cuda").requires_grad_()
+    w = make((len(counts), n, k), dtype, "cuda").requires_grad_()
+    dout = make((sum(counts), n), dtype, "cuda")
+    cuops.grouped_mm(a, w.transpose(1, 2), ends(counts, "cuda")).backward(dout)
+    da_want, da_scale = grouped_reference(dout, w.detach(), counts, ragged_k=False)
+    assert_groups_match(a.grad, da_want, da_scale, counts, dtype, ragged_k=False)
+    dw_want, dw_scale = grouped_reference(dout.t(), a.detach(), counts, ragged_k=True)
+    assert_groups_match(w.grad, dw_want, dw_scale, counts, dtype, ragged_k=True)
 
 
 # ---- the router
