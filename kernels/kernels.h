@@ -223,4 +223,41 @@ struct GroupedGemm {
 };
 cudaError_t launch_grouped_wgmma(const GroupedGemm& g, int sms, cudaStream_t stream);
 
+// The MoE decode products on the small-M streaming kernel (kernels/gemm/gemm_skinny_tma.cu; sm_90
+// with GemmDevice::skinny_tma, else cudaErrorInvalidValue): for each slot a < slots_n whose expert
+// e = slots[a] (int32 on the device) is not -1, out's rows [a mt, (a + 1) mt) = x's same rows times
+// w[e]^T, w [experts, n, k] k-contiguous (rows ldw apart, matrices w_group_stride apart: nn.Linear's
+// layout, Hugging Face's down_proj); w2 (same layout) or null: the dual product, out = silu(x w^T) *
+// (x w2^T), x w^T into aux and x w2^T into aux2 where set (ld_aux apart). A slot of no expert leaves
+// its rows unwritten. mt 8 or 16; bfloat16 / float16; TMA's terms as GroupedGemm's.
+struct GroupedSkinny {
+  DType dtype;
+  int mt;
+  int64_t slots_n, n, k, experts;
+  const int32_t* slots;
+  const void* x;
+  int64_t ldx;
+  const void* w;
+  const void* w2;
+  int64_t ldw, w_group_stride;
+  void* out;
+  int64_t ldo;
+  void* aux;
+  void* aux2;
+  int64_t ld_aux;
+};
+cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t stream);
+
+// The MoE decode step's routing (kernels/moe/decode_route.cu says how): tokens x k pairs (idx int64
+// where idx64, else int32; at most kDecodeMaxPairs) into slots of mt (8 or 16) rows: slots int32
+// [slots_n] (slots_n >= min(E, pairs) + pairs / mt covers any indices), rows int32 [pairs] (an
+// expert outside [0, E): slots_n mt), xg
+// [slots_n mt, h] (rows h apart) x's rows gathered, zeros elsewhere. x [tokens, h] rows ldx apart;
+// h and ldx whole 16 bytes, x and xg 16-byte aligned.
+constexpr int64_t kDecodeMaxPairs = 256;
+cudaError_t launch_moe_decode_route(const void* idx, bool idx64, int64_t tokens, int64_t k,
+                                    int64_t experts, const void* x, int64_t ldx, int64_t h,
+                                    int64_t elem, int mt, int64_t slots_n, int32_t* slots,
+                                    int32_t* rows, void* xg, int sms, cudaStream_t stream);
+
 }  // namespace cuops::kernels

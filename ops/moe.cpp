@@ -532,9 +532,66 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
   return run_experts(x, idx, w, gate_up, down, activation, true);
 }
 
+// The decode step (at most kDecodeMaxPairs pairs, no gradient): only the routed experts' weights
+// are read, once, by the small-M streaming kernel over slots of mt rows (kernels/moe/decode_route.cu
+// places the pairs and gathers x; kernels/gemm/gemm_skinny_tma.cu's grouped form multiplies, silu
+// in the gate/up product's epilogue), then combine: four launches and the sum's. False (nothing
+// enqueued) where it does not apply: no streaming form on this device, not 16-bit, not silu, more
+// pairs, or operands TMA cannot read.
+bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
+                    const at::Tensor& gate_up, const at::Tensor& down, Gate gate, at::Tensor& out) {
+  const int64_t tokens = x.size(0), k = idx.size(1), pairs = tokens * k;
+  const int64_t experts = gate_up.size(0), hidden = x.size(1), inter = down.size(2);
+  const bool half = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  if (!x.is_cuda() || !half || gate != Gate::Silu || tokens > kernels::kSkinnyMaxTokens ||
+      pairs == 0 || pairs > kernels::kDecodeMaxPairs || !kernels::current_gemm_device().skinny_tma)
+    return false;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), guc = gate_up.contiguous(), dc = down.contiguous();
+  if (!whole_16_bytes(xc, {hidden}) || !whole_16_bytes(guc, {hidden}) ||
+      !whole_16_bytes(dc, {inter}))
+    return false;
+  const at::Tensor ic = idx.contiguous();
+  const int mt = tokens <= 8 ? 8 : 16;
+  const int64_t slots_n = std::min(experts, pairs) + pairs / mt, rows_n = slots_n * mt;
+  const auto i32 = x.options().dtype(at::kInt);
+  at::Tensor slots = at::empty({slots_n}, i32), rows = at::empty({pairs}, i32);
+  at::Tensor xg = at::empty({rows_n, hidden}, x.options());
+  const int sms = at::cuda::getDeviceProperties(x.get_device())->multiProcessorCount;
+  const cudaStream_t stream = current_stream(x);
+  C10_CUDA_CHECK(kernels::launch_moe_decode_route(
+      ic.data_ptr(), ic.scalar_type() == at::kLong, tokens, k, experts, xc.data_ptr(), hidden,
+      hidden, xc.element_size(), mt, slots_n, slots.data_ptr<int32_t>(), rows.data_ptr<int32_t>(),
+      xg.data_ptr(), sms, stream));
+  at::Tensor h = at::empty({rows_n, inter}, x.options());
+  at::Tensor y = at::empty({rows_n + 1, hidden}, x.options());  // + the row of no expert
+  y.narrow(0, rows_n, 1).zero_();
+  kernels::GroupedSkinny g{};
+  g.dtype = kernel_dtype(x.scalar_type()), g.mt = mt, g.slots_n = slots_n, g.experts = experts;
+  g.slots = slots.data_ptr<int32_t>();
+  // gate/up: gate_up[e] is [gate; up], I rows each, k = H.
+  g.n = inter, g.k = hidden, g.x = xg.data_ptr(), g.ldx = hidden;
+  g.w = guc.data_ptr();
+  g.w2 = static_cast<const char*>(guc.data_ptr()) + inter * hidden * guc.element_size();
+  g.ldw = hidden, g.w_group_stride = 2 * inter * hidden;
+  g.out = h.data_ptr(), g.ldo = inter;
+  C10_CUDA_CHECK(kernels::launch_grouped_skinny(g, sms, stream));
+  // down: [H, I] rows, k = I.
+  g.n = hidden, g.k = inter, g.x = h.data_ptr(), g.ldx = inter;
+  g.w = dc.data_ptr(), g.w2 = nullptr, g.ldw = inter, g.w_group_stride = hidden * inter;
+  g.out = y.data_ptr(), g.ldo = hidden;
+  C10_CUDA_CHECK(kernels::launch_grouped_skinny(g, sms, stream));
+  out = combine(y, rows.to(at::kLong), &w, tokens, k);
+  return true;
+}
+
 at::Tensor moe_experts_kernel(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
                               const at::Tensor& gate_up, const at::Tensor& down,
                               c10::string_view activation) {
+  check_moe_experts("moe_experts", x, idx, w, gate_up, down, activation);
+  at::Tensor out;
+  if (decode_experts(x, idx, w, gate_up, down, parse_gate("moe_experts", activation), out))
+    return out;
   return std::get<0>(run_experts(x, idx, w, gate_up, down, activation, false));
 }
 

@@ -123,6 +123,8 @@ class HfLlamaBench:
     modes: tuple = ("eager", "compile")
     lr: float = 1e-4
     decode_batches: tuple = (1, 8)
+    # The experts alone at decode (name, experts, top-k, H, I): Qwen3-30B-A3B's layer and Mixtral's.
+    decode_shapes: tuple = (("qwen3-30b-a3b", 128, 8, 2048, 768), ("mixtral", 8, 2, 4096, 14336))
     kv: int = 512
     decode_steps: int = 32
     prefill_tokens: int = 2048
@@ -164,6 +166,8 @@ class MoeBench:
     warmup: int = 3
     lr: float = 1e-4
     decode_batches: tuple = (1, 8)
+    # The experts alone at decode (name, experts, top-k, H, I): Qwen3-30B-A3B's layer and Mixtral's.
+    decode_shapes: tuple = (("qwen3-30b-a3b", 128, 8, 2048, 768), ("mixtral", 8, 2, 4096, 14336))
     kv: int = 512
     decode_steps: int = 32
     seed: int = 0

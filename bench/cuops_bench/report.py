@@ -532,6 +532,15 @@ def moe_lines(results: dict) -> list[str]:
         lines.append(f"{lead} {fmt_time(r['cuops_ms']):>9} {r['cuops_tflops']:>7.1f} "
                      f"{fmt_time(tg['ms']) if tg else '-':>11} {fmt_ratio(tg['ratio'] if tg else None):>7} "
                      f"{fmt_time(loop['ms']):>9} {fmt_ratio(loop['ratio']):>7} {r['check']['rel_error_vs_loop']:>8.1e}")
+    decode = [r for r in rows if r["op"] == "experts_decode"]
+    if decode:
+        lines += ["", "moe_experts at decode (bf16, no gradient, a CUDA-graph replay): the routed experts' "
+                  "weights read once; frac = their bytes per second / the copy's"]
+    for r in decode:
+        lead = f"{r['model']:<14} {r['size']:<34}"
+        lines.append(not_run_line(lead, r) if r.get("status") != "ok" else
+                     f"{lead} {fmt_time(r['cuops_ms']):>9} {r['routed_experts']:>4} experts "
+                     f"{r['GBps']:>6.0f} GB/s  frac {r.get('fraction', float('nan')):.2f}")
     cfg = (results.get("moe") or {}).get("config") or {}
     for model in dict.fromkeys(r["model"] for r in rows if r["op"] == "train_step"):
         train = [r for r in rows if r["op"] == "train_step" and r["model"] == model]

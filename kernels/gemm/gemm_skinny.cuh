@@ -123,10 +123,11 @@ __device__ __forceinline__ double ld_cluster(const double* local, int rank) {
 // epilogue's (epilogue.cuh's `one` members; GatedSilu: outputs [blockIdx.x * outs / 2, + outs / 2),
 // the gate's sum at o and the up product's at o + outs / 2). With a cluster along k (gridDim.y
 // CTAs), each CTA stores a share and every output's sum is taken over the cluster in rank order,
-// whichever CTA finishes it. All threads of the block call.
+// whichever CTA finishes it. All threads of the block call. block: the block of outputs (-1:
+// blockIdx.x; the grouped kernel's block within its slot).
 template <typename T, int MT, GemmEpilogue E = GemmEpilogue::Plain, typename SumAt>
 __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&& sum_at,
-                                              const SkinnyFusion* f = nullptr) {
+                                              const SkinnyFusion* f = nullptr, int64_t block = -1) {
   const int split = static_cast<int>(gridDim.y);
   int rank = 0;
 #if __CUDA_ARCH__ >= 900
@@ -145,7 +146,7 @@ __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&&
   for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * stored;
        e += threads * split) {
     const int t = e / stored, o = e % stored;
-    const int64_t og = int64_t{blockIdx.x} * stored + o;
+    const int64_t og = (block < 0 ? int64_t{blockIdx.x} : block) * stored + o;
     if (t >= s.tokens || og >= s.outputs) continue;
     auto total = [&](int oo) {
       const acc_t<T>* sum = sum_at(t, oo);

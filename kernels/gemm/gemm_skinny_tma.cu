@@ -354,10 +354,14 @@ __device__ __forceinline__ void mma_consume(uint32_t base, int stage_bytes, int 
 // weights only) reads a stage's 64 weight rows as 32 outputs of the gate (map mw) over 32 of the up
 // weight (map mw2), boxes of 32 rows each: the consumers multiply them as one 64-row tile and the
 // epilogue finds g and u of one output 32 sums apart. Elsewhere mw2 is not read.
-template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E>
+// kGroups (the MoE decode products, gemm_skinny_tma_grouped): block x is block x % per_slot of slot
+// x / per_slot, whose expert slots[slot] names the matrix of the 3-D weight maps and whose MT rows
+// of x and out start at row slot * MT; a slot of no expert (-1) loads and stores nothing.
+template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E, bool kGroups = false>
 __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUtensorMap& mw2,
                                                 const CUtensorMap& mx, const Skinny& s,
-                                                const SkinnyFusion* f, int stages, int chunk) {
+                                                const SkinnyFusion* f, int stages, int chunk,
+                                                const int32_t* slots = nullptr, int per_slot = 1) {
 #if __CUDA_ARCH__ >= 900
   constexpr bool kDual = E == GemmEpilogue::GatedSilu;
   static_assert(!kDual || WK, "the dual product reads nn.Linear's k-contiguous weights");
@@ -384,7 +388,13 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
   }
   end_dependent_prologue();  // launched as a programmatic dependent (plan.skinny().pdl)
   __syncthreads();
-  const int row0 = static_cast<int>(blockIdx.x) * (kDual ? kOut / 2 : kOut);
+  int block = static_cast<int>(blockIdx.x), group = 0, expert = 0;  // group: the slot (kGroups)
+  if constexpr (kGroups) {
+    group = block / per_slot, block %= per_slot;
+    expert = __ldg(slots + group);
+    if (expert < 0) return;  // every thread of the CTA (and of its cluster: the same x)
+  }
+  const int row0 = block * (kDual ? kOut / 2 : kOut);
   const int64_t kb = min(s.k, int64_t{blockIdx.y} * s.slice), ke = min(s.k, kb + s.slice);
   const int n = static_cast<int>((ke - kb + chunk - 1) / chunk);
   if (warp == kSkinnyWarps) {
@@ -399,14 +409,21 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
           for (int b = 0; b < kOut / kBoxK; ++b)
             tma_load(wt + b * chunk * 128, &mw, row0 + b * kBoxK, k, bar);
         }
+        auto load_w = [&](uint32_t dst, const CUtensorMap* map, int kk) {
+          if constexpr (kGroups) {
+            tma_load3(dst, map, kk, row0, expert, bar);
+          } else {
+            tma_load(dst, map, kk, row0, bar);
+          }
+        };
         for (int b = 0; b < chunk / kBoxK; ++b) {
           if constexpr (kDual) {
-            tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
-            tma_load(wt + b * kOut * 128 + kOut / 2 * 128, &mw2, k + b * kBoxK, row0, bar);
+            load_w(wt + b * kOut * 128, &mw, k + b * kBoxK);
+            load_w(wt + b * kOut * 128 + kOut / 2 * 128, &mw2, k + b * kBoxK);
           } else if constexpr (WK) {
-            tma_load(wt + b * kOut * 128, &mw, k + b * kBoxK, row0, bar);
+            load_w(wt + b * kOut * 128, &mw, k + b * kBoxK);
           }
-          tma_load(xt + b * MT * 128, &mx, k + b * kBoxK, 0, bar);
+          tma_load(xt + b * MT * 128, &mx, k + b * kBoxK, group * MT, bar);
         }
       }
     }
@@ -420,7 +437,17 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
     mma_consume<T, MT, WK>(base, stage_bytes, w_bytes, chunk, stages, n, full, empty, warp, lane,
                            part);
   }
-  store_outputs<T, MT, E>(s, kOut, [&](int t, int o) { return part + t * kOut + o; }, f);
+  auto sum_at = [&](int t, int o) { return part + t * kOut + o; };
+  if constexpr (kGroups) {  // the slot's rows of out (and of the kept products)
+    Skinny sg = s;
+    sg.out = static_cast<T*>(s.out) + int64_t{group} * MT * s.ldo_t;
+    SkinnyFusion fg = *f;
+    if (fg.aux != nullptr) fg.aux = static_cast<T*>(fg.aux) + int64_t{group} * MT * fg.ld_aux;
+    if (fg.aux2 != nullptr) fg.aux2 = static_cast<T*>(fg.aux2) + int64_t{group} * MT * fg.ld_aux;
+    store_outputs<T, MT, E>(sg, kOut, sum_at, &fg, block);
+  } else {
+    store_outputs<T, MT, E>(s, kOut, sum_at, f);
+  }
 #else
   __trap();  // the planner streams only where the sm_90 code runs (GemmDevice::skinny_tma)
 #endif
@@ -442,6 +469,66 @@ template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(
                           const __grid_constant__ CUtensorMap mx, Skinny s, SkinnyFusion f,
                           int stages, int chunk) {
   skinny_tma_body<T, MT, true, false, E>(mw, mw2, mx, s, &f, stages, chunk);
+}
+
+// The MoE decode products (ops/moe.cpp): kGroups' body, 16-bit, the experts' weights k-contiguous
+// (nn.Linear's rows: Hugging Face's gate_up_proj and down_proj), Plain or GatedSilu.
+template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(kTmaThreads, 1)
+    gemm_skinny_tma_grouped(const __grid_constant__ CUtensorMap mw,
+                            const __grid_constant__ CUtensorMap mw2,
+                            const __grid_constant__ CUtensorMap mx, Skinny s, SkinnyFusion f,
+                            const int32_t* slots, int per_slot, int stages, int chunk) {
+  skinny_tma_body<T, MT, true, false, E, true>(mw, mw2, mx, s, &f, stages, chunk, slots, per_slot);
+}
+
+// Its launch: one CTA a slot's 64 rows of the weight (32 of each for GatedSilu) over the whole k (the
+// slots' blocks fill the SMs at decode's 8-128 slots: no k split), the ring of kSkinnyTmaStages
+// stages of kSkinnyTma.chunk k, or of kSkinnyTmaDeepChunk where the blocks fill half the SMs or
+// fewer (the small-M planner's rule).
+template <typename T, int MT, GemmEpilogue E>
+cudaError_t launch_grouped_tma(const GroupedSkinny& g, int sms, cudaStream_t stream) {
+  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
+  constexpr int kRows = kDual ? kSkinnyTma.outputs / 2 : kSkinnyTma.outputs;
+  const int64_t per_slot = (g.n + kRows - 1) / kRows, blocks = per_slot * g.slots_n;
+  const int chunk = 2 * blocks > sms ? kSkinnyTma.chunk : kSkinnyTmaDeepChunk;
+  const int stages = kSkinnyTmaStages, smem = tma_smem(kElem, MT, stages, chunk);
+  if (blocks <= 0 || blocks > INT32_MAX || smem > 227 * 1024) return cudaErrorInvalidValue;
+  CUtensorMap mw, mw2{}, mx;
+  const bool maps =
+      make_map3<T>(mw, g.w, g.k, g.n, g.experts, g.ldw, g.w_group_stride, kBoxK, kRows) &&
+      (!kDual ||
+       make_map3<T>(mw2, g.w2, g.k, g.n, g.experts, g.ldw, g.w_group_stride, kBoxK, kRows)) &&
+      make_map<T>(mx, g.x, g.k, g.slots_n * MT, g.ldx, kBoxK, MT);
+  if (!maps) return cudaErrorInvalidValue;
+  Skinny s{};
+  s.tokens = MT, s.outputs = g.n, s.k = g.k;
+  s.x = g.x, s.ldx = g.ldx, s.w = g.w, s.ldw = g.ldw;
+  s.out = g.out, s.ldo_t = g.ldo, s.ldo_n = 1;
+  s.alpha = 1.f, s.beta = 0.f, s.alpha64 = 1.0, s.beta64 = 0.0;
+  s.slice = (g.k + chunk - 1) / chunk * chunk;
+  s.rw = kSkinnyWarps, s.kw = 1;
+  const SkinnyFusion f{nullptr, Activation::None, g.w2, g.aux, g.aux2, g.ld_aux};
+  constexpr auto kernel = gemm_skinny_tma_grouped<T, MT, E>;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const ClusterLaunch launch(dim3(static_cast<unsigned>(blocks)), dim3(1), kTmaThreads, smem,
+                             stream, false);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, mw, kDual ? mw2 : mw, mx, s, f, g.slots,
+                            static_cast<int>(per_slot), stages, chunk);
+}
+
+template <typename T>
+cudaError_t launch_grouped_tma_typed(const GroupedSkinny& g, int sms, cudaStream_t stream) {
+  const bool dual = g.w2 != nullptr;
+  if (g.mt == 8)
+    return dual ? launch_grouped_tma<T, 8, GemmEpilogue::GatedSilu>(g, sms, stream)
+                : launch_grouped_tma<T, 8, GemmEpilogue::Plain>(g, sms, stream);
+  if (g.mt == 16)
+    return dual ? launch_grouped_tma<T, 16, GemmEpilogue::GatedSilu>(g, sms, stream)
+                : launch_grouped_tma<T, 16, GemmEpilogue::Plain>(g, sms, stream);
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E = GemmEpilogue::Plain>
@@ -544,3 +631,19 @@ cudaError_t launch_skinny_tma(const GemmPlan& plan, const Skinny& s, const Skinn
 bool skinny_tma_on(int dev) { return skinny_clusters_on(dev) && tma_encoder() != nullptr; }
 
 }  // namespace cuops::kernels::detail
+
+namespace cuops::kernels {
+cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t stream) {
+  if (g.slots_n <= 0 || g.slots == nullptr || g.n <= 0 || g.k <= 0 || g.experts <= 0 || sms <= 0 ||
+      current_gemm_device().skinny_tma == false)
+    return cudaErrorInvalidValue;
+  switch (g.dtype) {
+    case DType::BFloat16:
+      return detail::launch_grouped_tma_typed<__nv_bfloat16>(g, sms, stream);
+    case DType::Float16:
+      return detail::launch_grouped_tma_typed<__half>(g, sms, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+}  // namespace cuops::kernels

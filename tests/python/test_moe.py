@@ -494,6 +494,51 @@ def test_moe_experts_hopper_grouped_kernel(dtype, kind):
     assert all(torch.equal(a, b) for a, b in zip(run(dtype), got))
 
 
+@requires_hopper
+@pytest.mark.parametrize("tokens", [1, 5, 8, 16], ids=str)
+@pytest.mark.parametrize("kind", ["random", "skewed", "same"])
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32], ids=str)
+def test_moe_experts_decode_reads_the_routed_experts(tokens, kind, idx_dtype):
+    """Decode-sized calls (<= 16 tokens, no gradient) on the grouped small-M kernels: against float32 math on
+    the same bf16 inputs (the general path), with a token listing one expert twice (an expert's pairs past
+    one slot's rows) and an index outside [0, E) (adds nothing); the routing and streaming kernels launched;
+    the same bits again."""
+    k, experts, hidden, inter = 8, 64, 256, 192
+    x = make((tokens, hidden), torch.bfloat16, "cuda")
+    gate_up = make((experts, 2 * inter, hidden), torch.bfloat16, "cuda", scale=0.1)
+    down = make((experts, hidden, inter), torch.bfloat16, "cuda", scale=0.1)
+    idx = routing(tokens, k, experts, kind, "cuda", idx_dtype).clone()
+    idx[0, 1] = idx[0, 0]
+    idx[-1, 2] = experts
+    w = torch.rand(tokens, k, device="cuda")
+    got = []
+    names = launched(lambda: got.append(cuops.moe_experts(x, idx, w, gate_up, down)))
+    assert names is None or (any("decode_route" in n for n in names)
+                             and sum("gemm_skinny_tma_grouped" in n for n in names) == 2), names
+    want = cuops.moe_experts(x.float(), idx, w, gate_up.float(), down.float())
+    assert rel_error(got[0], want) <= 1e-2
+    assert torch.equal(cuops.moe_experts(x, idx, w, gate_up, down), got[0])
+
+
+@requires_hopper
+def test_moe_experts_decode_replays_in_a_cuda_graph():
+    """The decode path captured once: replays with new tokens and new routing give eager's bits (nothing
+    sized or read on the host)."""
+    tokens, k, experts, hidden, inter = 4, 8, 64, 256, 192
+    gate_up = make((experts, 2 * inter, hidden), torch.bfloat16, "cuda", scale=0.1)
+    down = make((experts, hidden, inter), torch.bfloat16, "cuda", scale=0.1)
+    x = make((tokens, hidden), torch.bfloat16, "cuda")
+    idx, w = routing(tokens, k, experts, "random", "cuda"), torch.rand(tokens, k, device="cuda")
+    cuops.moe_experts(x, idx, w, gate_up, down)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cuops.moe_experts(x, idx, w, gate_up, down)
+    x.copy_(make((tokens, hidden), torch.bfloat16, "cuda"))
+    idx.copy_(routing(tokens, k, experts, "skewed", "cuda"))
+    graph.replay()
+    assert torch.equal(out, cuops.moe_experts(x, idx, w, gate_up, down))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_moe_experts_gradcheck_float64(device):
     x = make((7, 6), torch.float64, device).requires_grad_()

@@ -20,7 +20,9 @@ variants, so the table gives each variant's median of rounds and the run order).
 step adds over what is allocated before it.
 
 Decode (rows "decode"): bf16 weights, eager, 1 and 8 tokens a step over a fixed KV length (hf_llama's
-decode_steps), HF against patch alternating.
+decode_steps), HF against patch alternating. And the experts alone at decode (rows "experts_decode", one
+a layer shape and token count): moe_experts replayed from a CUDA graph, the routed experts' weight bytes
+(read once) per second against the copy's at that size (SPEC §3: >= 0.85).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def run(ctx: Run) -> None:
     ctx.results["moe"] = {"config": {k: v for k, v in cfg.__dict__.items()},
                           "optimizer": "AdamW(fused)" if bench.cuda else "AdamW"}
     grouped_rows(ctx, cfg)
+    decode_experts_rows(ctx, cfg)
     for name in cfg.models:
         rows = [{"family": FAMILY, "op": "train_step", "model": name, "mode": v, "size": f"{cfg.batch}x{cfg.seq}",
                  "dtype": "bf16" if bench.cuda else "float32"} for v in variants(cfg, bench.cuda)]
@@ -129,6 +132,49 @@ def time_grouped(bench, cfg: MoeBench, row: dict, counts: list, hidden: int, n: 
                timer=f"{bench.timer_name}, median of {cfg.rounds} rounds, the sides alternating")
     row["baselines"] = {key: {"ms": v, "ratio": v / ms["cuops"], "tflops": flops / v / 1e9}
                         for key, v in ms.items() if key != "cuops"}
+
+
+# ---- the experts at decode
+
+
+def decode_experts_rows(ctx: Run, cfg: MoeBench) -> None:
+    bench = ctx.bench
+    if not bench.cuda:
+        return
+    for name, experts, k, hidden, inter in cfg.decode_shapes:
+        for tokens in cfg.decode_batches:
+            row = {"family": FAMILY, "op": "experts_decode", "model": name, "tokens": tokens,
+                   "size": f"T {tokens} E {experts} k {k} H {hidden} I {inter}", "dtype": "bfloat16"}
+            try:
+                bench.check_budget()
+            except BudgetSpent as e:
+                ctx.rows.append(dict(row, status="skipped", skip_reason=str(e)))
+                continue
+            guarded(ctx.rows, row, lambda r: time_decode_experts(ctx, cfg, r, experts, k, hidden, inter))
+            bench.free_memory()
+
+
+def time_decode_experts(ctx: Run, cfg: MoeBench, row: dict, experts: int, k: int, hidden: int, inter: int) -> None:
+    import cuops
+    from ..harness import graphed
+    bench, device, tokens = ctx.bench, ctx.bench.device, row["tokens"]
+    dt = torch.bfloat16
+    x = torch.randn(tokens, hidden, device=device, dtype=dt)
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=dt) / hidden ** 0.5
+    down = torch.randn(experts, hidden, inter, device=device, dtype=dt) / inter ** 0.5
+    g = torch.Generator().manual_seed(cfg.seed)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]).to(device)
+    w = torch.rand(tokens, k, device=device)
+    routed = int(idx.unique().numel())
+    nbytes = routed * 3 * inter * hidden * x.element_size()
+    with torch.no_grad():
+        call = graphed(bench, lambda: lambda: cuops.moe_experts(x, idx, w, gate_up, down))
+        ms = statistics.median(bench.measure(call).ms for _ in range(cfg.rounds))
+    copy = ctx.ceiling.at(max(4, nbytes // 2 // 4 * 4))
+    row.update(status="ok", cuops_ms=ms, bytes=nbytes, routed_experts=routed, GBps=nbytes / ms / 1e6,
+               copy_GBps=copy.get("GBps"), timer=f"{bench.timer_name} of a CUDA-graph replay, median of {cfg.rounds}")
+    if copy.get("GBps"):
+        row["fraction"] = row["GBps"] / copy["GBps"]
 
 
 # ---- the models
