@@ -255,6 +255,14 @@ cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t 
 // [slots_n mt, h] (rows h apart) x's rows gathered, zeros elsewhere. x [tokens, h] rows ldx apart;
 // h and ldx whole 16 bytes, x and xg 16-byte aligned.
 constexpr int64_t kDecodeMaxPairs = 256;
+
+// A mixture of experts' weighted sum back to token order (kernels/moe/combine.cu): out [tokens, h]
+// (contiguous) row t = sum over j < k, in order, of w[t k + j] * y[rows[t k + j]] (y's rows ldy
+// apart; rows int64 [tokens k], each within y), in the accumulation type (w in it: float, double
+// for float64; null: ones), rounded once to y's dtype.
+cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const int64_t* rows,
+                               const void* w, int64_t tokens, int64_t k, int64_t h, void* out,
+                               cudaStream_t stream);
 cudaError_t launch_moe_decode_route(const void* idx, bool idx64, int64_t tokens, int64_t k,
                                     int64_t experts, const void* x, int64_t ldx, int64_t h,
                                     int64_t elem, int mt, int64_t slots_n, int32_t* slots,

@@ -500,6 +500,18 @@ at::Tensor gated(const at::Tensor& gu, Gate gate, at::ScalarType acc) {
 at::Tensor combine(const at::Tensor& layout, const at::Tensor& rows, const at::Tensor* w,
                    int64_t tokens, int64_t k) {
   const auto acc = acc_type(layout);
+  if (layout.is_cuda()) {  // one pass (kernels/moe/combine.cu)
+    const c10::cuda::CUDAGuard guard(layout.device());
+    const at::Tensor y = layout.stride(1) == 1 ? layout : layout.contiguous();
+    const at::Tensor r = rows.to(at::kLong).contiguous();
+    const at::Tensor wa = w != nullptr ? w->to(acc).contiguous() : at::Tensor();
+    at::Tensor out = at::empty({tokens, layout.size(1)}, layout.options());
+    C10_CUDA_CHECK(kernels::launch_moe_combine(
+        kernel_dtype(layout.scalar_type()), y.data_ptr(), y.stride(0), r.data_ptr<int64_t>(),
+        wa.defined() ? wa.data_ptr() : nullptr, tokens, k, layout.size(1), out.data_ptr(),
+        current_stream(layout)));
+    return out;
+  }
   at::Tensor r = layout.index_select(0, rows).view({tokens, k, layout.size(1)}).to(acc);
   if (w) r = r * w->to(acc).unsqueeze(-1);
   return r.sum(1).to(layout.scalar_type());
