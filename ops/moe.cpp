@@ -593,7 +593,7 @@ bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor
   g.w = dc.data_ptr(), g.w2 = nullptr, g.ldw = inter, g.w_group_stride = hidden * inter;
   g.out = y.data_ptr(), g.ldo = hidden;
   C10_CUDA_CHECK(kernels::launch_grouped_skinny(g, sms, stream));
-  out = combine(y, rows.to(at::kLong), &w, tokens, k);
+  out = combine(y, rows, &w, tokens, k);  // rows int32: combine widens them
   return true;
 }
 
