@@ -160,14 +160,16 @@ def main() -> int:
               file=sys.stderr)
         return 2
 
+    def merged():
+        return report.merge(earlier, results) if earlier is not None else results
+
     t_start = time.perf_counter()
     bench.deadline = t_start + args.budget_s
     ctx = Run(bench, cfg, results, CopyCeiling(bench, results["rows"]))
+    ctx.save = lambda: report.save(merged(), json_path)
     reference_copy = ctx.ceiling.reference()
     results["copy_bandwidth_GBps"] = reference_copy.get("GBps")
     log(f"copy ceiling: {report.fmt_num(reference_copy.get('GBps'))} GB/s ({reference_copy['size']})")
-    def merged():
-        return report.merge(earlier, results) if earlier is not None else results
 
     for name in SECTIONS:
         if name in args.only:

@@ -246,6 +246,7 @@ class Run:
     cfg: Config
     results: dict          # the results file's object; sections append to results["rows"]
     ceiling: CopyCeiling
+    save: object = None    # writes the results file so far: long sections call it after each row
 
     @property
     def rows(self) -> list:

@@ -60,8 +60,13 @@ def run(ctx: Run) -> None:
             t0 = time.perf_counter()
             work = time_variant if row["op"] == "train_step" else time_decode
             guarded(ctx.rows, row, lambda r: work(bench, cfg, r))
-            log(f"moe {name} {row['op']} {row.get('mode', row.get('batch'))}: {time.perf_counter() - t0:.1f}s")
+            done = ctx.rows[-1]
+            log(f"moe {name} {row['op']} {row.get('mode', row.get('batch'))}: {time.perf_counter() - t0:.1f}s "
+                f"({done.get('status')}: {done.get('cuops_ms', float('nan')):.1f} ms, "
+                f"{done.get('cuops_added_gb') or float('nan'):.2f} GB added)")
             bench.free_memory(collect=True)
+            if ctx.save is not None:  # a run cut short keeps the variants it measured
+                ctx.save()
 
 
 # ---- the grouped GEMM
@@ -196,7 +201,8 @@ def build(cfg: MoeBench, name: str, device: str, dtype: torch.dtype):
     else:
         config = transformers.Qwen3MoeConfig(num_experts=experts, moe_intermediate_size=inter, intermediate_size=inter,
                                              head_dim=hidden // heads, **common)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(device, dtype)
+    with torch.device(device):  # initialised where it runs: a CPU init of 10 GB of experts takes ~20 s
+        model = transformers.AutoModelForCausalLM.from_config(config).to(dtype)
     with torch.no_grad():  # transformers leaves the 3-D expert parameters to a checkpoint
         for pname, p in model.named_parameters():
             if p.dim() == 3:
