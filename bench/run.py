@@ -96,6 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="comma list of MoeBench.models to train and decode (default: all; none: the grouped GEMM only)")
     moe.add_argument("--moe-variants", default=None, help="comma list of the training step's variants (default: all)")
     moe.add_argument("--moe-no-grouped", action="store_true", help="skip the grouped GEMM rows")
+    moe.add_argument("--moe-no-decode", action="store_true", help="skip the decode rows (models' and experts')")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.only == ["all"]:
@@ -143,11 +144,13 @@ def main() -> int:
         dropouts = tuple(float(d) for d in args.lora_dropouts.split(",")) if args.lora_dropouts else cfg.hf_lora.dropouts
         cfg.hf_lora = dataclasses.replace(cfg.hf_lora, shapes=tuple(s for s in cfg.hf_lora.shapes if s[0] in names),
                                           dropouts=dropouts)
-    if args.moe_models is not None or args.moe_variants or args.moe_no_grouped:
+    if args.moe_models is not None or args.moe_variants or args.moe_no_grouped or args.moe_no_decode:
         models = () if args.moe_models == "none" else tuple(args.moe_models.split(",")) if args.moe_models else cfg.moe.models
         variants = tuple(args.moe_variants.split(",")) if args.moe_variants else cfg.moe.variants
         cfg.moe = dataclasses.replace(cfg.moe, models=models, variants=variants,
-                                      grouped_shapes=() if args.moe_no_grouped else cfg.moe.grouped_shapes)
+                                      grouped_shapes=() if args.moe_no_grouped else cfg.moe.grouped_shapes,
+                                      decode_batches=() if args.moe_no_decode else cfg.moe.decode_batches,
+                                      decode_shapes=() if args.moe_no_decode else cfg.moe.decode_shapes)
     bench = Bench.for_device(args.device)
     library = load_library()
     torch.manual_seed(0)
