@@ -222,8 +222,7 @@ def make_model(cfg: MoeBench, name: str, variant: str, device: str):
             import liger_kernel.transformers as liger
         except ImportError as e:
             return None, f"liger_kernel not installed ({e})"
-        apply = getattr(liger, f"apply_liger_kernel_to_{type(model).__name__.removesuffix('ForCausalLM').lower()}",
-                        None)
+        apply = getattr(liger, f"apply_liger_kernel_to_{model.config.model_type}", None)  # qwen3_moe, mixtral
         if apply is None:
             return None, f"Liger-Kernel {getattr(liger, '__version__', '')} does not patch {type(model).__name__}"
         apply(model=model)
