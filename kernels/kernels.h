@@ -248,6 +248,13 @@ struct GroupedSkinny {
 };
 cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t stream);
 
+// A mixture of experts' weighted sum back to token order (kernels/moe/combine.cu): out [tokens, h]
+// (contiguous) row t = sum over j < k, in order, of w[t k + j] * y[rows[t k + j]] (y's rows ldy
+// apart; rows int64 [tokens k], each within y or negative: no term), in the accumulation type (w in
+// it: float, double for float64; null: ones), rounded once to y's dtype.
+cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const int64_t* rows,
+                               const void* w, int64_t tokens, int64_t k, int64_t h, void* out,
+                               cudaStream_t stream);
 // The MoE decode step's routing (kernels/moe/decode_route.cu says how): tokens x k pairs (idx int64
 // where idx64, else int32; at most kDecodeMaxPairs) into slots of mt (8 or 16) rows: slots int32
 // [slots_n] (slots_n >= min(E, pairs) + pairs / mt covers any indices), rows int32 [pairs] (an
@@ -256,16 +263,20 @@ cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t 
 // h and ldx whole 16 bytes, x and xg 16-byte aligned.
 constexpr int64_t kDecodeMaxPairs = 256;
 
-// A mixture of experts' weighted sum back to token order (kernels/moe/combine.cu): out [tokens, h]
-// (contiguous) row t = sum over j < k, in order, of w[t k + j] * y[rows[t k + j]] (y's rows ldy
-// apart; rows int64 [tokens k], each within y), in the accumulation type (w in it: float, double
-// for float64; null: ones), rounded once to y's dtype.
-cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const int64_t* rows,
-                               const void* w, int64_t tokens, int64_t k, int64_t h, void* out,
-                               cudaStream_t stream);
 cudaError_t launch_moe_decode_route(const void* idx, bool idx64, int64_t tokens, int64_t k,
                                     int64_t experts, const void* x, int64_t ldx, int64_t h,
                                     int64_t elem, int mt, int64_t slots_n, int32_t* slots,
                                     int32_t* rows, void* xg, int sms, cudaStream_t stream);
+
+// The MoE experts' backward between its products (kernels/moe/gated_bwd.cu), a block a row of the
+// layout: gu [rows, 2i] = [g | u] (contiguous), dh1 [rows, i] (h's gradient before the row's routing
+// weight; null: dgu and dwr are not wanted), wr [rows] the routing weights (accumulation type). With
+// a = act(g) (silu or gelu_tanh) and h = a u rounded to the dtype (as the forward stored it):
+// dgu = [dh1 wr u act'(g) | dh1 wr a], hw = h wr (the down weight's gradient's operand), dwr[r] =
+// sum over columns of dh1 h (the routing weight's gradient; a fixed order), each output skipped
+// where null. Computed in the accumulation type, each rounded once.
+cudaError_t launch_moe_gated_bwd(DType dtype, Activation act, const void* gu, const void* dh1,
+                                 const void* wr, int64_t rows, int64_t inter, void* dgu, void* hw,
+                                 void* dwr, cudaStream_t stream);
 
 }  // namespace cuops::kernels

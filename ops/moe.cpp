@@ -478,13 +478,6 @@ at::Tensor layout_mm(const at::Tensor& a, const at::Tensor& w, bool k_major,
   return cuops::grouped_mm(a, k_major ? w.transpose(1, 2) : w, offs);
 }
 
-// rows [count, H]: the pairs' tokens of x (row rows[t * k + j] = x[t]) and zeros elsewhere.
-at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows, int64_t count, int64_t k) {
-  at::Tensor out = at::zeros({count, x.size(1)}, x.options());
-  return out.index_put_({rows.view({x.size(0), k})},
-                        x.unsqueeze(1).expand({x.size(0), k, x.size(1)}));
-}
-
 at::Tensor gate_act(const at::Tensor& g, Gate gate) {
   return gate == Gate::Silu ? at::silu(g) : at::gelu(g, "tanh");
 }
@@ -515,6 +508,21 @@ at::Tensor combine(const at::Tensor& layout, const at::Tensor& rows, const at::T
   at::Tensor r = layout.index_select(0, rows).view({tokens, k, layout.size(1)}).to(acc);
   if (w) r = r * w->to(acc).unsqueeze(-1);
   return r.sum(1).to(layout.scalar_type());
+}
+
+// rows [count, H]: the pairs' tokens of x (row rows[t * k + j] = x[t]) and zeros elsewhere. On CUDA
+// combine's one pass over each layout row's token (none: -1; the last row, where pairs outside the
+// experts point, stays zeros), where zeros + index_put wrote the rows twice.
+at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows, int64_t count, int64_t k) {
+  if (x.is_cuda()) {
+    const at::Tensor src = at::full({count}, -1, rows.options().dtype(at::kLong));
+    src.scatter_(0, rows, at::arange(rows.numel(), src.options()).div(k, "floor"));
+    src.narrow(0, count - 1, 1).fill_(-1);
+    return combine(x, src, nullptr, count, 1);
+  }
+  at::Tensor out = at::zeros({count, x.size(1)}, x.options());
+  return out.index_put_({rows.view({x.size(0), k})},
+                        x.unsqueeze(1).expand({x.size(0), k, x.size(1)}));
 }
 
 // The forward; keep: the backward's gu is wanted (moe_experts alone does not keep it where the
@@ -644,37 +652,69 @@ void check_experts_bwd(const at::Tensor& dout, const at::Tensor& x, const at::Te
               " pairs and ", gate_up.size(0), " experts");
 }
 
+// The elementwise step between the backward's products (launch_moe_gated_bwd says what): dgu
+// [count, 2I], hw [count, I] (dtype) and dwr [count] (accumulation type), each where wanted. On CUDA
+// one pass (kernels/moe/gated_bwd.cu); elsewhere torch ops in the accumulation type.
+struct GatedGrads {
+  at::Tensor dgu, hw, dwr;
+};
+
+GatedGrads gated_bwd(const at::Tensor& gu, const at::Tensor& dh1, const at::Tensor& wr, Gate gate,
+                     bool need_dgu, bool need_hw, bool need_dwr) {
+  const auto dtype = gu.scalar_type();
+  const auto acc = acc_type(gu);
+  const int64_t count = gu.size(0), inter = gu.size(1) / 2;
+  GatedGrads out;
+  if (gu.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(gu.device());
+    const at::Tensor guc = gu.contiguous(), dhc = dh1.defined() ? dh1.contiguous() : dh1;
+    if (need_dgu) out.dgu = at::empty({count, 2 * inter}, gu.options());
+    if (need_hw) out.hw = at::empty({count, inter}, gu.options());
+    if (need_dwr) out.dwr = at::empty({count}, wr.options());
+    auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+    C10_CUDA_CHECK(kernels::launch_moe_gated_bwd(
+        kernel_dtype(dtype),
+        gate == Gate::Silu ? kernels::Activation::Silu : kernels::Activation::GeluTanh,
+        guc.data_ptr(), ptr(dhc), wr.data_ptr(), count, inter, ptr(out.dgu), ptr(out.hw),
+        ptr(out.dwr), current_stream(gu)));
+    return out;
+  }
+  const at::Tensor h = gated(gu, gate, acc).to(dtype).to(acc);  // as the forward stored it
+  const at::Tensor d1 = dh1.defined() ? dh1.to(acc) : dh1;
+  if (need_dwr) out.dwr = (d1 * h).sum(-1);
+  if (need_hw) out.hw = (h * wr.unsqueeze(-1)).to(dtype);
+  if (need_dgu) {
+    const at::Tensor dh = d1 * wr.unsqueeze(-1);
+    const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
+    const at::Tensor dg =
+        gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
+    out.dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
+  }
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_bwd(
     const at::Tensor& dout, const at::Tensor& x, const at::Tensor& w, const at::Tensor& gate_up,
     const at::Tensor& down, const at::Tensor& gu, const at::Tensor& rows, const at::Tensor& offs,
     c10::string_view activation, std::array<bool, 4> mask) {
   check_experts_bwd(dout, x, w, gate_up, down, gu, rows, offs);
   const Gate gate = parse_gate("_moe_experts_bwd", activation);
-  const auto dtype = x.scalar_type();
   const auto acc = acc_type(x);
-  const int64_t tokens = x.size(0), k = w.size(1), inter = down.size(2), count = gu.size(0);
+  const int64_t tokens = x.size(0), k = w.size(1), count = gu.size(0);
   // Each row's routing weight (0 on spare rows) and its token's gradient, in the layout.
   const at::Tensor wr =
       at::zeros({count}, w.options().dtype(acc)).index_put_({rows}, w.reshape(-1).to(acc));
   const at::Tensor dr = gather_rows(dout, rows, count, k);
-  const at::Tensor h = gated(gu, gate, acc).to(dtype);
   const bool need_dgu = mask[0] || mask[2];
   at::Tensor dx = at::empty({0}, x.options()), dw = at::empty({0}, w.options()),
              dgate_up = at::empty({0}, x.options()), ddown = at::empty({0}, x.options());
   at::Tensor dh1;  // dout @ down[e]: h's gradient before the routing weight
-  if (mask[1] || need_dgu) dh1 = layout_mm(dr, down, false, offs).to(acc);
-  if (mask[1])
-    dw = (dh1 * h.to(acc)).sum(-1).index_select(0, rows).view({tokens, k}).to(w.scalar_type());
-  if (mask[3]) ddown = layout_mm_k(dr, (h.to(acc) * wr.unsqueeze(-1)).to(dtype), offs);
-  if (need_dgu) {
-    const at::Tensor dh = dh1 * wr.unsqueeze(-1);
-    const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
-    const at::Tensor dg =
-        gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
-    const at::Tensor dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
-    if (mask[2]) dgate_up = layout_mm_k(dgu, gather_rows(x, rows, count, k), offs);
-    if (mask[0]) dx = combine(layout_mm(dgu, gate_up, false, offs), rows, nullptr, tokens, k);
-  }
+  if (mask[1] || need_dgu) dh1 = layout_mm(dr, down, false, offs);
+  const GatedGrads gg = gated_bwd(gu, dh1, wr, gate, need_dgu, mask[3], mask[1]);
+  if (mask[1]) dw = gg.dwr.index_select(0, rows).view({tokens, k}).to(w.scalar_type());
+  if (mask[3]) ddown = layout_mm_k(dr, gg.hw, offs);
+  if (mask[2]) dgate_up = layout_mm_k(gg.dgu, gather_rows(x, rows, count, k), offs);
+  if (mask[0]) dx = combine(layout_mm(gg.dgu, gate_up, false, offs), rows, nullptr, tokens, k);
   return {dx, dw, dgate_up, ddown};
 }
 

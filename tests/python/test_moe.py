@@ -398,15 +398,19 @@ def test_moe_experts_edges(device):
     assert empty.shape == (0, 16)
 
 
-def experts_autograd_reference(x, idx, w, gate_up, down):
-    """The same sum as experts_reference through torch's autograd (float64), for the gradients."""
-    inter = down.shape[2]
+def experts_autograd_reference(x, idx, w, gate_up, down, activation="silu"):
+    """The same sum as experts_reference through torch's autograd (float64), for the gradients; a pair outside
+    [0, E) adds nothing."""
+    inter, experts = down.shape[2], down.shape[0]
+    act = F.silu if activation == "silu" else (lambda g: F.gelu(g, approximate="tanh"))
     out = torch.zeros_like(x)
     for j in range(idx.shape[1]):
         e = idx[:, j]
+        valid = ((e >= 0) & (e < experts)).to(x.dtype).unsqueeze(-1)
+        e = e.clamp(0, experts - 1)
         gu = torch.einsum("th,tih->ti", x, gate_up[e])
-        h = F.silu(gu[:, :inter]) * gu[:, inter:]
-        out = out + w[:, j:j + 1] * torch.einsum("ti,thi->th", h, down[e])
+        h = act(gu[:, :inter]) * gu[:, inter:]
+        out = out + valid * w[:, j:j + 1] * torch.einsum("ti,thi->th", h, down[e])
     return out
 
 
@@ -432,6 +436,36 @@ def test_moe_experts_gradients_match_float64(device, kind):
     if kind == "same":
         assert torch.equal(leaves[2].grad[k:], torch.zeros_like(leaves[2].grad[k:]))
         assert torch.equal(leaves[3].grad[k:], torch.zeros_like(leaves[3].grad[k:]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("wanted", ["x", "w", "gate_up", "down", "all"])
+def test_moe_experts_some_gradients_odd_widths(device, activation, wanted):
+    """Each input's gradient alone and all together (the backward skips what is not wanted), widths that are
+    no multiple of a vector (H 13, I 7), a pair outside [0, E), both activations: against float64 autograd,
+    called twice (the same bits)."""
+    tokens, k, experts, hidden, inter = 19, 3, 4, 13, 7
+    x = make((tokens, hidden), torch.float32, device)
+    gate_up = make((experts, 2 * inter, hidden), torch.float32, device, scale=0.3)
+    down = make((experts, hidden, inter), torch.float32, device, scale=0.3)
+    idx = routing(tokens, k, experts, "skewed", device)
+    idx[2, 1] = -1
+    w = torch.rand(tokens, k, device=device)
+    dout = make((tokens, hidden), torch.float32, device)
+    names = ("x", "w", "gate_up", "down")
+    ref = [t.detach().double().cpu().requires_grad_(wanted in (n, "all")) for n, t in zip(names, (x, w, gate_up, down))]
+    experts_autograd_reference(ref[0], idx.cpu(), ref[1], ref[2], ref[3], activation).backward(dout.double().cpu())
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_(wanted in (n, "all")) for n, t in zip(names, (x, w, gate_up, down))]
+        cuops.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3], activation).backward(dout)
+        runs.append([t.grad for t in leaves])
+        for name, got, want in zip(names, leaves, ref):
+            assert (got.grad is None) == (want.grad is None), name
+            if got.grad is not None:
+                assert rel_error(got.grad, want.grad.to(device)) <= 1e-5, name
+    assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(*runs))
 
 
 @pytest.mark.parametrize("device", DEVICES)
