@@ -1,5 +1,5 @@
-"""cuops.patch: a built Hugging Face Llama-family model (dense, or a mixture of experts: Mixtral, Qwen2-MoE,
-Qwen3-MoE, OLMoE) onto cuops' fused ops, in place (docs/patch.md).
+"""cuops.patch: a built Hugging Face Llama-family model (dense: Llama, Mistral, Qwen2, Qwen3, Phi-3; or a
+mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused ops, in place (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
 - every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a layer's input norm comes out in
@@ -65,6 +65,9 @@ _FAMILIES = {
     "mistral": _Family("Mistral", lambda attn: getattr(attn.config, "sliding_window", None), False),
     "qwen2": _Family("Qwen2", lambda attn: attn.sliding_window, False),
     "qwen3": _Family("Qwen3", lambda attn: attn.sliding_window, True),
+    # Phi-3: q/k/v and gate/up each one stored projection (qkv_proj, gate_up_proj: _PACKED), dropout on
+    # the residual branches (resid_pdrop: a layer with it live runs as its module).
+    "phi3": _Family("Phi3", lambda attn: getattr(attn.config, "sliding_window", None), False),
     # Mixtures of experts: the dense families' layers with an experts module in the MLP's place.
     "mixtral": _Family("Mixtral", lambda attn: getattr(attn.config, "sliding_window", None), False),
     "qwen2_moe": _Family("Qwen2Moe", None, False),  # its attention's mask carries the window
@@ -308,6 +311,12 @@ def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
 
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _QKV = ("q_proj", "k_proj", "v_proj")
+# Phi-3's stored concatenations: qkv_proj [q; k; v] and gate_up_proj [gate; up], each one nn.Linear.
+_PACKED_QKV, _PACKED_MLP = ("qkv_proj",), ("gate_up_proj", "down_proj")
+
+
+def _packed(module: nn.Module, names: tuple[str, ...]) -> bool:
+    return all(hasattr(module, n) for n in names)
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -318,7 +327,11 @@ def _mlp_linears(mlp: nn.Module) -> Optional[list]:
     """gate, up and down as the patched MLP computes them (plain nn.Linears without biases: swiglu +
     linear; in training, live adapters too: the LoRA ops), or None: then it runs HF's forward. Live
     adapters on the LoRA ops in training only: they concatenate [W | B] each call, which a decode step
-    (reading each weight once for a few tokens) would pay twice over."""
+    (reading each weight once for a few tokens) would pay twice over. Phi-3's gate_up_proj and
+    down_proj: plain nn.Linears without biases only (an adapter on the concatenation runs as PEFT's)."""
+    if _packed(mlp, _PACKED_MLP):
+        lins = _linears(mlp, _PACKED_MLP)
+        return lins if lins is not None and all(lin.bias is None for lin in lins) else None
     lins = _linears(mlp, _MLP, adapters=mlp.training)
     return lins if lins is not None and all(_bias_of(lin) is None for lin in lins) else None
 
@@ -327,6 +340,9 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     lins = _mlp_linears(self)
     if lins is None or not _one_dtype(x, lins):
         return self._cuops_base.forward(self, x)
+    if len(lins) == 2:  # Phi-3: up * act(gate) of gate_up_proj's halves, the gate's rows first; chunk's
+        gate_up, down = lins  # backward joins the halves' gradients in one pass (two slices: two zero fills)
+        return cuops.linear(cuops.swiglu(x, *gate_up.weight.chunk(2)), down.weight)
     gate, up, down = lins
     adapted = _adapter_args(x, [gate, up])
     if adapted is None:
@@ -380,8 +396,17 @@ def _experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tenso
                              _GATES[self.config.hidden_act])
 
 
+_RESID_DROPOUTS = ("resid_attn_dropout", "resid_mlp_dropout")  # Phi-3's, on the sublayers' outputs
+
+
 def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                            use_cache=False, position_embeddings=None, **kwargs):
+    drops = [getattr(self, n, None) for n in _RESID_DROPOUTS]
+    if any(d is not None and (type(d) is not nn.Dropout or (d.training and d.p > 0) or _around(d) is not None)
+           for d in drops):  # a live dropout between the sublayer and the add: the layer's own forward
+        return self._cuops_base.forward(self, hidden_states, attention_mask=attention_mask,
+                                        position_ids=position_ids, past_key_values=past_key_values,
+                                        use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     residual = hidden_states
     norm = _plain(self.input_layernorm, "rms_norm")
     if isinstance(norm, str):
@@ -420,6 +445,8 @@ def _qkv_linears(attn: nn.Module) -> Optional[list]:
     attention nothing runs around, or None: then the input norm hands attention what HF's does."""
     if isinstance(_plain(attn, "attention"), str):
         return None
+    if _packed(attn, _PACKED_QKV):
+        return _linears(attn, _PACKED_QKV)
     return _linears(attn, _QKV, adapters=attn.training)
 
 
@@ -438,7 +465,9 @@ def _fuses_qkv(attn: nn.Module, qkv: Optional[list]) -> bool:
     projection (qkv: _linears of them, None where one is neither) is a plain nn.Linear or a PEFT LoRA
     layer the LoRA ops compute (a DTensor weight, another adapter or an observer keeps its module),
     with biases on all three or none. Eval keeps three: decode reads every weight for a few tokens,
-    and a concatenation would double what it reads."""
+    and a concatenation would double what it reads. Phi-3's qkv_proj is one GEMM already, in eval too."""
+    if qkv is not None and len(qkv) == 1:
+        return True
     return attn.training and qkv is not None and len({_bias_of(p) is None for p in qkv}) == 1
 
 
@@ -448,7 +477,11 @@ def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     torch.compile): one wider product in place of three (two of them 512 wide), and x's gradient one
     product accumulating all three in float32 (HF sums three rounded ones); with adapters,
     cuops.lora_linear, their B block-diagonal (each projection's columns get its own adapter's term).
-    Else the three modules."""
+    Else the three modules. Phi-3's qkv_proj: its module (an adapter on it runs as PEFT's), split."""
+    if _packed(attn, _PACKED_QKV):
+        q = attn.config.num_attention_heads * attn.head_dim
+        kv = attn.config.num_key_value_heads * attn.head_dim
+        return attn.qkv_proj(x).split([q, kv, kv], dim=-1)
     qkv = _linears(attn, _QKV, adapters=True) if attn.training else None
     if not _fuses_qkv(attn, qkv) or not _one_dtype(x, qkv):
         return tuple(getattr(attn, n)(x) for n in _QKV)
@@ -469,6 +502,12 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
                 **kwargs):
+        if kwargs.pop("_cuops_plain_causal", False):
+            attention_mask = None  # sdpa's is_causal instead of the mask (_plain_causal)
+        cos, sin = position_embeddings
+        if cos.shape[-1] != self.head_dim:  # a partial rotation (Phi-3's partial_rotary_factor < 1)
+            return self._cuops_base.forward(self, hidden_states, position_embeddings, attention_mask,
+                                            past_key_values, **kwargs)
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         q, k, v = _qkv(self, hidden_states)
@@ -476,9 +515,6 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
         if family.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         v = v.view(hidden_shape).transpose(1, 2)
-        if kwargs.pop("_cuops_plain_causal", False):
-            attention_mask = None  # sdpa's is_causal instead of the mask (_plain_causal)
-        cos, sin = position_embeddings
         # In the dtype attention casts q and k to under autocast (HF's float32 values cast, without
         # the cast's pass each way; the KV cache then holds keys in the values' dtype).
         q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype=_autocast_dtype(q))
@@ -711,6 +747,9 @@ def patch_report(model: nn.Module) -> PatchReport:
         if role == "decoder_layer":
             for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
                 add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))
+        elif role == "attention" and _packed(m, _PACKED_QKV):  # qkv_proj is one GEMM as it is
+            partial = (getattr(m.config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+            add(name, "rotary", None if partial == 1 else f"partial_rotary_factor {partial}: as its module")
         elif role == "attention":
             lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _QKV]
             why = next((w for w in lins if isinstance(w, str)), None)
@@ -722,6 +761,11 @@ def patch_report(model: nn.Module) -> PatchReport:
                 why = out if isinstance(out, str) else (
                     "eval: PEFT's module" if isinstance(out, _Lora) and not m.training else None)
                 add(f"{name}.o_proj", "lora_linear (training)", why or _dtypes_why_not([out]))
+        elif role == "mlp" and _packed(m, _PACKED_MLP):
+            lins = [_plain(getattr(m, n), nn.Linear) for n in _PACKED_MLP]
+            why = next((w for w in lins if isinstance(w, str)), None)
+            add(name, "swiglu + linear", why or ("a projection with a bias" if any(
+                lin.bias is not None for lin in lins) else None))
         elif role == "mlp":
             lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _MLP]
             why = next((w for w in lins if isinstance(w, str)), None)

@@ -1,4 +1,4 @@
-"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2 and Qwen3 model
+"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3 and Phi-3 model
 patched in place against the same model unpatched: outputs and every gradient (float32 tight; bfloat16
 autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
 shift_labels, ignored tokens; the logits' place holds LOGITS_NOT_MADE), 50 training steps whose losses track, greedy generate()
@@ -22,7 +22,7 @@ from conftest import DEVICES, DEVICES_CPU_IN_CI, HAS_CUDA, ROOT, rel_error, requ
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3"]
 VOCAB = 96
 
 
@@ -31,6 +31,8 @@ def tiny_config(family, tie=False, **over):
               num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tie, rms_norm_eps=1e-5)
     if family == "qwen3":
         kw["head_dim"] = 16
+    if family == "phi3":  # its defaults name tokens of a 32064-token vocabulary
+        kw.update(pad_token_id=None, bos_token_id=1, eos_token_id=2)
     kw.update(over)
     return transformers.AutoConfig.for_model(family, **kw)
 
@@ -201,7 +203,7 @@ def test_fifty_training_steps_track_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
 def test_greedy_generate_gives_the_same_tokens(device, family):
     ref, model = twins(family, device)
     ref.eval(), model.eval()
@@ -224,7 +226,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
 def test_decoder_layer_compiles_without_graph_breaks(device, family):
     """A patched decoder layer under torch.compile(fullgraph=True) (aot_eager; inductor on CUDA), forward
     and backward, equals it eager."""
@@ -338,6 +340,33 @@ def test_a_sliding_window_shorter_than_the_sequence_keeps_the_mask(device):
     _, mine = sdpa_masks(model, ids, labels=ids)
     assert mine and all(mask is None and causal for mask, causal in mine)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_phi3_partial_rotation_and_residual_dropout_run_as_their_modules(device):
+    """Phi-3's parts the fused ops do not compute run as HF's: attention with partial_rotary_factor < 1 (the
+    rotation covers part of each head), and a decoder layer whose residual dropout is live (training,
+    resid_pdrop > 0; the same masks drawn, so the same loss); in eval the dropout is off and the layer
+    patched. Loss and every gradient to 1e-5 / 1e-4; the report says which."""
+    for over, note in (({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"), ({"resid_pdrop": 0.2}, None)):
+        ref, model = twins("phi3", device, **over)
+        if note is not None:
+            assert any(why is not None and note in why for _, _, why in cuops.patch_report(model).rows)
+        ids = tokens(2, 11, device)
+        losses = []
+        for m in (ref, model):
+            torch.manual_seed(3)
+            loss = m(ids, labels=ids).loss
+            loss.backward()
+            losses.append(loss)
+        assert rel_error(losses[1], losses[0]) <= 1e-5, over
+        g_ref, g = grads(ref), grads(model)
+        for n in g_ref:
+            assert rel_error(g[n], g_ref[n]) <= 1e-4, (over, n)
+        ref.eval(), model.eval()
+        with torch.no_grad(), op_calls("add_rms_norm") as seen:
+            assert rel_error(model(ids).logits, ref(ids).logits) <= 1e-5
+        assert len(seen["add_rms_norm"]) == 2, over  # both layers patched in eval
 
 
 @pytest.mark.parametrize("device", DEVICES)
