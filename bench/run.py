@@ -87,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="decode rows' F.linear under torch.compile(max-autotune-no-cudagraphs), bf16 and fp16 "
                              "forward rows only: none; decode1 (M = 1 and 16, the default); decode (every M <= 16). "
                              "Each shape is one max-autotune compile")
+    parser.add_argument("--hf-model-type", default=None,
+                        help="hf_llama's model: another family cuops.patch takes (phi3, qwen3, ...) at its shape")
     lora = parser.add_argument_group("PEFT LoRA training step (--only hf_lora)")
     lora.add_argument("--lora-models", default=None,
                       help="comma list of the model shapes' names (default: all of HfLoraBench.shapes)")
@@ -139,6 +141,8 @@ def main() -> int:
         print("bench/run.py: no CUDA device (use --device cpu to smoke-test the harness)", file=sys.stderr)
         return 2
     cfg = config_for(args.device, args.quick, args.gemm_squares, args.shapes, args.gemm_dtypes)
+    if args.hf_model_type:
+        cfg.hf_llama = dataclasses.replace(cfg.hf_llama, model_type=args.hf_model_type)
     if args.lora_models or args.lora_dropouts:  # one call's share of the section; --merge joins them
         names = args.lora_models.split(",") if args.lora_models else [s[0] for s in cfg.hf_lora.shapes]
         dropouts = tuple(float(d) for d in args.lora_dropouts.split(",")) if args.lora_dropouts else cfg.hf_lora.dropouts

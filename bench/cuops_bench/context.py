@@ -106,7 +106,9 @@ class RmsNormBench:
 @dataclass(frozen=True)
 class HfLlamaBench:
     """The hf_llama section: transformers' LlamaForCausalLM (issue 50's model) unpatched and patched:
-    the training step's batch, timing and loss check; decode's batches and fixed KV length; prefill."""
+    the training step's batch, timing and loss check; decode's batches and fixed KV length; prefill.
+    model_type: another family cuops.patch takes (phi3, qwen3, ...) at the same shape (--hf-model-type)."""
+    model_type: str = "llama"
     layers: int = 8
     hidden: int = 2048
     ffn: int = 5632
@@ -123,8 +125,6 @@ class HfLlamaBench:
     modes: tuple = ("eager", "compile")
     lr: float = 1e-4
     decode_batches: tuple = (1, 8)
-    # The experts alone at decode (name, experts, top-k, H, I): Qwen3-30B-A3B's layer and Mixtral's.
-    decode_shapes: tuple = (("qwen3-30b-a3b", 128, 8, 2048, 768), ("mixtral", 8, 2, 4096, 14336))
     kv: int = 512
     decode_steps: int = 32
     prefill_tokens: int = 2048

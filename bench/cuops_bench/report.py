@@ -432,7 +432,8 @@ def hf_llama_lines(results: dict) -> list[str]:
     if not rows:
         return []
     cfg = (results.get("hf_llama") or {}).get("config") or {}
-    lines = ["", f"hf_llama (transformers LlamaForCausalLM, {cfg.get('layers')} layers, width {cfg.get('hidden')}, "
+    lines = ["", f"hf_llama (transformers {cfg.get('model_type', 'llama')} ForCausalLM, {cfg.get('layers')} layers, "
+             f"width {cfg.get('hidden')}, "
              f"FFN {cfg.get('ffn')}, {cfg.get('heads')}/{cfg.get('kv_heads')} heads, vocab {cfg.get('vocab')}; "
              f"training {cfg.get('batch')} x {cfg.get('seq')} tokens, {(results.get('hf_llama') or {}).get('optimizer')}): "
              "patch = cuops.patch(model)"]
