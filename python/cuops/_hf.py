@@ -1,5 +1,6 @@
-"""cuops.patch: a built Hugging Face Llama-family model (dense: Llama, Mistral, Qwen2, Qwen3, Phi-3; or a
-mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused ops, in place (docs/patch.md).
+"""cuops.patch: a built Hugging Face Llama-family model (dense: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma,
+OLMo2; or a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused ops, in place
+(docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
 - every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a layer's input norm comes out in
@@ -55,9 +56,14 @@ class _Family(NamedTuple):
     # The sliding window the family's attention hands to the attention interface (None: no argument).
     sliding_window: Optional[Callable[[nn.Module], Optional[int]]]
     qk_norm: bool  # q_norm / k_norm on each head before the rotation (Qwen3)
-    # Whether its attention is Llama's (plus the two fields above); OLMoE's normalises the whole q and k
+    # Whether its attention is Llama's (plus the fields here); OLMoE's normalises the whole q and k
     # projections and clamps them (clip_qkv): it runs as its module.
     llama_attention: bool = True
+    # Its RMSNorm (_NORM_FORWARDS): "llama" weight * normed.to(x's dtype); "cast" (weight * normed).to(x's
+    # dtype) (OLMo2); "gemma" (normed * (1 + weight)) in float32, to x's dtype.
+    norm: str = "llama"
+    layer: bool = True  # a Llama decoder layer (pre-norm); OLMo2's normalises after the sublayers
+    qk_norm_whole: bool = False  # q_norm / k_norm over the whole q and k projections (OLMo2)
 
 
 _FAMILIES = {
@@ -68,6 +74,10 @@ _FAMILIES = {
     # Phi-3: q/k/v and gate/up each one stored projection (qkv_proj, gate_up_proj: _PACKED), dropout on
     # the residual branches (resid_pdrop: a layer with it live runs as its module).
     "phi3": _Family("Phi3", lambda attn: getattr(attn.config, "sliding_window", None), False),
+    # Gemma: its norms' (1 + weight) order (its GeGLU MLP, gelu_tanh-gated, runs as its module).
+    "gemma": _Family("Gemma", None, False, norm="gemma"),
+    # OLMo2: norms after attention and the MLP (its decoder layer runs as its own, the norms patched).
+    "olmo2": _Family("Olmo2", None, False, norm="cast", layer=False, qk_norm_whole=True),
     # Mixtures of experts: the dense families' layers with an experts module in the MLP's place.
     "mixtral": _Family("Mixtral", lambda attn: getattr(attn.config, "sliding_window", None), False),
     "qwen2_moe": _Family("Qwen2Moe", None, False),  # its attention's mask carries the window
@@ -114,10 +124,9 @@ def _load_patched(cls: type, role: str) -> nn.Module:
 
 
 def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=None) -> Callable:
-    """The patched forward of a module of class cls in role (patch() chooses the roles); attention's
-    needs the family and its modeling module, found from cls's transformers base where not given."""
-    if role == "rms_norm":
-        return _rms_norm_forward
+    """The patched forward of a module of class cls in role (patch() chooses the roles); attention's and
+    the norm's need the family (and its modeling module), found from cls's transformers base where not
+    given."""
     if role == "decoder_layer":
         return _decoder_layer_forward
     if role == "mlp":
@@ -133,7 +142,9 @@ def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=Non
                 family, mod = _FAMILIES[name.removeprefix("modeling_")], importlib.import_module(c.__module__)
                 break
         else:
-            raise TypeError(f"cuops.patch: {cls.__qualname__} is no Llama-family attention of transformers")
+            raise TypeError(f"cuops.patch: {cls.__qualname__} is no Llama-family module of transformers")
+    if role == "rms_norm":
+        return _NORM_FORWARDS[family.norm]
     return _attention_forward(family, mod.eager_attention_forward)
 
 
@@ -323,6 +334,28 @@ def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
+def _rms_norm_cast_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return cuops.rms_norm(hidden_states, self.weight, self.variance_epsilon, dtype=hidden_states.dtype)
+
+
+def _gemma_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return cuops.rms_norm(hidden_states, 1.0 + self.weight.float(), self.eps, dtype=hidden_states.dtype)
+
+
+# cuops.rms_norm's math is float32 rounded once to the result's dtype, so each family's order of the
+# weight and the cast is its weight operand and the result's dtype (_Family.norm).
+_NORM_FORWARDS = {"llama": _rms_norm_forward, "cast": _rms_norm_cast_forward, "gemma": _gemma_rms_norm_forward}
+
+
+def _norm_operands(norm: nn.Module) -> tuple[torch.Tensor, float, bool]:
+    """(the weight the norm ops multiply by, eps, whether the result keeps the input's dtype) of a
+    patched norm (its family's forward)."""
+    forward = type(norm).forward
+    if forward is _gemma_rms_norm_forward:
+        return 1.0 + norm.weight.float(), norm.eps, True
+    return norm.weight, norm.variance_epsilon, forward is _rms_norm_cast_forward
+
+
 def _mlp_linears(mlp: nn.Module) -> Optional[list]:
     """gate, up and down as the patched MLP computes them (plain nn.Linears without biases: swiglu +
     linear; in training, live adapters too: the LoRA ops), or None: then it runs HF's forward. Live
@@ -421,7 +454,10 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
             qkv = _qkv_linears(self.self_attn)
             if qkv is None or (torch.is_grad_enabled() and not _fuses_qkv(self.self_attn, qkv)):
                 dtype = None
-        hidden_states = cuops.rms_norm(hidden_states, norm.weight, norm.variance_epsilon, dtype=dtype)
+        weight, eps, keep = _norm_operands(norm)
+        if dtype is None and keep:
+            dtype = hidden_states.dtype
+        hidden_states = cuops.rms_norm(hidden_states, weight, eps, dtype=dtype)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
@@ -436,7 +472,10 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
         dtype = _autocast_dtype(hidden_states)
         if dtype is not None and (isinstance(_plain(self.mlp, "mlp"), str) or _mlp_linears(self.mlp) is None):
             dtype = None
-        normed, summed = cuops.add_rms_norm(hidden_states, residual, post.weight, post.variance_epsilon, dtype=dtype)
+        weight, eps, keep = _norm_operands(post)
+        if dtype is None and keep:
+            dtype = torch.promote_types(hidden_states.dtype, residual.dtype)
+        normed, summed = cuops.add_rms_norm(hidden_states, residual, weight, eps, dtype=dtype)
     return summed + self.mlp(normed)
 
 
@@ -511,6 +550,8 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         q, k, v = _qkv(self, hidden_states)
+        if family.qk_norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(hidden_shape), k.view(hidden_shape)
         if family.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -684,7 +725,8 @@ def _roles(model: nn.Module):
     names = [("RMSNorm", "rms_norm"), ("DecoderLayer", "decoder_layer"), ("Attention", "attention"), ("MLP", "mlp"),
              ("Experts", "experts"), ("ForCausalLM", "causal_lm")]
     return family, mod, [(getattr(mod, family.prefix + name), role) for name, role in names
-                         if hasattr(mod, family.prefix + name) and (role != "attention" or family.llama_attention)]
+                         if hasattr(mod, family.prefix + name) and (role != "attention" or family.llama_attention)
+                         and (role != "decoder_layer" or family.layer)]
 
 
 def patch(model: nn.Module, fused_loss: bool = True) -> nn.Module:
@@ -742,9 +784,16 @@ def patch_report(model: nn.Module) -> PatchReport:
         rows.append(((f"{prefix}.{name}" if prefix else name) or "(model)", what,
                      got if isinstance(got, str) else None))
 
-    for name, m in target.named_modules():
+    modules = dict(target.named_modules())
+    for name, m in modules.items():
         role = getattr(type(m), "_cuops_role", None)
-        if role == "decoder_layer":
+        parent = modules.get(name.rpartition(".")[0]) if name else None
+        if role == "rms_norm" and type(parent).__name__.endswith("DecoderLayer") and \
+                getattr(type(parent), "_cuops_role", None) is None:  # OLMo2's norms after the sublayers
+            add(name, "rms_norm", _plain(m, "rms_norm"))
+        elif role is None and type(m).__name__.endswith("MLP") and type(parent).__name__.endswith("DecoderLayer"):
+            add(name, "swiglu + linear", f"activation {m.config.hidden_act!r} (swiglu is silu-gated)")
+        elif role == "decoder_layer":
             for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
                 add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))
         elif role == "attention" and _packed(m, _PACKED_QKV):  # qkv_proj is one GEMM as it is

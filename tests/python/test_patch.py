@@ -1,4 +1,4 @@
-"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3 and Phi-3 model
+"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and OLMo2 model
 patched in place against the same model unpatched: outputs and every gradient (float32 tight; bfloat16
 autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
 shift_labels, ignored tokens; the logits' place holds LOGITS_NOT_MADE), 50 training steps whose losses track, greedy generate()
@@ -22,16 +22,21 @@ from conftest import DEVICES, DEVICES_CPU_IN_CI, HAS_CUDA, ROOT, rel_error, requ
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "olmo2"]
+# What cuops.patch swaps in each family (Gemma's MLP is gelu_tanh-gated: its module; OLMo2's decoder layer
+# normalises after the sublayers: its own forward around the patched norms, attention and MLP).
+ROLES = {f: {None, "rms_norm", "attention", "mlp", "decoder_layer", "causal_lm"} for f in FAMILIES}
+ROLES["gemma"] -= {"mlp"}
+ROLES["olmo2"] -= {"decoder_layer"}
 VOCAB = 96
 
 
 def tiny_config(family, tie=False, **over):
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tie, rms_norm_eps=1e-5)
-    if family == "qwen3":
+    if family in ("qwen3", "gemma"):
         kw["head_dim"] = 16
-    if family == "phi3":  # its defaults name tokens of a 32064-token vocabulary
+    if family in ("phi3", "olmo2"):  # their defaults name tokens of a larger vocabulary
         kw.update(pad_token_id=None, bos_token_id=1, eos_token_id=2)
     kw.update(over)
     return transformers.AutoConfig.for_model(family, **kw)
@@ -41,6 +46,11 @@ def twins(family, device, dtype=torch.float32, seed=0, **over):
     """(the model, a deep copy patched) from one random initialisation."""
     torch.manual_seed(seed)
     ref = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **over)).to(device, dtype)
+    if family in ("gemma", "olmo2"):  # norm weights off their init (zeros, ones): the (1 + w) and order count
+        with torch.no_grad():
+            for name, p in ref.named_parameters():
+                if "norm" in name:
+                    p.normal_(0.5, 0.3)
     return ref, cuops.patch(copy.deepcopy(ref))
 
 
@@ -60,7 +70,7 @@ def test_patched_model_matches_unpatched(device, family):
     the swapped modules are subclasses of HF's, the state_dict the same tensors."""
     ref, model = twins(family, device)
     roles = {getattr(type(m), "_cuops_role", None) for m in model.modules()}
-    assert roles == {None, "rms_norm", "attention", "mlp", "decoder_layer", "causal_lm"}, roles
+    assert roles == ROLES[family], roles
     assert isinstance(model, type(ref)) and type(model).__name__ == type(ref).__name__
     sd_ref, sd = ref.state_dict(), model.state_dict()
     assert list(sd) == list(sd_ref) and all(torch.equal(sd[k], sd_ref[k]) for k in sd)
@@ -203,7 +213,7 @@ def test_fifty_training_steps_track_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2"])
 def test_greedy_generate_gives_the_same_tokens(device, family):
     ref, model = twins(family, device)
     ref.eval(), model.eval()
@@ -226,7 +236,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2"])
 def test_decoder_layer_compiles_without_graph_breaks(device, family):
     """A patched decoder layer under torch.compile(fullgraph=True) (aot_eager; inductor on CUDA), forward
     and backward, equals it eager."""
