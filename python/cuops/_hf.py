@@ -1,5 +1,5 @@
 """cuops.patch: a built Hugging Face Llama-family model (dense: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma,
-OLMo2; or a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused ops, in place
+OLMo2, Granite; or a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused ops, in place
 (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
@@ -78,6 +78,10 @@ _FAMILIES = {
     "gemma": _Family("Gemma", None, False, norm="gemma"),
     # OLMo2: norms after attention and the MLP (its decoder layer runs as its own, the norms patched).
     "olmo2": _Family("Olmo2", None, False, norm="cast", layer=False, qk_norm_whole=True),
+    # Granite: Llama's layers with multipliers: the residual branches' (residual_multiplier, in the
+    # patched layer), attention's scale (its own self.scaling), the embeddings' (its model's forward)
+    # and the logits' divisor (logits_scaling, in the fused loss).
+    "granite": _Family("Granite", None, False),
     # Mixtures of experts: the dense families' layers with an experts module in the MLP's place.
     "mixtral": _Family("Mixtral", lambda attn: getattr(attn.config, "sliding_window", None), False),
     "qwen2_moe": _Family("Qwen2Moe", None, False),  # its attention's mask carries the window
@@ -461,9 +465,12 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    # Granite's residual_multiplier on each branch before its add, as its layer computes it (the
+    # branch's dtype times a Python float, then the add's promotion).
+    scale = getattr(self, "residual_multiplier", 1.0)
     post = _plain(self.post_attention_layernorm, "rms_norm")
     if isinstance(post, str):
-        summed = residual + hidden_states
+        summed = residual + (hidden_states if scale == 1 else hidden_states * scale)
         normed = self.post_attention_layernorm(summed)
     else:
         # (rms_norm(h + residual), h + residual) in one pass: the sum in promote(h, residual) as
@@ -475,8 +482,11 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
         weight, eps, keep = _norm_operands(post)
         if dtype is None and keep:
             dtype = torch.promote_types(hidden_states.dtype, residual.dtype)
+        if scale != 1:
+            hidden_states = hidden_states * scale
         normed, summed = cuops.add_rms_norm(hidden_states, residual, weight, eps, dtype=dtype)
-    return summed + self.mlp(normed)
+    out = self.mlp(normed)
+    return summed + (out if scale == 1 else out * scale)
 
 
 def _qkv_linears(attn: nn.Module) -> Optional[list]:
@@ -664,6 +674,9 @@ def _causal_lm_forward(base: type) -> Callable:
         hidden = outputs.last_hidden_state
         if shift_labels is None:
             shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        divisor = getattr(self.config, "logits_scaling", 1.0)  # Granite's logits / logits_scaling
+        if divisor != 1:
+            hidden = hidden / divisor  # (h / s) W^T: its logits, the [tokens, H] side divided, not [tokens, V]
         loss = cuops.linear_cross_entropy(hidden, self.lm_head.weight, shift_labels.to(hidden.device),
                                           self.lm_head.bias, ignore_index,
                                           "mean" if num_items is None else "sum")

@@ -1,4 +1,4 @@
-"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma and OLMo2 model
+"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, OLMo2 and Granite model
 patched in place against the same model unpatched: outputs and every gradient (float32 tight; bfloat16
 autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
 shift_labels, ignored tokens; the logits' place holds LOGITS_NOT_MADE), 50 training steps whose losses track, greedy generate()
@@ -22,7 +22,7 @@ from conftest import DEVICES, DEVICES_CPU_IN_CI, HAS_CUDA, ROOT, rel_error, requ
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "olmo2"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "olmo2", "granite"]
 # What cuops.patch swaps in each family (Gemma's MLP is gelu_tanh-gated: its module; OLMo2's decoder layer
 # normalises after the sublayers: its own forward around the patched norms, attention and MLP).
 ROLES = {f: {None, "rms_norm", "attention", "mlp", "decoder_layer", "causal_lm"} for f in FAMILIES}
@@ -38,6 +38,8 @@ def tiny_config(family, tie=False, **over):
         kw["head_dim"] = 16
     if family in ("phi3", "olmo2"):  # their defaults name tokens of a larger vocabulary
         kw.update(pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    if family == "granite":  # every multiplier away from 1
+        kw.update(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0)
     kw.update(over)
     return transformers.AutoConfig.for_model(family, **kw)
 
@@ -213,7 +215,7 @@ def test_fifty_training_steps_track_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2", "granite"])
 def test_greedy_generate_gives_the_same_tokens(device, family):
     ref, model = twins(family, device)
     ref.eval(), model.eval()
@@ -236,7 +238,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2", "granite"])
 def test_decoder_layer_compiles_without_graph_breaks(device, family):
     """A patched decoder layer under torch.compile(fullgraph=True) (aot_eager; inductor on CUDA), forward
     and backward, equals it eager."""
