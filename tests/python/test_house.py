@@ -78,8 +78,15 @@ def test_no_history_in_code_or_docs():
 
 
 def test_results_are_a_handful_of_current_files():
+    """Current results only: each file belongs to a results set -- <name>.json, its rendering <name>.txt and
+    its plots <name>_*.png -- and the sets are a handful (one per section or merged run of sections)."""
     files = tracked("bench/results")
-    assert 0 < len(files) <= 20, [p.name for p in files]
+    sets = {p.stem for p in files if p.suffix == ".json"}
+    assert 0 < len(sets) <= 14, sorted(sets)
+    for p in files:
+        owned = p.stem in sets if p.suffix in (".json", ".txt") else any(p.name.startswith(f"{s}_") for s in sets)
+        assert owned and p.suffix in (".json", ".txt", ".png"), p.name
+    assert all(any(p.name == f"{s}.txt" for p in files) for s in sets), sorted(sets)
     assert sum(p.stat().st_size for p in files) <= 3 << 20
     assert not [p.name for p in files if re.search(r"_s[0-9]{2}_|session", p.name)]
     assert not (ROOT / "bench" / "NOTES.md").exists()
