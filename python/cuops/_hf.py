@@ -365,11 +365,9 @@ def _mlp_linears(mlp: nn.Module) -> Optional[list]:
     linear; in training, live adapters too: the LoRA ops), or None: then it runs HF's forward. Live
     adapters on the LoRA ops in training only: they concatenate [W | B] each call, which a decode step
     (reading each weight once for a few tokens) would pay twice over. Phi-3's gate_up_proj and
-    down_proj: plain nn.Linears without biases only (an adapter on the concatenation runs as PEFT's)."""
-    if _packed(mlp, _PACKED_MLP):
-        lins = _linears(mlp, _PACKED_MLP)
-        return lins if lins is not None and all(lin.bias is None for lin in lins) else None
-    lins = _linears(mlp, _MLP, adapters=mlp.training)
+    down_proj likewise (two, where the others are three)."""
+    names = _PACKED_MLP if _packed(mlp, _PACKED_MLP) else _MLP
+    lins = _linears(mlp, names, adapters=mlp.training)
     return lins if lins is not None and all(_bias_of(lin) is None for lin in lins) else None
 
 
@@ -377,16 +375,24 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     lins = _mlp_linears(self)
     if lins is None or not _one_dtype(x, lins):
         return self._cuops_base.forward(self, x)
-    if len(lins) == 2:  # Phi-3: up * act(gate) of gate_up_proj's halves, the gate's rows first; chunk's
-        gate_up, down = lins  # backward joins the halves' gradients in one pass (two slices: two zero fills)
-        return cuops.linear(cuops.swiglu(x, *gate_up.weight.chunk(2)), down.weight)
-    gate, up, down = lins
-    adapted = _adapter_args(x, [gate, up])
-    if adapted is None:
-        h = cuops.swiglu(x, gate.weight, up.weight)
+    if len(lins) == 2:  # Phi-3: up * act(gate) of gate_up_proj's halves, the gate's rows first (chunk's
+        # backward joins the halves' gradients in one pass); an adapter's B splits the same way
+        gate_up, down = lins
+        w_gate, w_up = _weight_of(gate_up).chunk(2)
+        adapted = _adapter_args(x, [gate_up])
+        if adapted is None:
+            h = cuops.swiglu(x, w_gate, w_up)
+        else:
+            a, (b,), lora_x = adapted
+            h = cuops.lora_swiglu(x, w_gate, w_up, a, *b.chunk(2), lora_x)
     else:
-        a, (b_gate, b_up), lora_x = adapted
-        h = cuops.lora_swiglu(x, _weight_of(gate), _weight_of(up), a, b_gate, b_up, lora_x)
+        gate, up, down = lins
+        adapted = _adapter_args(x, [gate, up])
+        if adapted is None:
+            h = cuops.swiglu(x, gate.weight, up.weight)
+        else:
+            a, (b_gate, b_up), lora_x = adapted
+            h = cuops.lora_swiglu(x, _weight_of(gate), _weight_of(up), a, b_gate, b_up, lora_x)
     adapted = _adapter_args(h, [down])
     if adapted is None:
         return cuops.linear(h, down.weight)
@@ -494,9 +500,8 @@ def _qkv_linears(attn: nn.Module) -> Optional[list]:
     attention nothing runs around, or None: then the input norm hands attention what HF's does."""
     if isinstance(_plain(attn, "attention"), str):
         return None
-    if _packed(attn, _PACKED_QKV):
-        return _linears(attn, _PACKED_QKV)
-    return _linears(attn, _QKV, adapters=attn.training)
+    names = _PACKED_QKV if _packed(attn, _PACKED_QKV) else _QKV
+    return _linears(attn, names, adapters=attn.training)
 
 
 def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -526,11 +531,11 @@ def _qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     torch.compile): one wider product in place of three (two of them 512 wide), and x's gradient one
     product accumulating all three in float32 (HF sums three rounded ones); with adapters,
     cuops.lora_linear, their B block-diagonal (each projection's columns get its own adapter's term).
-    Else the three modules. Phi-3's qkv_proj: its module (an adapter on it runs as PEFT's), split."""
+    Else the three modules. Phi-3's qkv_proj: one GEMM as it is (with an adapter: _project), split."""
     if _packed(attn, _PACKED_QKV):
         q = attn.config.num_attention_heads * attn.head_dim
         kv = attn.config.num_key_value_heads * attn.head_dim
-        return attn.qkv_proj(x).split([q, kv, kv], dim=-1)
+        return _project(attn.qkv_proj, x).split([q, kv, kv], dim=-1)
     qkv = _linears(attn, _QKV, adapters=True) if attn.training else None
     if not _fuses_qkv(attn, qkv) or not _one_dtype(x, qkv):
         return tuple(getattr(attn, n)(x) for n in _QKV)
@@ -809,27 +814,25 @@ def patch_report(model: nn.Module) -> PatchReport:
         elif role == "decoder_layer":
             for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
                 add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))
-        elif role == "attention" and _packed(m, _PACKED_QKV):  # qkv_proj is one GEMM as it is
-            partial = (getattr(m.config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-            add(name, "rotary", None if partial == 1 else f"partial_rotary_factor {partial}: as its module")
         elif role == "attention":
-            lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _QKV]
-            why = next((w for w in lins if isinstance(w, str)), None)
-            why = why or (None if _fuses_qkv(m, lins) else "eval: three projections" if not m.training
-                          else "q, k and v biases differ") or _dtypes_why_not(lins)
-            add(f"{name}.q_proj,k_proj,v_proj", "one GEMM (training)", why)
-            if type(m.o_proj).__module__.startswith("peft."):  # a row where PEFT wraps it
-                out = _plain(m.o_proj, nn.Linear, adapters=True)
-                why = out if isinstance(out, str) else (
-                    "eval: PEFT's module" if isinstance(out, _Lora) and not m.training else None)
-                add(f"{name}.o_proj", "lora_linear (training)", why or _dtypes_why_not([out]))
-        elif role == "mlp" and _packed(m, _PACKED_MLP):
-            lins = [_plain(getattr(m, n), nn.Linear) for n in _PACKED_MLP]
-            why = next((w for w in lins if isinstance(w, str)), None)
-            add(name, "swiglu + linear", why or ("a projection with a bias" if any(
-                lin.bias is not None for lin in lins) else None))
+            if _packed(m, _PACKED_QKV):  # Phi-3's qkv_proj is one GEMM as it is
+                partial = (getattr(m.config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+                add(name, "rotary", None if partial == 1 else f"partial_rotary_factor {partial}: as its module")
+            else:
+                lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _QKV]
+                why = next((w for w in lins if isinstance(w, str)), None)
+                why = why or (None if _fuses_qkv(m, lins) else "eval: three projections" if not m.training
+                              else "q, k and v biases differ") or _dtypes_why_not(lins)
+                add(f"{name}.q_proj,k_proj,v_proj", "one GEMM (training)", why)
+            for proj in ("qkv_proj", "o_proj"):  # a row where PEFT wraps one (_project runs it)
+                if type(getattr(m, proj, None)).__module__.startswith("peft."):
+                    out = _plain(getattr(m, proj), nn.Linear, adapters=True)
+                    why = out if isinstance(out, str) else (
+                        "eval: PEFT's module" if isinstance(out, _Lora) and not m.training else None)
+                    add(f"{name}.{proj}", "lora_linear (training)", why or _dtypes_why_not([out]))
         elif role == "mlp":
-            lins = [_plain(getattr(m, n), nn.Linear, adapters=True) for n in _MLP]
+            lins = [_plain(getattr(m, n), nn.Linear, adapters=True)
+                    for n in (_PACKED_MLP if _packed(m, _PACKED_MLP) else _MLP)]
             why = next((w for w in lins if isinstance(w, str)), None)
             if why is None and not m.training and any(isinstance(lin, _Lora) for lin in lins):
                 why = "eval: its adapters as PEFT's modules"

@@ -114,8 +114,9 @@ def test_lora_matches_the_unpatched_peft_model(device, when, family):
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_phi3_lora_matches_the_unpatched_peft_model(device, when):
     """Phi-3's own module names (qkv_proj, o_proj, gate_up_proj, down_proj) and each alone, r 8 / dropout 0
-    and r 64 / dropout 0.05: adapters on its concatenated projections run as PEFT's modules, o_proj's on
-    lora_linear; every adapter's gradient as the unpatched PEFT model gives it."""
+    and r 64 / dropout 0.05: qkv_proj's adapter on lora_linear, gate_up_proj's on lora_swiglu (its B split
+    as the weight is), o_proj's and down_proj's on lora_linear; every adapter's gradient as the unpatched
+    PEFT model gives it."""
     ids = tokens(2, 11, device)
     for targets in (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], ["qkv_proj"], ["gate_up_proj"],
                     ["down_proj"], ["o_proj"]):
@@ -125,7 +126,12 @@ def test_phi3_lora_matches_the_unpatched_peft_model(device, when):
             model.train()
             with fused_calls() as seen:
                 model(input_ids=ids, labels=ids)
-            assert seen.get("lora_linear", 0) == (2 if "o_proj" in targets else 0), (targets, dict(seen))
+            want = collections.Counter(linear_cross_entropy=1)
+            want["lora_linear"] += 2 * sum(t in targets for t in ("qkv_proj", "o_proj", "down_proj"))
+            want["lora_swiglu" if "gate_up_proj" in targets else "swiglu"] += 2
+            if "down_proj" not in targets:
+                want["linear"] += 2
+            assert seen == want, (targets, dict(seen))
             assert_same_step(ref, model, ids)
             assert sum(1 for _, p in model.named_parameters() if p.requires_grad) == 4 * len(targets)
 
