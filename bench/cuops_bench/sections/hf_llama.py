@@ -30,8 +30,12 @@ FAMILY = "hf_llama"
 VARIANTS = ("torch eager", "torch compile", "patch eager", "patch compile")
 
 
-# A family's config fields whose defaults do not fit a random model of cfg.vocab tokens.
-CONFIG_FIXES = {"phi3": dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)}
+# A family's config fields: token ids whose defaults do not fit a random model of cfg.vocab tokens;
+# Granite-3.0-2B's multipliers (the defaults, 1, would leave the patch's multiplier paths untimed).
+CONFIG_FIXES = {"phi3": dict(pad_token_id=None, bos_token_id=1, eos_token_id=2),
+                "olmo2": dict(pad_token_id=None, bos_token_id=1, eos_token_id=2),
+                "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+                                logits_scaling=8.0)}
 
 
 def build(cfg: HfLlamaBench, device: str, dtype: torch.dtype):
