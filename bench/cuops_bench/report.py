@@ -428,12 +428,16 @@ HF_INFER_HEAD = f"{'op':<8} {'batch':>5} {'size':<14} {'patch':>9} {'torch':>9} 
 def hf_llama_lines(results: dict) -> list[str]:
     """transformers' Llama unpatched and patched (sections/hf_llama.py): the training step's four variants
     (time, ratios, the memory a step adds), the loss check; eager decode and prefill."""
-    rows = [r for r in results["rows"] if r["family"] == "hf_llama"]
-    if not rows:
-        return []
+    every = [r for r in results["rows"] if r["family"] == "hf_llama"]
+    lines = []
+    for model in dict.fromkeys(r.get("model", "llama") for r in every):  # a table a family (--hf-model-type)
+        lines += hf_model_lines(results, model, [r for r in every if r.get("model", "llama") == model])
+    return lines
+
+
+def hf_model_lines(results: dict, model: str, rows: list) -> list[str]:
     cfg = (results.get("hf_llama") or {}).get("config") or {}
-    lines = ["", f"hf_llama (transformers {cfg.get('model_type', 'llama')} ForCausalLM, {cfg.get('layers')} layers, "
-             f"width {cfg.get('hidden')}, "
+    lines = ["", f"hf_llama (transformers {model} ForCausalLM, {cfg.get('layers')} layers, width {cfg.get('hidden')}, "
              f"FFN {cfg.get('ffn')}, {cfg.get('heads')}/{cfg.get('kv_heads')} heads, vocab {cfg.get('vocab')}; "
              f"training {cfg.get('batch')} x {cfg.get('seq')} tokens, {(results.get('hf_llama') or {}).get('optimizer')}): "
              "patch = cuops.patch(model)"]
