@@ -610,7 +610,7 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
 
 
 def patch(model: torch.nn.Module, fused_loss: bool = True) -> torch.nn.Module:
-    """Puts a built Hugging Face Llama-family model (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, OLMo2, Granite: the ForCausalLM or the
+    """Puts a built Hugging Face Llama-family model (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 3, OLMo2, Granite: the ForCausalLM or the
     base Model, or a PEFT model around one) on cuops' fused ops, in place, and returns it (docs/patch.md).
 
     RMSNorm (Qwen3's q/k norms too) -> rms_norm; each decoder layer's attention residual add and

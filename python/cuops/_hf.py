@@ -1,6 +1,6 @@
 """cuops.patch: a built Hugging Face Llama-family model (dense: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma,
-OLMo2, Granite; or a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused ops, in place
-(docs/patch.md).
+Gemma 3, OLMo2, Granite; or a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) onto cuops' fused
+ops, in place (docs/patch.md).
 
 What changes, module by module (the parameters, buffers and state_dict stay as they are):
 - every RMSNorm (Qwen3's q_norm / k_norm too) runs cuops.rms_norm; a layer's input norm comes out in
@@ -64,6 +64,8 @@ class _Family(NamedTuple):
     norm: str = "llama"
     layer: bool = True  # a Llama decoder layer (pre-norm); OLMo2's normalises after the sublayers
     qk_norm_whole: bool = False  # q_norm / k_norm over the whole q and k projections (OLMo2)
+    module: Optional[str] = None  # its modeling module's model where it is not the model_type (gemma3)
+    base_model: str = "Model"  # the base model's class suffix (Gemma 3's text model: TextModel)
 
 
 _FAMILIES = {
@@ -82,12 +84,17 @@ _FAMILIES = {
     # patched layer), attention's scale (its own self.scaling), the embeddings' (its model's forward)
     # and the logits' divisor (logits_scaling, in the fused loss).
     "granite": _Family("Granite", None, False),
+    # Gemma 3 (text): Gemma's norms (its q / k norms per head too), sliding windows by layer, the
+    # sandwich-normed decoder layer as its own around the patched parts, the GeGLU MLP as its module.
+    "gemma3_text": _Family("Gemma3", lambda attn: attn.sliding_window, True, norm="gemma", layer=False,
+                           module="gemma3", base_model="TextModel"),
     # Mixtures of experts: the dense families' layers with an experts module in the MLP's place.
     "mixtral": _Family("Mixtral", lambda attn: getattr(attn.config, "sliding_window", None), False),
     "qwen2_moe": _Family("Qwen2Moe", None, False),  # its attention's mask carries the window
     "qwen3_moe": _Family("Qwen3Moe", lambda attn: attn.sliding_window, True),
     "olmoe": _Family("Olmoe", None, False, llama_attention=False),
 }
+_BY_MODULE = {(f.module or key): f for key, f in _FAMILIES.items()}  # by modeling module: modeling_<key>
 
 _SUBCLASSES: dict[tuple[type, Callable], type] = {}
 
@@ -142,8 +149,8 @@ def _forward_for(cls: type, role: str, family: Optional[_Family] = None, mod=Non
     if family is None:
         for c in cls.__mro__:
             name = c.__module__.rsplit(".", 1)[-1]
-            if c.__module__.startswith("transformers.models.") and name.removeprefix("modeling_") in _FAMILIES:
-                family, mod = _FAMILIES[name.removeprefix("modeling_")], importlib.import_module(c.__module__)
+            if c.__module__.startswith("transformers.models.") and name.removeprefix("modeling_") in _BY_MODULE:
+                family, mod = _BY_MODULE[name.removeprefix("modeling_")], importlib.import_module(c.__module__)
                 break
         else:
             raise TypeError(f"cuops.patch: {cls.__qualname__} is no Llama-family module of transformers")
@@ -718,12 +725,13 @@ def _plain_causal(config, attention_mask, position_ids, past_key_values, length:
 
 def _family_of(model: nn.Module):
     """(family, its transformers modeling module), or TypeError naming what is supported."""
-    supported = ", ".join(f"{f.prefix}ForCausalLM / {f.prefix}Model" for f in _FAMILIES.values())
+    supported = ", ".join(f"{f.prefix}ForCausalLM / {f.prefix}{f.base_model}" for f in _FAMILIES.values())
     config = getattr(model, "config", None)
     family = _FAMILIES.get(getattr(config, "model_type", None))
     if family is not None:
-        mod = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-        known = (getattr(mod, f"{family.prefix}ForCausalLM"), getattr(mod, f"{family.prefix}Model"))
+        name = family.module or config.model_type
+        mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        known = (getattr(mod, f"{family.prefix}ForCausalLM"), getattr(mod, f"{family.prefix}{family.base_model}"))
         if isinstance(model, known):
             return family, mod
     raise TypeError(f"cuops.patch: expected a Hugging Face model of the Llama family ({supported}), "
@@ -761,7 +769,12 @@ def patch(model: nn.Module, fused_loss: bool = True) -> nn.Module:
 
 def _is_silu_gated(mlp: nn.Module) -> bool:
     """down(silu(gate(x)) * up(x)): the config's activation silu (biases are the call's rule)."""
-    return mlp.config.hidden_act in ("silu", "swish")
+    return _activation(mlp.config) in ("silu", "swish")
+
+
+def _activation(config) -> Optional[str]:
+    """The MLP's activation: hidden_act, or Gemma 3's hidden_activation."""
+    return getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
 
 
 class PatchReport(NamedTuple):
@@ -810,7 +823,7 @@ def patch_report(model: nn.Module) -> PatchReport:
                 getattr(type(parent), "_cuops_role", None) is None:  # OLMo2's norms after the sublayers
             add(name, "rms_norm", _plain(m, "rms_norm"))
         elif role is None and type(m).__name__.endswith("MLP") and type(parent).__name__.endswith("DecoderLayer"):
-            add(name, "swiglu + linear", f"activation {m.config.hidden_act!r} (swiglu is silu-gated)")
+            add(name, "swiglu + linear", f"activation {_activation(m.config)!r} (swiglu is silu-gated)")
         elif role == "decoder_layer":
             for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
                 add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))

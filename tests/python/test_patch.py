@@ -1,4 +1,4 @@
-"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, OLMo2 and Granite model
+"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 3, OLMo2 and Granite model
 patched in place against the same model unpatched: outputs and every gradient (float32 tight; bfloat16
 autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
 shift_labels, ignored tokens; the logits' place holds LOGITS_NOT_MADE), 50 training steps whose losses track, greedy generate()
@@ -8,6 +8,7 @@ and FSDP2 on two processes. Small random models (2 layers, width 64), built from
 import collections
 import contextlib
 import copy
+import inspect
 import os
 import pickle
 import subprocess
@@ -22,19 +23,20 @@ from conftest import DEVICES, DEVICES_CPU_IN_CI, HAS_CUDA, ROOT, rel_error, requ
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "olmo2", "granite"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3_text", "olmo2", "granite"]
 # What cuops.patch swaps in each family (Gemma's MLP is gelu_tanh-gated: its module; OLMo2's decoder layer
 # normalises after the sublayers: its own forward around the patched norms, attention and MLP).
 ROLES = {f: {None, "rms_norm", "attention", "mlp", "decoder_layer", "causal_lm"} for f in FAMILIES}
 ROLES["gemma"] -= {"mlp"}
 ROLES["olmo2"] -= {"decoder_layer"}
+ROLES["gemma3_text"] -= {"mlp", "decoder_layer"}  # sandwich norms: its layer's own forward
 VOCAB = 96
 
 
 def tiny_config(family, tie=False, **over):
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tie, rms_norm_eps=1e-5)
-    if family in ("qwen3", "gemma"):
+    if family in ("qwen3", "gemma", "gemma3_text"):
         kw["head_dim"] = 16
     if family in ("phi3", "olmo2"):  # their defaults name tokens of a larger vocabulary
         kw.update(pad_token_id=None, bos_token_id=1, eos_token_id=2)
@@ -48,7 +50,7 @@ def twins(family, device, dtype=torch.float32, seed=0, **over):
     """(the model, a deep copy patched) from one random initialisation."""
     torch.manual_seed(seed)
     ref = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **over)).to(device, dtype)
-    if family in ("gemma", "olmo2"):  # norm weights off their init (zeros, ones): the (1 + w) and order count
+    if family in ("gemma", "gemma3_text", "olmo2"):  # norm weights off their init (zeros, ones): the (1 + w) and order count
         with torch.no_grad():
             for name, p in ref.named_parameters():
                 if "norm" in name:
@@ -215,7 +217,7 @@ def test_fifty_training_steps_track_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2", "granite"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "gemma3_text", "olmo2", "granite"])
 def test_greedy_generate_gives_the_same_tokens(device, family):
     ref, model = twins(family, device)
     ref.eval(), model.eval()
@@ -238,7 +240,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2", "granite"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "gemma3_text", "olmo2", "granite"])
 def test_decoder_layer_compiles_without_graph_breaks(device, family):
     """A patched decoder layer under torch.compile(fullgraph=True) (aot_eager; inductor on CUDA), forward
     and backward, equals it eager."""
@@ -280,7 +282,8 @@ def assert_layer_compiles(model, device, backends):
     layer, rotary = model.model.layers[0], model.model.rotary_emb
     h = torch.randn(2, 7, 64, device=device, requires_grad=True)
     pos = torch.arange(7, device=device)[None]
-    cos, sin = rotary(h, pos)
+    by_type = "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 3: a rotation a layer type
+    cos, sin = rotary(h, pos, model.config.layer_types[0]) if by_type else rotary(h, pos)
     out = layer(h, position_embeddings=(cos, sin), position_ids=pos)
     out.square().sum().backward()
     want = h.grad.clone()
