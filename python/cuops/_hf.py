@@ -642,6 +642,8 @@ def _fused_loss_why_not(model: nn.Module, logits_to_keep, causal_lm_loss: Callab
         return "a loss_function other than transformers' ForCausalLMLoss"
     if not isinstance(logits_to_keep, int) or logits_to_keep != 0:
         return "logits_to_keep set"
+    if getattr(model.config, "final_logit_softcapping", None) is not None:  # Gemma 2 / 3's c tanh(z / c)
+        return "final_logit_softcapping (linear_cross_entropy has no softcap)"
     head = _plain(model.lm_head, nn.Linear)
     return head if isinstance(head, str) else None
 

@@ -385,6 +385,22 @@ def test_phi3_partial_rotation_and_residual_dropout_run_as_their_modules(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_softcapped_gemma3_keeps_its_own_loss(device):
+    """Gemma 3 with final_logit_softcapping (c tanh(z / c) on the logits): the fused loss has no softcap, so the
+    training forward makes the logits and HF's loss (the report says why); loss and gradients as unpatched."""
+    ref, model = twins("gemma3_text", device, final_logit_softcapping=2.0)
+    why = dict((n, w) for n, _, w in cuops.patch_report(model).rows)["lm_head"]
+    assert why is not None and "final_logit_softcapping" in why
+    ids = tokens(2, 11, device)
+    out_ref, out = ref(ids, labels=ids), model(ids, labels=ids)
+    assert out.logits is not LOGITS_NOT_MADE and rel_error(out.loss, out_ref.loss) <= 1e-5
+    out_ref.loss.backward(), out.loss.backward()
+    g_ref, g = grads(ref), grads(model)
+    for n in g_ref:
+        assert rel_error(g[n], g_ref[n]) <= 1e-4, n
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_tied_embeddings_stay_tied_and_patching_twice_changes_nothing(device):
     ref, model = twins("qwen2", device, tie=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
