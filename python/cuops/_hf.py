@@ -387,19 +387,18 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, down = lins
         w_gate, w_up = _weight_of(gate_up).chunk(2)
         adapted = _adapter_args(x, [gate_up])
-        if adapted is None:
-            h = cuops.swiglu(x, w_gate, w_up)
-        else:
+        if adapted is not None:
             a, (b,), lora_x = adapted
-            h = cuops.lora_swiglu(x, w_gate, w_up, a, *b.chunk(2), lora_x)
+            adapted = a, b.chunk(2), lora_x
     else:
         gate, up, down = lins
+        w_gate, w_up = _weight_of(gate), _weight_of(up)
         adapted = _adapter_args(x, [gate, up])
-        if adapted is None:
-            h = cuops.swiglu(x, gate.weight, up.weight)
-        else:
-            a, (b_gate, b_up), lora_x = adapted
-            h = cuops.lora_swiglu(x, _weight_of(gate), _weight_of(up), a, b_gate, b_up, lora_x)
+    if adapted is None:
+        h = cuops.swiglu(x, w_gate, w_up)
+    else:
+        a, (b_gate, b_up), lora_x = adapted
+        h = cuops.lora_swiglu(x, w_gate, w_up, a, b_gate, b_up, lora_x)
     adapted = _adapter_args(h, [down])
     if adapted is None:
         return cuops.linear(h, down.weight)
