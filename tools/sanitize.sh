@@ -41,8 +41,9 @@ PATH_PYTESTS=${SANITIZE_PATH_PYTESTS-${GEMM_PATH_TESTS[*]}}
 # tests (the same kernels, at sizes or counts the tools make slow); torch.compile (Inductor's
 # compile under the tool, for the kernels the eager tests run); CUDA graphs: the tools run with
 # torch's caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING), and a capture that allocates then
-# fails and poisons the process. Tests that name launched kernels through the profiler skip
-# themselves (CUOPS_SANITIZER; the tool holds CUPTI).
+# fails and poisons the process ("not graph" below; a test that captures under another name skips
+# at its capture: tests/python/conftest.py). Tests that name launched kernels through the profiler
+# skip themselves (CUOPS_SANITIZER; the tool holds CUPTI).
 BASE_K="not cpu and not huge and not threads and not bitwise and not graph and not compile"
 PYSEL=${SANITIZE_K:-$BASE_K}
 PATH_SEL=${SANITIZE_PATH_K:-"$BASE_K and not (float16 or 8192 or 65537 or 14336 or 28672)"}

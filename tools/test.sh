@@ -31,6 +31,9 @@ if [ -n "$gpu_arch" ]; then
     # One test at a time to each worker; test_packaging.py's tests share build folders, so they go
     # to one worker together (its xdist_group).
     pytest_args=(-n "${CUOPS_TEST_WORKERS:-12}" --dist loadgroup)
+    # The workers' CPU places share the cores: torch's intra-op pools at a core each would run
+    # workers x cores threads (16 x 12 on the H200 machine); ceil(cores / workers) each.
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ($(nproc) + ${CUOPS_TEST_WORKERS:-12} - 1) / ${CUOPS_TEST_WORKERS:-12} ))}
   fi
 fi
 SECONDS=0

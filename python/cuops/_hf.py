@@ -578,8 +578,9 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
             q, k = self.q_norm(q), self.k_norm(k)
         v = v.view(hidden_shape).transpose(1, 2)
         # In the dtype attention casts q and k to under autocast (HF's float32 values cast, without
-        # the cast's pass each way; the KV cache then holds keys in the values' dtype).
-        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype=_autocast_dtype(q))
+        # the cast's pass each way; the KV cache then holds keys in the values' dtype); else in q's, as
+        # every family's rotation returns (OLMo2's float32 cos and sin included: it casts back).
+        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype=_autocast_dtype(q) or q.dtype)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)

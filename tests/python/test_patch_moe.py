@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cuops
-from conftest import DEVICES, rel_error
+from conftest import DEVICES, DEVICES_CPU_IN_CI, rel_error
 
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
@@ -48,7 +48,7 @@ def twins(family, device, seed=0, **over):
     return ref, cuops.patch(copy.deepcopy(ref))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_patched_moe_model_matches_unpatched(device, family):
     """float32: eval logits; the training loss with the load-balancing loss added (no logits made), aux_loss
@@ -81,7 +81,7 @@ def test_patched_moe_model_matches_unpatched(device, family):
         assert rel_error(g[n], g_ref[n]) <= 1e-4, n
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_greedy_generate_gives_the_same_tokens(device, family):
     ref, model = twins(family, device)
@@ -128,7 +128,7 @@ def rows_why(model):
     return " ".join(why or "" for _, what, why in cuops.patch_report(model).rows if what == "moe_experts")
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_moe_decoder_layer_compiles_without_graph_breaks(device, family):
     """A patched MoE decoder layer (HF's router, cuops.moe_experts) under torch.compile(fullgraph=True)

@@ -89,7 +89,7 @@ FUSED_CALLS_GEMMA = {"attention+mlp": {"lora_linear": 4, "linear_cross_entropy":
                      "mlp": {"linear_cross_entropy": 1}, "lm_head": {}}
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "phi3"])  # Phi-3's module names differ: below
 def test_lora_matches_the_unpatched_peft_model(device, when, family):
@@ -111,7 +111,7 @@ def test_lora_matches_the_unpatched_peft_model(device, when, family):
             assert n_adapters == 2 * len(targets) * (1 if targets == ["lm_head"] else 2), n_adapters
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_phi3_lora_matches_the_unpatched_peft_model(device, when):
     """Phi-3's own module names (qkv_proj, o_proj, gate_up_proj, down_proj) and each alone, r 8 / dropout 0
