@@ -144,12 +144,12 @@ cudaError_t launch_act_bwd(DType dtype, Activation act, const void* dy, int64_t 
                            const void* pre, int64_t ld_pre, int64_t rows, int64_t n, void* dz,
                            void* dbias, void* workspace, cudaStream_t stream);
 
-// swiglu's gate backward in one pass over dy, g, u (row-major [rows, n], leading strides ld_* >= n):
-// dg = dy * u * silu'(g) and du = dy * silu(g), computed in the accumulation type and rounded once,
-// into dg and du (contiguous [rows, n]).
-cudaError_t launch_swiglu_bwd(DType dtype, const void* dy, int64_t ld_dy, const void* g,
-                              int64_t ld_g, const void* u, int64_t ld_u, int64_t rows, int64_t n,
-                              void* dg, void* du, cudaStream_t stream);
+// The gated MLP's backward in one pass over dy, g, u (row-major [rows, n], leading strides ld_* >= n):
+// dg = dy * u * act'(g) and du = dy * act(g), act silu or gelu_tanh (else cudaErrorInvalidValue),
+// computed in the accumulation type and rounded once, into dg and du (contiguous [rows, n]).
+cudaError_t launch_swiglu_bwd(DType dtype, Activation act, const void* dy, int64_t ld_dy,
+                              const void* g, int64_t ld_g, const void* u, int64_t ld_u,
+                              int64_t rows, int64_t n, void* dg, void* du, cudaStream_t stream);
 
 // linear_cross_entropy's pass over a chunk of logits [rows, vocab] (row-major, ld apart; 16-byte
 // aligned rows), of which the row's target (int64 [rows]) picks one; bias (16-byte aligned, [vocab])

@@ -11,7 +11,8 @@
 namespace cuops::ops {
 
 // What follows x2 @ w^T: bias and activation (linear; z: the pre-activation kept), or the gated
-// product silu(x2 @ w^T) * (x2 @ w2^T) (swiglu; z and z2: the two products kept). Null: none.
+// product act(x2 @ w^T) * (x2 @ w2^T) (swiglu, act its gate; z and z2: the two products kept).
+// Null: none.
 struct FusedEpilogue {
   bool gated = false;
   const at::Tensor* w2 = nullptr;
@@ -24,6 +25,12 @@ struct FusedEpilogue {
 // The activation named `name` (none, relu, gelu, gelu_tanh, silu), or RuntimeError naming op (the
 // ops that take one: linear, lora_linear).
 kernels::Activation parse_act(const char* op, c10::string_view name);
+// The gated MLP's gate named `name` (silu, gelu_tanh: epilogue.cuh's Gated), or RuntimeError naming
+// op (swiglu, lora_swiglu and their pieces).
+kernels::Activation parse_gate(const char* op, c10::string_view name);
+// act(g) for a gate of parse_gate's, torch's: F.silu, F.gelu(approximate="tanh") (HF's
+// gelu_pytorch_tanh); the CPU references and the paths that run the epilogue apart.
+at::Tensor gate_of(const at::Tensor& g, kernels::Activation act);
 
 // out [rows, n] (and the kept products, [rows, n] each) from x2 [rows, k] and w [n, k] (w2 the same
 // shape and strides), all of out's dtype and device, under the caller's device guard, on the

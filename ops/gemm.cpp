@@ -144,7 +144,7 @@ bool run_fused_gemm(const at::Tensor& out, const at::Tensor& x2, const at::Tenso
   const at::Tensor b = w.t();
   kernels::GemmRequest req = request(out, x2, b, 1.0, 0.0);
   kernels::GemmFusion& f = req.fusion;
-  f.kind = e.gated ? kernels::GemmEpilogue::GatedSilu : kernels::GemmEpilogue::BiasActivation;
+  f.kind = e.gated ? kernels::GemmEpilogue::Gated : kernels::GemmEpilogue::BiasActivation;
   f.act = e.act;
   if (e.bias != nullptr) {
     if (e.bias->numel() > 1 && e.bias->stride(0) != 1) return false;

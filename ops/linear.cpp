@@ -34,6 +34,19 @@ Act parse_act(const char* op, c10::string_view name) {
   return Act::None;
 }
 
+Act parse_gate(const char* op, c10::string_view name) {
+  const std::string_view text(name.data(), name.size());
+  if (text == "silu") return Act::Silu;
+  if (text == "gelu_tanh") return Act::GeluTanh;
+  TORCH_CHECK(false, "cuops::", op, ": expected activation to be one of silu, gelu_tanh, got '",
+              std::string(text), "'");
+  return Act::Silu;
+}
+
+at::Tensor gate_of(const at::Tensor& g, Act act) {
+  return act == Act::Silu ? at::silu(g) : at::gelu(g, "tanh");
+}
+
 namespace {
 
 // x [..., K], weight [N, K], bias [N]; one dtype and device.

@@ -226,25 +226,29 @@ at::Tensor lora_linear_autograd(const at::Tensor& x, const at::Tensor& weight,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_swiglu_fwd(
     const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& lora_a,
     const at::Tensor& lora_b_gate, const at::Tensor& lora_b_up,
-    const std::optional<at::Tensor>& lora_x) {
+    const std::optional<at::Tensor>& lora_x, c10::string_view activation) {
   check_lora("lora_swiglu", x, {{"w_gate", &w_gate}, {"w_up", &w_up}},
              {{"lora_b_gate", &lora_b_gate}, {"lora_b_up", &lora_b_up}}, lora_a, lora_x,
              std::nullopt);
+  parse_gate("lora_swiglu", activation);
   auto [xe, lu] = extended_input(x, lora_a, lora_x);
-  auto [y, g, u] =
-      cuops::_swiglu_fwd(xe, at::cat({w_gate, lora_b_gate}, 1), at::cat({w_up, lora_b_up}, 1));
+  auto [y, g, u] = cuops::_swiglu_fwd(xe, at::cat({w_gate, lora_b_gate}, 1),
+                                      at::cat({w_up, lora_b_up}, 1), activation);
   const c10::SymInt n = w_gate.sym_size(0);
   return {like_x(y, x, n), like_x(g, x, n), like_x(u, x, n), like_x(lu, x, lora_a.sym_size(0))};
 }
 
 at::Tensor lora_swiglu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
                        const at::Tensor& lora_a, const at::Tensor& lora_b_gate,
-                       const at::Tensor& lora_b_up, const std::optional<at::Tensor>& lora_x) {
+                       const at::Tensor& lora_b_up, const std::optional<at::Tensor>& lora_x,
+                       c10::string_view activation) {
   check_lora("lora_swiglu", x, {{"w_gate", &w_gate}, {"w_up", &w_up}},
              {{"lora_b_gate", &lora_b_gate}, {"lora_b_up", &lora_b_up}}, lora_a, lora_x,
              std::nullopt);
+  parse_gate("lora_swiglu", activation);
   auto [xe, lu] = extended_input(x, lora_a, lora_x);
-  return like_x(cuops::swiglu(xe, at::cat({w_gate, lora_b_gate}, 1), at::cat({w_up, lora_b_up}, 1)),
+  return like_x(cuops::swiglu(xe, at::cat({w_gate, lora_b_gate}, 1), at::cat({w_up, lora_b_up}, 1),
+                              activation),
                 x, w_gate.sym_size(0));
 }
 
@@ -253,12 +257,13 @@ class LoraSwigluFunction : public torch::autograd::Function<LoraSwigluFunction> 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w_gate,
                             const at::Tensor& w_up, const at::Tensor& lora_a,
                             const at::Tensor& lora_b_gate, const at::Tensor& lora_b_up,
-                            const std::optional<at::Tensor>& lora_x) {
+                            const std::optional<at::Tensor>& lora_x, c10::string_view activation) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, g, u, lu] =
-        cuops::_lora_swiglu_fwd(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+    auto [y, g, u, lu] = cuops::_lora_swiglu_fwd(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up,
+                                                 lora_x, activation);
     ctx->save_for_backward(
         {x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, g, u, lu, optional_or_undefined(lora_x)});
+    ctx->saved_data["activation"] = std::string(activation.data(), activation.size());
     return y;
   }
 
@@ -268,9 +273,9 @@ class LoraSwigluFunction : public torch::autograd::Function<LoraSwigluFunction> 
     const bool apart = saved[9].defined();
     const at::Tensor x2 = rows_of(x);
     const int64_t rows = x2.size(0), inter = w_gate.size(0);
-    auto [dg, du] =
-        cuops::_swiglu_bwd(grads[0].reshape({rows, inter}), saved[6].reshape({rows, inter}),
-                           saved[7].reshape({rows, inter}));
+    auto [dg, du] = cuops::_swiglu_bwd(
+        grads[0].reshape({rows, inter}), saved[6].reshape({rows, inter}),
+        saved[7].reshape({rows, inter}), ctx->saved_data["activation"].toStringRef());
     at::Tensor dx, dw_gate, dw_up;
     if (ctx->needs_input_grad(0)) {
       dx = cuops::mm(dg, w_gate);
@@ -287,19 +292,22 @@ class LoraSwigluFunction : public torch::autograd::Function<LoraSwigluFunction> 
             g.da,
             g.db[0],
             g.db[1],
-            g.dlora_x.defined() ? g.dlora_x.view(saved[9].sizes()) : g.dlora_x};
+            g.dlora_x.defined() ? g.dlora_x.view(saved[9].sizes()) : g.dlora_x,
+            at::Tensor()};
   }
 };
 
 at::Tensor lora_swiglu_autograd(const at::Tensor& x, const at::Tensor& w_gate,
                                 const at::Tensor& w_up, const at::Tensor& lora_a,
                                 const at::Tensor& lora_b_gate, const at::Tensor& lora_b_up,
-                                const std::optional<at::Tensor>& lora_x) {
+                                const std::optional<at::Tensor>& lora_x,
+                                c10::string_view activation) {
   if (!any_requires_grad({&x, &w_gate, &w_up, &lora_a, &lora_b_gate, &lora_b_up}, {&lora_x})) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return cuops::lora_swiglu(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+    return cuops::lora_swiglu(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x, activation);
   }
-  return LoraSwigluFunction::apply(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+  return LoraSwigluFunction::apply(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x,
+                                   activation);
 }
 
 // ---- Under CUDA autocast, as PEFT's F.linear calls: every tensor cast to the autocast dtype.
@@ -317,11 +325,12 @@ at::Tensor lora_linear_autocast(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor lora_swiglu_autocast(const at::Tensor& x, const at::Tensor& w_gate,
                                 const at::Tensor& w_up, const at::Tensor& lora_a,
                                 const at::Tensor& lora_b_gate, const at::Tensor& lora_b_up,
-                                const std::optional<at::Tensor>& lora_x) {
+                                const std::optional<at::Tensor>& lora_x,
+                                c10::string_view activation) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
   return cuops::lora_swiglu(autocast_cuda(x), autocast_cuda(w_gate), autocast_cuda(w_up),
                             autocast_cuda(lora_a), autocast_cuda(lora_b_gate),
-                            autocast_cuda(lora_b_up), autocast_cuda(lora_x));
+                            autocast_cuda(lora_b_up), autocast_cuda(lora_x), activation);
 }
 
 }  // namespace

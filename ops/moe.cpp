@@ -19,6 +19,8 @@
 // dw from <dh', h> = <dout, h down^T> needs no [rows, H] down output kept.
 #include "ops/common.h"
 
+#include "ops/fused_gemm.h"
+
 #include "kernels/gemm/gemm_plan.h"
 
 #include <limits>
@@ -304,16 +306,7 @@ std::tuple<at::Tensor, at::Tensor> topk_softmax_autograd(const at::Tensor& logit
 // gate_up [E, 2I, H], down [E, H, I]. A pair whose index is outside [0, E) adds nothing (Hugging
 // Face's expert-parallel convention: such pairs are another rank's).
 
-enum class Gate { Silu, GeluTanh };
-
-Gate parse_gate(const char* op, c10::string_view activation) {
-  const std::string_view a(activation.data(), activation.size());
-  if (a == "silu") return Gate::Silu;
-  if (a == "gelu_tanh") return Gate::GeluTanh;
-  TORCH_CHECK(false, "cuops::", op, ": expected activation to be silu or gelu_tanh, got '",
-              std::string(a), "'");
-  return Gate::Silu;
-}
+using Gate = kernels::Activation;  // the experts' gate: parse_gate's silu or gelu_tanh
 
 void check_moe_experts(const char* op, const at::Tensor& x, const at::Tensor& idx,
                        const at::Tensor& w, const at::Tensor& gate_up, const at::Tensor& down,
@@ -478,14 +471,10 @@ at::Tensor layout_mm(const at::Tensor& a, const at::Tensor& w, bool k_major,
   return cuops::grouped_mm(a, k_major ? w.transpose(1, 2) : w, offs);
 }
 
-at::Tensor gate_act(const at::Tensor& g, Gate gate) {
-  return gate == Gate::Silu ? at::silu(g) : at::gelu(g, "tanh");
-}
-
 // act(g) * u in the accumulation type, from gu [rows, 2I] = [g | u].
 at::Tensor gated(const at::Tensor& gu, Gate gate, at::ScalarType acc) {
   const int64_t inter = gu.size(1) / 2;
-  return gate_act(gu.narrow(1, 0, inter).to(acc), gate) * gu.narrow(1, inter, inter).to(acc);
+  return gate_of(gu.narrow(1, 0, inter).to(acc), gate) * gu.narrow(1, inter, inter).to(acc);
 }
 
 // out[t] = sum over j of w[t, j] * layout[rows[t * k + j]] (w null: weight 1), in j order, in the
@@ -673,10 +662,8 @@ GatedGrads gated_bwd(const at::Tensor& gu, const at::Tensor& dh1, const at::Tens
     if (need_dwr) out.dwr = at::empty({count}, wr.options());
     auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
     C10_CUDA_CHECK(kernels::launch_moe_gated_bwd(
-        kernel_dtype(dtype),
-        gate == Gate::Silu ? kernels::Activation::Silu : kernels::Activation::GeluTanh,
-        guc.data_ptr(), ptr(dhc), wr.data_ptr(), count, inter, ptr(out.dgu), ptr(out.hw),
-        ptr(out.dwr), current_stream(gu)));
+        kernel_dtype(dtype), gate, guc.data_ptr(), ptr(dhc), wr.data_ptr(), count, inter,
+        ptr(out.dgu), ptr(out.hw), ptr(out.dwr), current_stream(gu)));
     return out;
   }
   const at::Tensor h = gated(gu, gate, acc).to(dtype).to(acc);  // as the forward stored it
@@ -688,7 +675,7 @@ GatedGrads gated_bwd(const at::Tensor& gu, const at::Tensor& dh1, const at::Tens
     const at::Tensor g = gu.narrow(1, 0, inter).to(acc), u = gu.narrow(1, inter, inter).to(acc);
     const at::Tensor dg =
         gate == Gate::Silu ? at::silu_backward(dh * u, g) : at::gelu_backward(dh * u, g, "tanh");
-    out.dgu = at::cat({dg, dh * gate_act(g, gate)}, 1).to(dtype);
+    out.dgu = at::cat({dg, dh * gate_of(g, gate)}, 1).to(dtype);
   }
   return out;
 }

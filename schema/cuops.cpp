@@ -37,13 +37,18 @@ TORCH_LIBRARY(cuops, m) {
         gemm_tags);
   // (dy * act'(pre), the sum of that over rows) for dy, pre [rows, N]: linear's backward (internal).
   m.def("_linear_act_bwd(Tensor dy, Tensor pre, str activation) -> (Tensor, Tensor)", tags);
-  // silu(x @ w_gate^T) * (x @ w_up^T), x [..., K], w_gate and w_up [I, K] (docs/ops.md#swiglu).
-  m.def("swiglu(Tensor x, Tensor w_gate, Tensor w_up) -> Tensor", gemm_tags);
-  // swiglu's output and g = x @ w_gate^T, u = x @ w_up^T, for swiglu's backward (internal).
-  m.def("_swiglu_fwd(Tensor x, Tensor w_gate, Tensor w_up) -> (Tensor out, Tensor g, Tensor u)",
+  // act(x @ w_gate^T) * (x @ w_up^T), x [..., K], w_gate and w_up [I, K]; act silu (SwiGLU) or
+  // gelu_tanh (GeGLU) (docs/ops.md#swiglu).
+  m.def("swiglu(Tensor x, Tensor w_gate, Tensor w_up, str activation=\"silu\") -> Tensor",
         gemm_tags);
-  // (dy * u * silu'(g), dy * silu(g)) for dy, g, u [rows, I]: swiglu's backward (internal).
-  m.def("_swiglu_bwd(Tensor dy, Tensor g, Tensor u) -> (Tensor, Tensor)", tags);
+  // swiglu's output and g = x @ w_gate^T, u = x @ w_up^T, for swiglu's backward (internal).
+  m.def(
+      "_swiglu_fwd(Tensor x, Tensor w_gate, Tensor w_up, str activation=\"silu\") -> (Tensor out, "
+      "Tensor g, Tensor u)",
+      gemm_tags);
+  // (dy * u * act'(g), dy * act(g)) for dy, g, u [rows, I]: swiglu's backward (internal).
+  m.def("_swiglu_bwd(Tensor dy, Tensor g, Tensor u, str activation=\"silu\") -> (Tensor, Tensor)",
+        tags);
   // act(x @ weight^T + (lora_x @ lora_a^T) @ lora_b^T + bias): linear with a LoRA adapter (lora_a
   // [R, K], lora_b [N, R], its scale folded into lora_b), the rank-R update an extra K chunk of the
   // same GEMM; lora_x (PEFT's dropout of x) defaults to x (docs/ops.md#lora_linear).
@@ -57,17 +62,18 @@ TORCH_LIBRARY(cuops, m) {
       "_lora_linear_fwd(Tensor x, Tensor weight, Tensor lora_a, Tensor lora_b, Tensor? bias, "
       "str activation, Tensor? lora_x) -> (Tensor out, Tensor pre, Tensor lora_u)",
       gemm_tags);
-  // swiglu with LoRA adapters on both projections: silu(x @ w_gate^T + (lora_x @ lora_a^T) @
+  // swiglu with LoRA adapters on both projections: act(x @ w_gate^T + (lora_x @ lora_a^T) @
   // lora_b_gate^T) * (x @ w_up^T + (lora_x @ lora_a^T) @ lora_b_up^T), the two adapters' A stacked
-  // in lora_a [R, K], each lora_b [I, R] (docs/ops.md#lora_swiglu).
+  // in lora_a [R, K], each lora_b [I, R]; act as swiglu's (docs/ops.md#lora_swiglu).
   m.def(
       "lora_swiglu(Tensor x, Tensor w_gate, Tensor w_up, Tensor lora_a, Tensor lora_b_gate, "
-      "Tensor lora_b_up, Tensor? lora_x=None) -> Tensor",
+      "Tensor lora_b_up, Tensor? lora_x=None, str activation=\"silu\") -> Tensor",
       gemm_tags);
   // lora_swiglu's output, its gate and up products and lora_x @ lora_a^T, for its backward (internal).
   m.def(
       "_lora_swiglu_fwd(Tensor x, Tensor w_gate, Tensor w_up, Tensor lora_a, Tensor lora_b_gate, "
-      "Tensor lora_b_up, Tensor? lora_x) -> (Tensor out, Tensor g, Tensor u, Tensor lora_u)",
+      "Tensor lora_b_up, Tensor? lora_x, str activation=\"silu\") -> (Tensor out, Tensor g, "
+      "Tensor u, Tensor lora_u)",
       gemm_tags);
   // The cross-entropy of softmax(x @ weight^T + bias) against target without the [T, V] logits: x
   // [..., K], weight [V, K], target int64 [...]; reduction mean, sum or none

@@ -111,30 +111,33 @@ inline std::tuple<at::Tensor, at::Tensor> _linear_act_bwd(const at::Tensor& dy,
   return handle.call(dy, pre, activation);
 }
 
-// silu(x @ w_gate^T) * (x @ w_up^T) for x [..., K], w_gate and w_up [I, K] (nn.Linear's layout);
-// differentiable in x, w_gate and w_up.
-inline at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up) {
-  static const auto handle =
-      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-          "cuops::swiglu");
-  return handle.call(x, w_gate, w_up);
+// act(x @ w_gate^T) * (x @ w_up^T) for x [..., K], w_gate and w_up [I, K] (nn.Linear's layout), act
+// "silu" (SwiGLU) or "gelu_tanh" (GeGLU); differentiable in x, w_gate and w_up.
+inline at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                         std::string_view activation = "silu") {
+  static const auto handle = detail::op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string_view)>("cuops::swiglu");
+  return handle.call(x, w_gate, w_up, activation);
 }
 
 // swiglu's pieces for its backward (internal; its schema may change): the output and the products
 // g = x @ w_gate^T and u = x @ w_up^T.
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _swiglu_fwd(const at::Tensor& x,
-                                                                  const at::Tensor& w_gate,
-                                                                  const at::Tensor& w_up) {
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _swiglu_fwd(
+    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+    std::string_view activation = "silu") {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::_swiglu_fwd");
-  return handle.call(x, w_gate, w_up);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string_view)>(
+      "cuops::_swiglu_fwd");
+  return handle.call(x, w_gate, w_up, activation);
 }
-// swiglu's gate backward (internal): (dy * u * silu'(g), dy * silu(g)) for dy, g, u [rows, I].
+// swiglu's gate backward (internal): (dy * u * act'(g), dy * act(g)) for dy, g, u [rows, I].
 inline std::tuple<at::Tensor, at::Tensor> _swiglu_bwd(const at::Tensor& dy, const at::Tensor& g,
-                                                      const at::Tensor& u) {
+                                                      const at::Tensor& u,
+                                                      std::string_view activation = "silu") {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cuops::_swiglu_bwd");
-  return handle.call(dy, g, u);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, std::string_view)>(
+      "cuops::_swiglu_bwd");
+  return handle.call(dy, g, u, activation);
 }
 
 // act(x @ weight^T + (lora_x @ lora_a^T) @ lora_b^T + bias): linear with a LoRA adapter, lora_a
@@ -168,15 +171,16 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _lora_linear_fwd(
 
 // swiglu with LoRA adapters on the gate and up projections: the adapters' A stacked in lora_a [R, K],
 // lora_b_gate and lora_b_up [I, R] (each zero outside its adapter's columns, its scale folded in);
-// lora_x as lora_linear's. Differentiable in every tensor.
+// lora_x as lora_linear's; activation as swiglu's. Differentiable in every tensor.
 inline at::Tensor lora_swiglu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
                               const at::Tensor& lora_a, const at::Tensor& lora_b_gate,
                               const at::Tensor& lora_b_up,
-                              const std::optional<at::Tensor>& lora_x = std::nullopt) {
+                              const std::optional<at::Tensor>& lora_x = std::nullopt,
+                              std::string_view activation = "silu") {
   static const auto handle = detail::op<at::Tensor(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const std::optional<at::Tensor>&)>("cuops::lora_swiglu");
-  return handle.call(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+      const at::Tensor&, const std::optional<at::Tensor>&, std::string_view)>("cuops::lora_swiglu");
+  return handle.call(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x, activation);
 }
 
 // lora_swiglu's pieces for its backward (internal; its schema may change): the output, the products g
@@ -184,11 +188,12 @@ inline at::Tensor lora_swiglu(const at::Tensor& x, const at::Tensor& w_gate, con
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _lora_swiglu_fwd(
     const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& lora_a,
     const at::Tensor& lora_b_gate, const at::Tensor& lora_b_up,
-    const std::optional<at::Tensor>& lora_x) {
+    const std::optional<at::Tensor>& lora_x, std::string_view activation = "silu") {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const std::optional<at::Tensor>&)>("cuops::_lora_swiglu_fwd");
-  return handle.call(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x);
+      const at::Tensor&, const std::optional<at::Tensor>&, std::string_view)>(
+      "cuops::_lora_swiglu_fwd");
+  return handle.call(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x, activation);
 }
 
 // The cross-entropy of softmax(x @ weight^T + bias) against target, without the [T, V] logits: x

@@ -6,7 +6,7 @@
 // every mma fragment, SIMT tile and split-plane sum holds them; float, or double for float64) or
 // as single elements (the small-M kernel, a thread per output). An epilogue type has
 //   1. the per-element step: alpha * acc + beta * old c (LinearCombination); a bias column and an
-//      activation (BiasActivation); two accumulators combined (GatedSilu, SwiGLU's dual GEMM);
+//      activation (BiasActivation); two accumulators combined (Gated, SwiGLU's dual GEMM);
 //   2. loads: the old c, only where beta != 0 (c may be NaN or unwritten); the bias;
 //   3. stores: to c directly, to c transposed (TF32's C^T = B^T A^T) or packed into shared memory
 //      for a staged TMA store; the fused ones also to the auxiliary tensors the backward keeps;
@@ -202,20 +202,35 @@ struct BiasActivation {
   }
 };
 
-// swiglu's epilogue (GemmEpilogue::GatedSilu): the gate and up products of one element combined.
-struct GatedSilu {
-  static __device__ __forceinline__ float combine(float g, float u) {
-    return act_forward_fast(Activation::Silu, g) * u;
+// The gated MLP's epilogue (GemmEpilogue::Gated): the gate and up products of one element combined,
+// act(g) * u; act silu (swiglu, the MoE experts) or gelu_tanh (Gemma's GeGLU), the op's, uniform
+// over a launch: the switch stands outside the tile's loop, each case its own unrolled loop (as
+// BiasActivation::activate), so silu's instructions are what they were before gelu_tanh joined.
+struct Gated {
+  // d[i] = act(d[i]) * d[H + i], i < H: a lane's gate and up halves of its columns.
+  template <int H, int N>
+  static __device__ __forceinline__ void combine(Activation act, float (&d)[N]) {
+    static_assert(2 * H <= N, "the gate and up halves");
+    if (act == Activation::GeluTanh) {
+#pragma unroll
+      for (int i = 0; i < H; ++i) d[i] = act_forward_fast(Activation::GeluTanh, d[i]) * d[H + i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < H; ++i) d[i] = act_forward_fast(Activation::Silu, d[i]) * d[H + i];
+    }
   }
   // One element (the small-M kernel, 16-bit T): g and u scaled by alpha, kept in *aux / *aux2 where
-  // set, silu(g) * u into *dst, each rounded once.
-  template <typename T> static __device__ __forceinline__ void one(float alpha, T* dst, T* aux,
-                                                                   T* aux2, float g, float u) {
+  // set, act(g) * u into *dst, each rounded once.
+  template <typename T> static __device__ __forceinline__ void one(Activation act, float alpha,
+                                                                   T* dst, T* aux, T* aux2, float g,
+                                                                   float u) {
     g *= alpha;
     u *= alpha;
     if (aux != nullptr) *aux = from_acc<T>(g);
     if (aux2 != nullptr) *aux2 = from_acc<T>(u);
-    *dst = from_acc<T>(combine(g, u));
+    const float a = act == Activation::GeluTanh ? act_forward_fast(Activation::GeluTanh, g)
+                                                : act_forward_fast(Activation::Silu, g);
+    *dst = from_acc<T>(a * u);
   }
 };
 

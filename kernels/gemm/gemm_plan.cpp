@@ -598,11 +598,13 @@ bool plan_skinny(GemmPlan& p, const GemmDevice& dev) {
 bool plan_fused(GemmPlan& p, const GemmDevice& dev) {
   const GemmRequest& r = p.req;
   const GemmFusion& f = r.fusion;
-  const bool dual = f.kind == GemmEpilogue::GatedSilu;
+  const bool dual = f.kind == GemmEpilogue::Gated;
   const bool half = r.dtype == DType::BFloat16 || r.dtype == DType::Float16;
   const bool copies = p.copy_a.layout != CopyLayout::None || p.copy_b.layout != CopyLayout::None;
+  // The dual epilogue's gates (epilogue.cuh's Gated): silu and gelu_tanh.
+  const bool gate = f.act == Activation::Silu || f.act == Activation::GeluTanh;
   if (!half || !dev.wgmma || p.swap_ab || !p.a_kmajor || p.b_nmajor || copies || r.beta != 0.0 ||
-      (dual && !aligned(f.b2, 16))) {
+      (dual && (!aligned(f.b2, 16) || !gate))) {
     return false;
   }
   // The dual GEMM's work is the 2n-wide product's (either kernel reads both weights' rows in one

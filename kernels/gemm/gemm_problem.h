@@ -27,7 +27,7 @@ struct GemmProblem {
   void* workspace;         // GemmPlan::workspace_bytes of device memory (the split tail), or null
 };
 
-// What a fused epilogue (epilogue.cuh's BiasActivation, GatedSilu) reads besides the accumulators:
+// What a fused epilogue (epilogue.cuh's BiasActivation, Gated) reads besides the accumulators:
 // the bias ([n] in c's type, or null), the activation, and whether it keeps what the backward
 // needs (the pre-activation; the dual GEMM's two products) in the auxiliary outputs.
 struct FusedArgs {

@@ -52,7 +52,7 @@ struct Skinny {
 
 // A fused epilogue's operands (plan.fused: 16-bit, the streaming form, the weight k-contiguous; the
 // kernel's E names which), apart from Skinny so the plain kernels' parameters stay as they were:
-// bias [outputs] or null and act (BiasActivation); w2, the second weight (GatedSilu: ldw as w; a
+// bias [outputs] or null and act (BiasActivation); w2, the second weight (Gated: ldw as w; a
 // CTA's 64 rows are 32 outputs of each weight); aux / aux2 the kept products [tokens, ld_aux] or null.
 struct SkinnyFusion {
   const void* bias;
@@ -120,7 +120,7 @@ __device__ __forceinline__ double ld_cluster(const double* local, int rank) {
 // Writes the block's outputs for every token from the sums that sum_at(t, o) points to in this CTA's
 // shared memory (all of them written before the call), o < outs: with E Plain, outputs
 // [blockIdx.x * outs, + outs), alpha times the sum plus beta times out; with a fused E, the
-// epilogue's (epilogue.cuh's `one` members; GatedSilu: outputs [blockIdx.x * outs / 2, + outs / 2),
+// epilogue's (epilogue.cuh's `one` members; Gated: outputs [blockIdx.x * outs / 2, + outs / 2),
 // the gate's sum at o and the up product's at o + outs / 2). With a cluster along k (gridDim.y
 // CTAs), each CTA stores a share and every output's sum is taken over the cluster in rank order,
 // whichever CTA finishes it. All threads of the block call. block: the block of outputs (-1:
@@ -142,7 +142,7 @@ __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&&
   __syncthreads();
   // Output element e: token e / stored, output e % stored (consecutive threads along o).
   const int threads = static_cast<int>(blockDim.x);
-  const int stored = E == GemmEpilogue::GatedSilu ? outs / 2 : outs;
+  const int stored = E == GemmEpilogue::Gated ? outs / 2 : outs;
   for (int e = static_cast<int>(threadIdx.x) + rank * threads; e < MT * stored;
        e += threads * split) {
     const int t = e / stored, o = e % stored;
@@ -174,11 +174,11 @@ __device__ __forceinline__ void store_outputs(const Skinny& s, int outs, SumAt&&
       T* aux = f->aux != nullptr ? static_cast<T*>(f->aux) + t * f->ld_aux + og : nullptr;
       const T* bias = f->bias != nullptr ? static_cast<const T*>(f->bias) + og : nullptr;
       BiasActivation::one(f->act, s.alpha, bias, dst, aux, total(o));
-    } else if constexpr (E == GemmEpilogue::GatedSilu) {
+    } else if constexpr (E == GemmEpilogue::Gated) {
       const int64_t at = t * f->ld_aux + og;
       T* aux = f->aux != nullptr ? static_cast<T*>(f->aux) + at : nullptr;
       T* aux2 = f->aux2 != nullptr ? static_cast<T*>(f->aux2) + at : nullptr;
-      GatedSilu::one(s.alpha, dst, aux, aux2, total(o), total(o + stored));
+      Gated::one(f->act, s.alpha, dst, aux, aux2, total(o), total(o + stored));
     }
   }
 #if __CUDA_ARCH__ >= 900

@@ -350,7 +350,7 @@ __device__ __forceinline__ void mma_consume(uint32_t base, int stage_bytes, int 
 
 #endif
 
-// The kernels' body. E: the epilogue (gemm_skinny.cuh's store_outputs). GatedSilu (k-contiguous
+// The kernels' body. E: the epilogue (gemm_skinny.cuh's store_outputs). Gated (k-contiguous
 // weights only) reads a stage's 64 weight rows as 32 outputs of the gate (map mw) over 32 of the up
 // weight (map mw2), boxes of 32 rows each: the consumers multiply them as one 64-row tile and the
 // epilogue finds g and u of one output 32 sums apart. Elsewhere mw2 is not read.
@@ -363,7 +363,7 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
                                                 const SkinnyFusion* f, int stages, int chunk,
                                                 const int32_t* slots = nullptr, int per_slot = 1) {
 #if __CUDA_ARCH__ >= 900
-  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr bool kDual = E == GemmEpilogue::Gated;
   static_assert(!kDual || WK, "the dual product reads nn.Linear's k-contiguous weights");
   constexpr int kOut = kSkinnyTma.outputs;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;  // a box row is 128 bytes: kBoxK elements
@@ -472,7 +472,7 @@ template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(
 }
 
 // The MoE decode products (ops/moe.cpp): kGroups' body, 16-bit, the experts' weights k-contiguous
-// (nn.Linear's rows: Hugging Face's gate_up_proj and down_proj), Plain or GatedSilu.
+// (nn.Linear's rows: Hugging Face's gate_up_proj and down_proj), Plain or Gated.
 template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_skinny_tma_grouped(const __grid_constant__ CUtensorMap mw,
                             const __grid_constant__ CUtensorMap mw2,
@@ -481,13 +481,13 @@ template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(
   skinny_tma_body<T, MT, true, false, E, true>(mw, mw2, mx, s, &f, stages, chunk, slots, per_slot);
 }
 
-// Its launch: one CTA a slot's 64 rows of the weight (32 of each for GatedSilu) over the whole k (the
+// Its launch: one CTA a slot's 64 rows of the weight (32 of each for Gated) over the whole k (the
 // slots' blocks fill the SMs at decode's 8-128 slots: no k split), the ring of kSkinnyTmaStages
 // stages of kSkinnyTma.chunk k, or of kSkinnyTmaDeepChunk where the blocks fill half the SMs or
 // fewer (the small-M planner's rule).
 template <typename T, int MT, GemmEpilogue E>
 cudaError_t launch_grouped_tma(const GroupedSkinny& g, int sms, cudaStream_t stream) {
-  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr bool kDual = E == GemmEpilogue::Gated;
   constexpr int kElem = sizeof(T), kBoxK = 128 / kElem;
   constexpr int kRows = kDual ? kSkinnyTma.outputs / 2 : kSkinnyTma.outputs;
   const int64_t per_slot = (g.n + kRows - 1) / kRows, blocks = per_slot * g.slots_n;
@@ -508,7 +508,8 @@ cudaError_t launch_grouped_tma(const GroupedSkinny& g, int sms, cudaStream_t str
   s.alpha = 1.f, s.beta = 0.f, s.alpha64 = 1.0, s.beta64 = 0.0;
   s.slice = (g.k + chunk - 1) / chunk * chunk;
   s.rw = kSkinnyWarps, s.kw = 1;
-  const SkinnyFusion f{nullptr, Activation::None, g.w2, g.aux, g.aux2, g.ld_aux};
+  const SkinnyFusion f{nullptr, Activation::Silu, g.w2,
+                       g.aux,   g.aux2,           g.ld_aux};  // the experts' gate
   constexpr auto kernel = gemm_skinny_tma_grouped<T, MT, E>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -523,10 +524,10 @@ template <typename T>
 cudaError_t launch_grouped_tma_typed(const GroupedSkinny& g, int sms, cudaStream_t stream) {
   const bool dual = g.w2 != nullptr;
   if (g.mt == 8)
-    return dual ? launch_grouped_tma<T, 8, GemmEpilogue::GatedSilu>(g, sms, stream)
+    return dual ? launch_grouped_tma<T, 8, GemmEpilogue::Gated>(g, sms, stream)
                 : launch_grouped_tma<T, 8, GemmEpilogue::Plain>(g, sms, stream);
   if (g.mt == 16)
-    return dual ? launch_grouped_tma<T, 16, GemmEpilogue::GatedSilu>(g, sms, stream)
+    return dual ? launch_grouped_tma<T, 16, GemmEpilogue::Gated>(g, sms, stream)
                 : launch_grouped_tma<T, 16, GemmEpilogue::Plain>(g, sms, stream);
   return cudaErrorInvalidValue;
 }
@@ -543,7 +544,7 @@ cudaError_t launch_tma(const GemmPlan& plan, const Skinny& s, const SkinnyFusion
       !grid_fits(plan.grid)) {
     return cudaErrorInvalidValue;
   }
-  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr bool kDual = E == GemmEpilogue::Gated;
   constexpr uint32_t kRows = kDual ? kSkinnyTma.outputs / 2 : kSkinnyTma.outputs;
   CUtensorMap mw, mw2, mx;
   const bool maps = (WK ? make_map<T>(mw, s.w, s.k, s.outputs, s.ldw, kBoxK, kRows)
@@ -581,9 +582,9 @@ template <typename T> cudaError_t launch_tma_fused(const GemmPlan& plan, const S
                ? launch_tma<T, 8, true, false, GemmEpilogue::BiasActivation>(plan, s, f, stream)
                : launch_tma<T, 16, true, false, GemmEpilogue::BiasActivation>(plan, s, f, stream);
   }
-  if (e == GemmEpilogue::GatedSilu) {
-    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::GatedSilu>(plan, s, f, stream)
-                   : launch_tma<T, 16, true, false, GemmEpilogue::GatedSilu>(plan, s, f, stream);
+  if (e == GemmEpilogue::Gated) {
+    return mt == 8 ? launch_tma<T, 8, true, false, GemmEpilogue::Gated>(plan, s, f, stream)
+                   : launch_tma<T, 16, true, false, GemmEpilogue::Gated>(plan, s, f, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -443,9 +443,9 @@ template <typename T, int BN, bool kOn> struct LaneBias {
 
 // The fused epilogues (FusedArgs), a consumer's 64 rows of the tile (tm, tn), by TMA stores.
 // BiasActivation: z = alpha * acc + bias[col] (b, in float), kept in aux where f.keep; then
-// act(z) into c, rounded once. GatedSilu: the accumulator tile's columns are BN / 2 of the gate
+// act(z) into c, rounded once. Gated: the accumulator tile's columns are BN / 2 of the gate
 // product g (d[0 .. BN / 4)) then the same columns of the up product u (d[BN / 4 ..)): each lane
-// holds both halves of its columns, so y = silu(g) * u needs no exchange; g and u kept in aux and
+// holds both halves of its columns, so y = act(g) * u needs no exchange; g and u kept in aux and
 // aux2 where f.keep; the tile's outputs are its BN / 2 columns.
 template <typename T, int BM, int BN, GemmEpilogue E, bool kBias>
 __device__ __forceinline__ void store_unit_fused(
@@ -473,7 +473,7 @@ __device__ __forceinline__ void store_unit_fused(
     BiasActivation::activate(f.act, d);
     store_tile_tma<T, BM, BN, BN>(map_c, mine, row, col0, cw, tid, warp, lane, packed(0));
   } else {
-    static_assert(E == GemmEpilogue::GatedSilu, "a fused epilogue");
+    static_assert(E == GemmEpilogue::Gated, "a fused epilogue");
     constexpr int kHalf = BN / 4;
     const int64_t col0 = tn * (BN / 2);
 #pragma unroll
@@ -483,8 +483,7 @@ __device__ __forceinline__ void store_unit_fused(
       store_tile_tma<T, BM, BN, BN / 2>(map_aux2, mine, row, col0, cw, tid, warp, lane,
                                         packed(kHalf));
     }
-#pragma unroll
-    for (int i = 0; i < kHalf; ++i) d[i] = GatedSilu::combine(d[i], d[kHalf + i]);
+    Gated::combine<kHalf>(f.act, d);
     store_tile_tma<T, BM, BN, BN / 2>(map_c, mine, row, col0, cw, tid, warp, lane, packed(0));
   }
 }
@@ -812,7 +811,7 @@ __device__ __forceinline__ void wgmma_body(const CUtensorMap& map_a, const CUten
                                            const GemmProblem& p, bool tma_store, bool c_trans,
                                            const WgTail& tail, const FusedArgs& f,
                                            const WgGroups* groups = nullptr) {
-  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr bool kDual = E == GemmEpilogue::Gated;
   constexpr int kOutBN = kDual ? BN / 2 : BN;
   using Cfg = WgCfg<T, BM, BN>;
   using Sh = WgShape<BM>;
@@ -1034,7 +1033,7 @@ cudaError_t launch_wg(const GemmPlan& plan, const GemmProblem& p, cudaStream_t s
 template <typename T, int BM, int BN, int kCM, GemmEpilogue E>
 cudaError_t launch_wg_fused(const GemmPlan& plan, const GemmProblem& p, cudaStream_t stream) {
   using Cfg = WgCfg<T, BM, BN>;
-  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr bool kDual = E == GemmEpilogue::Gated;
   constexpr int kOutBN = kDual ? BN / 2 : BN, kBoxN = kDual ? BN / 2 : BN / kCM;
   const WgmmaParams& w = plan.wgmma();
   const GemmFusion& fu = plan.req.fusion;
@@ -1107,7 +1106,7 @@ cudaError_t launch_wg_fused_tile(const GemmPlan& plan, const GemmProblem& p, cud
   if (w.bn == 256 && w.cluster_m == 2) return launch_wg_fused<T, 128, 256, 2, E>(plan, p, stream);
   if (w.bn == 256 && w.cluster_m == 1) return launch_wg_fused<T, 128, 256, 1, E>(plan, p, stream);
   if (w.bn == 128 && w.cluster_m == 1) return launch_wg_fused<T, 128, 128, 1, E>(plan, p, stream);
-  if constexpr (E != GemmEpilogue::GatedSilu) {
+  if constexpr (E != GemmEpilogue::Gated) {
     if (w.bn == 64 && w.cluster_m == 1) return launch_wg_fused<T, 128, 64, 1, E>(plan, p, stream);
   }
   return cudaErrorInvalidValue;
@@ -1118,8 +1117,8 @@ cudaError_t launch_wg_fused_typed(const GemmPlan& plan, const GemmProblem& p, cu
   switch (plan.req.fusion.kind) {
     case GemmEpilogue::BiasActivation:
       return launch_wg_fused_tile<T, GemmEpilogue::BiasActivation>(plan, p, stream);
-    case GemmEpilogue::GatedSilu:
-      return launch_wg_fused_tile<T, GemmEpilogue::GatedSilu>(plan, p, stream);
+    case GemmEpilogue::Gated:
+      return launch_wg_fused_tile<T, GemmEpilogue::Gated>(plan, p, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -106,7 +106,7 @@ template <typename T, int BN, bool BNM, GemmEpilogue E, WgGroup G>
 cudaError_t launch_grouped(const GroupedGemm& g, int sms, cudaStream_t stream) {
   constexpr int BM = 128;
   using Cfg = WgCfg<T, BM, BN>;
-  constexpr bool kDual = E == GemmEpilogue::GatedSilu;
+  constexpr bool kDual = E == GemmEpilogue::Gated;
   constexpr int kOutBN = kDual ? BN / 2 : BN;
   const bool keep = g.aux != nullptr;
   CUtensorMap m[6]{};  // a, b, c, b2, aux, aux2
@@ -127,10 +127,10 @@ cudaError_t launch_grouped(const GroupedGemm& g, int sms, cudaStream_t stream) {
       G == WgGroup::Packed ? (g.rows + (BM - 1) * (g.groups + 1)) / BM : (g.rows + BM - 1) / BM;
   const GemmProblem p{g.rows, g.n,   g.k, g.a, g.lda, g.b, g.ldb,
                       g.c,    g.ldc, 1.f, 0.f, 1.0,   0.0, nullptr};
-  return launch_units<T, BN, G>(gemm_wgmma_grouped<T, BM, BN, true, BNM, E, G>, g,
-                                tiles * ((g.n + kOutBN - 1) / kOutBN), sms, stream, m, p,
-                                FusedArgs{nullptr, Activation::None, keep},
-                                WgGroups{g.ends, static_cast<int>(g.groups), 0});
+  return launch_units<T, BN, G>(
+      gemm_wgmma_grouped<T, BM, BN, true, BNM, E, G>, g, tiles * ((g.n + kOutBN - 1) / kOutBN), sms,
+      stream, m, p, FusedArgs{nullptr, Activation::Silu, keep},  // the experts' gate: silu
+      WgGroups{g.ends, static_cast<int>(g.groups), 0});
 }
 
 // Along k (a weight gradient): c [groups m, n], group e's rows of c the product of a's and b's rows
@@ -181,7 +181,7 @@ cudaError_t launch_grouped_typed(const GroupedGemm& g, int sms, cudaStream_t str
                 : launch_grouped_k<T, 128, WgGroup::K>(g, sms, stream);
   if (g.b2 != nullptr) {
     if (g.b_nmajor || !wide) return cudaErrorInvalidValue;  // nn.Linear-like rows, 128 outputs
-    return launch_grouped<T, 256, false, GemmEpilogue::GatedSilu, R>(g, sms, stream);
+    return launch_grouped<T, 256, false, GemmEpilogue::Gated, R>(g, sms, stream);
   }
   if (g.b_nmajor)
     return wide ? launch_grouped<T, 256, true, kPlain, R>(g, sms, stream)

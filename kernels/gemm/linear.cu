@@ -130,10 +130,11 @@ template <typename T> __global__ void __launch_bounds__(256)
 
 int64_t chunks_of(int64_t rows) { return (rows + kChunkRows - 1) / kChunkRows; }
 
-// swiglu's gate backward, one pass: dg = dy * u * silu'(g), du = dy * silu(g) in the accumulation
-// type, each rounded once. A thread takes V consecutive columns of a row (16 bytes where every
-// operand's rows allow it, else one element); blockIdx.y walks the rows.
-template <typename T, int V> __global__ void __launch_bounds__(256)
+// The gated MLP's backward, one pass: dg = dy * u * act'(g), du = dy * act(g) in the accumulation
+// type (torch's formulas: activation.cuh), each rounded once; act (Act) silu or gelu_tanh. A thread
+// takes V consecutive columns of a row (16 bytes where every operand's rows allow it, else one
+// element); blockIdx.y walks the rows.
+template <typename T, int V, Activation Act> __global__ void __launch_bounds__(256)
     swiglu_bwd(const T* dy, int64_t ld_dy, const T* g, int64_t ld_g, const T* u, int64_t ld_u,
                int64_t rows, int64_t n, T* dg, T* du) {
   using A = acc_t<T>;
@@ -151,9 +152,14 @@ template <typename T, int V> __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const A d = to_acc(vdy[i]), z = to_acc(vg[i]);
-      const A s = A(1) / (A(1) + exp(-z));
-      vdg[i] = from_acc<T>(d * to_acc(vu[i]) * (s * (A(1) + z * (A(1) - s))));
-      vdu[i] = from_acc<T>(d * (z * s));
+      if constexpr (Act == Activation::Silu) {
+        const A s = A(1) / (A(1) + exp(-z));
+        vdg[i] = from_acc<T>(d * to_acc(vu[i]) * (s * (A(1) + z * (A(1) - s))));
+        vdu[i] = from_acc<T>(d * (z * s));
+      } else {
+        vdg[i] = from_acc<T>(d * to_acc(vu[i]) * act_derivative(Act, z));
+        vdu[i] = from_acc<T>(d * act_forward(Act, z));
+      }
     }
     if constexpr (V > 1) {
       *reinterpret_cast<uint4*>(dg + r * n + c) = *reinterpret_cast<const uint4*>(vdg);
@@ -166,10 +172,13 @@ template <typename T, int V> __global__ void __launch_bounds__(256)
 
 }  // namespace
 
-cudaError_t launch_swiglu_bwd(DType dtype, const void* dy, int64_t ld_dy, const void* g,
-                              int64_t ld_g, const void* u, int64_t ld_u, int64_t rows, int64_t n,
-                              void* dg, void* du, cudaStream_t stream) {
-  if (rows < 0 || n < 0 || ld_dy < n || ld_g < n || ld_u < n) return cudaErrorInvalidValue;
+cudaError_t launch_swiglu_bwd(DType dtype, Activation act, const void* dy, int64_t ld_dy,
+                              const void* g, int64_t ld_g, const void* u, int64_t ld_u,
+                              int64_t rows, int64_t n, void* dg, void* du, cudaStream_t stream) {
+  if (rows < 0 || n < 0 || ld_dy < n || ld_g < n || ld_u < n ||
+      (act != Activation::Silu && act != Activation::GeluTanh)) {
+    return cudaErrorInvalidValue;
+  }
   if (rows == 0 || n == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -185,12 +194,15 @@ cudaError_t launch_swiglu_bwd(DType dtype, const void* dy, int64_t ld_dy, const 
                     static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
     const T *pdy = static_cast<const T*>(dy), *pg = static_cast<const T*>(g),
             *pu = static_cast<const T*>(u);
-    if (wide) {
-      swiglu_bwd<T, kV><<<grid, 256, 0, stream>>>(pdy, ld_dy, pg, ld_g, pu, ld_u, rows, n,
-                                                  static_cast<T*>(dg), static_cast<T*>(du));
+    const auto run = [&](auto kernel) {
+      kernel<<<grid, 256, 0, stream>>>(pdy, ld_dy, pg, ld_g, pu, ld_u, rows, n, static_cast<T*>(dg),
+                                       static_cast<T*>(du));
+    };
+    if (act == Activation::Silu) {
+      wide ? run(swiglu_bwd<T, kV, Activation::Silu>) : run(swiglu_bwd<T, 1, Activation::Silu>);
     } else {
-      swiglu_bwd<T, 1><<<grid, 256, 0, stream>>>(pdy, ld_dy, pg, ld_g, pu, ld_u, rows, n,
-                                                 static_cast<T*>(dg), static_cast<T*>(du));
+      wide ? run(swiglu_bwd<T, kV, Activation::GeluTanh>)
+           : run(swiglu_bwd<T, 1, Activation::GeluTanh>);
     }
     return cudaGetLastError();
   });

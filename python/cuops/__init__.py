@@ -289,19 +289,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return torch.ops.cuops.linear(x, weight, bias, activation)
 
 
-def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    """silu(x @ w_gate.T) * (x @ w_up.T): a gated MLP's gate and up projections (docs/ops.md#swiglu).
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """act(x @ w_gate.T) * (x @ w_up.T): a gated MLP's gate and up projections, act silu (SwiGLU:
+    Llama, Qwen, Mistral, Phi-3) or gelu_tanh (GeGLU: Gemma) (docs/ops.md#swiglu).
 
     Args:
         x: the [..., K] input (leading dimensions are flattened into rows).
         w_gate: the [I, K] gate projection's weight, as nn.Linear keeps it (read in place).
         w_up: the [I, K] up projection's weight, the same shape (read in place).
+        activation: the gate, "silu" (F.silu) or "gelu_tanh" (F.gelu(approximate="tanh"), HF's
+            gelu_pytorch_tanh).
 
     Returns:
         A new [..., I] tensor of x's dtype.
 
     Dtypes: float32, float64, float16, bfloat16, all tensors one dtype; half types accumulate both
-    products and form silu(g) * u in float32. Under CUDA autocast every tensor is cast to the
+    products and form act(g) * u in float32. Under CUDA autocast every tensor is cast to the
     autocast dtype as F.linear does (float32 master weights through autocast's cache); outside it a
     float32 weight with a half x is an error naming both dtypes.
 
@@ -310,11 +313,11 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
 
     Raises:
         RuntimeError: "cuops::swiglu: ..." for a bad shape, dtype or device (w_gate and w_up of
-            different shapes, or K not x's last dimension).
+            different shapes, or K not x's last dimension), or another activation.
 
     Calls torch.ops.cuops.swiglu.
     """
-    return torch.ops.cuops.swiglu(x, w_gate, w_up)
+    return torch.ops.cuops.swiglu(x, w_gate, w_up, activation)
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -352,8 +355,8 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
 
 def lora_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, lora_a: torch.Tensor,
                 lora_b_gate: torch.Tensor, lora_b_up: torch.Tensor,
-                lora_x: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """silu(x @ w_gate.T + (lora_x @ lora_a.T) @ lora_b_gate.T) * (x @ w_up.T + (lora_x @ lora_a.T) @
+                lora_x: Optional[torch.Tensor] = None, activation: str = "silu") -> torch.Tensor:
+    """act(x @ w_gate.T + (lora_x @ lora_a.T) @ lora_b_gate.T) * (x @ w_up.T + (lora_x @ lora_a.T) @
     lora_b_up.T): swiglu with LoRA adapters on its gate and up projections, both in the same dual GEMM
     (docs/ops.md#lora_swiglu).
 
@@ -364,6 +367,7 @@ def lora_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, lora_
         lora_b_gate, lora_b_up: [I, R] each, the adapter's scaled B in its own columns and zeros in the
             other's (so one [rows, R] product lora_x @ lora_a.T serves both).
         lora_x: the adapters' input where it is not x (PEFT's dropout of x), x's shape.
+        activation: the gate, "silu" or "gelu_tanh", as cuops.swiglu's.
 
     Returns:
         A new [..., I] tensor of x's dtype.
@@ -378,7 +382,7 @@ def lora_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, lora_
 
     Calls torch.ops.cuops.lora_swiglu.
     """
-    return torch.ops.cuops.lora_swiglu(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x)
+    return torch.ops.cuops.lora_swiglu(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x, activation)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -610,12 +614,12 @@ def moe_experts(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, g
 
 
 def patch(model: torch.nn.Module, fused_loss: bool = True) -> torch.nn.Module:
-    """Puts a built Hugging Face Llama-family model (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 3, OLMo2, Granite: the ForCausalLM or the
+    """Puts a built Hugging Face Llama-family model (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, OLMo2, Granite: the ForCausalLM or the
     base Model, or a PEFT model around one) on cuops' fused ops, in place, and returns it (docs/patch.md).
 
     RMSNorm (Qwen3's q/k norms too) -> rms_norm; each decoder layer's attention residual add and
     post-attention norm -> add_rms_norm; the rotary embedding -> rotary; q, k and v in one GEMM in
-    training; a silu-gated MLP without biases -> swiglu + linear; the causal LM's training forward with
+    training; a silu- or gelu_tanh-gated MLP without biases -> swiglu + linear; the causal LM's training forward with
     labels -> linear_cross_entropy on the hidden states, returning the loss without making the logits
     (their place holds an object that raises, naming fused_loss, on any use; eval, or no labels:
     logits as before; num_items_in_batch and shift_labels honoured).

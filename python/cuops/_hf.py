@@ -16,7 +16,7 @@ What changes, module by module (the parameters, buffers and state_dict stay as t
   with cuops.rotary (one pass, both heads' sets), under CUDA autocast in the half type attention reads
   (so a KV cache keeps keys in the values' dtype);
 - the MLP is cuops.swiglu (gate and up in one op) and cuops.linear (down), where it is silu-gated
-  without biases (other MLPs are left alone);
+  (SwiGLU) or gelu_tanh-gated (Gemma's GeGLU) without biases (other MLPs are left alone);
 - a mixture of experts' experts module is cuops.moe_experts (its 3-D weights read in place); the
   block around it (router, shared expert, Mixtral's jitter) stays the family's own code, so the
   router's output recorders (output_router_logits) and hooks see what they see unpatched;
@@ -66,6 +66,7 @@ class _Family(NamedTuple):
     qk_norm_whole: bool = False  # q_norm / k_norm over the whole q and k projections (OLMo2)
     module: Optional[str] = None  # its modeling module's model where it is not the model_type (gemma3)
     base_model: str = "Model"  # the base model's class suffix (Gemma 3's text model: TextModel)
+    attn_softcap: bool = False  # its attention hands attn_logit_softcapping to the interface (Gemma 2)
 
 
 _FAMILIES = {
@@ -76,7 +77,7 @@ _FAMILIES = {
     # Phi-3: q/k/v and gate/up each one stored projection (qkv_proj, gate_up_proj: _PACKED), dropout on
     # the residual branches (resid_pdrop: a layer with it live runs as its module).
     "phi3": _Family("Phi3", lambda attn: getattr(attn.config, "sliding_window", None), False),
-    # Gemma: its norms' (1 + weight) order (its GeGLU MLP, gelu_tanh-gated, runs as its module).
+    # Gemma: its norms' (1 + weight) order; its GeGLU MLP on swiglu's gelu_tanh gate.
     "gemma": _Family("Gemma", None, False, norm="gemma"),
     # OLMo2: norms after attention and the MLP (its decoder layer runs as its own, the norms patched).
     "olmo2": _Family("Olmo2", None, False, norm="cast", layer=False, qk_norm_whole=True),
@@ -84,8 +85,12 @@ _FAMILIES = {
     # patched layer), attention's scale (its own self.scaling), the embeddings' (its model's forward)
     # and the logits' divisor (logits_scaling, in the fused loss).
     "granite": _Family("Granite", None, False),
+    # Gemma 2: Gemma's norms, the sandwich-normed layer as its own around the patched parts, its
+    # attention's logit softcap handed on as its attention does; a final logit softcap keeps HF's loss.
+    "gemma2": _Family("Gemma2", lambda attn: attn.sliding_window, False, norm="gemma", layer=False,
+                      attn_softcap=True),
     # Gemma 3 (text): Gemma's norms (its q / k norms per head too), sliding windows by layer, the
-    # sandwich-normed decoder layer as its own around the patched parts, the GeGLU MLP as its module.
+    # sandwich-normed decoder layer as its own around the patched parts (the GeGLU MLP patched).
     "gemma3_text": _Family("Gemma3", lambda attn: attn.sliding_window, True, norm="gemma", layer=False,
                            module="gemma3", base_model="TextModel"),
     # Mixtures of experts: the dense families' layers with an experts module in the MLP's place.
@@ -394,11 +399,12 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = lins
         w_gate, w_up = _weight_of(gate), _weight_of(up)
         adapted = _adapter_args(x, [gate, up])
+    gate = _gate(self)
     if adapted is None:
-        h = cuops.swiglu(x, w_gate, w_up)
+        h = cuops.swiglu(x, w_gate, w_up, gate)
     else:
         a, (b_gate, b_up), lora_x = adapted
-        h = cuops.lora_swiglu(x, w_gate, w_up, a, b_gate, b_up, lora_x)
+        h = cuops.lora_swiglu(x, w_gate, w_up, a, b_gate, b_up, lora_x, gate)
     adapted = _adapter_args(h, [down])
     if adapted is None:
         return cuops.linear(h, down.weight)
@@ -579,13 +585,21 @@ def _attention_forward(family: _Family, eager_attention: Callable) -> Callable:
         v = v.view(hidden_shape).transpose(1, 2)
         # In the dtype attention casts q and k to under autocast (HF's float32 values cast, without
         # the cast's pass each way; the KV cache then holds keys in the values' dtype); else in q's, as
-        # every family's rotation returns (OLMo2's float32 cos and sin included: it casts back).
-        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype=_autocast_dtype(q) or q.dtype)
+        # every family's rotation returns (OLMo2's float32 cos and sin included: it casts back). A
+        # dtype only where it differs from the op's own: torch 2.11's AOTInductor hands a custom op's
+        # dtype argument over by export's enum numbers (pytorch/pytorch#169157: float32 arrives as
+        # float64), so an exported Llama layer keeps the argument out.
+        dtype = _autocast_dtype(q)
+        if dtype is None and torch.promote_types(q.dtype, cos.dtype) != q.dtype:
+            dtype = q.dtype
+        q, k = cuops.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype=dtype)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
         if family.sliding_window is not None:
             kwargs["sliding_window"] = family.sliding_window(self)
+        if family.attn_softcap:
+            kwargs["softcap"] = self.attn_logit_softcapping
         out, weights = interface(self, q, k, v, attention_mask,
                                  dropout=0.0 if not self.training else self.attention_dropout,
                                  scaling=self.scaling, **kwargs)
@@ -763,15 +777,16 @@ def patch(model: nn.Module, fused_loss: bool = True) -> nn.Module:
     for module in target.modules():
         for kind, role in roles:
             if isinstance(module, kind) and type(module).forward is kind.forward:
-                if role != "mlp" or _is_silu_gated(module):
+                if role != "mlp" or _gate(module) is not None:
                     _swap_forward(module, _forward_for(type(module), role, family, mod), role)
     target._cuops_fused_loss = bool(fused_loss)  # read at each call (_fused_loss_why_not)
     return model
 
 
-def _is_silu_gated(mlp: nn.Module) -> bool:
-    """down(silu(gate(x)) * up(x)): the config's activation silu (biases are the call's rule)."""
-    return _activation(mlp.config) in ("silu", "swish")
+def _gate(mlp: nn.Module) -> Optional[str]:
+    """down(act(gate(x)) * up(x)): swiglu's name of the config's activation (_GATES: silu or
+    gelu_tanh), or None: the MLP stays its module (biases are the call's rule)."""
+    return _GATES.get(_activation(mlp.config))
 
 
 def _activation(config) -> Optional[str]:
@@ -825,7 +840,7 @@ def patch_report(model: nn.Module) -> PatchReport:
                 getattr(type(parent), "_cuops_role", None) is None:  # OLMo2's norms after the sublayers
             add(name, "rms_norm", _plain(m, "rms_norm"))
         elif role is None and type(m).__name__.endswith("MLP") and type(parent).__name__.endswith("DecoderLayer"):
-            add(name, "swiglu + linear", f"activation {_activation(m.config)!r} (swiglu is silu-gated)")
+            add(name, "swiglu + linear", f"activation {_activation(m.config)!r} (swiglu gates by silu or gelu_tanh)")
         elif role == "decoder_layer":
             for norm, what in (("input_layernorm", "rms_norm"), ("post_attention_layernorm", "add_rms_norm")):
                 add(f"{name}.{norm}", what, _plain(getattr(m, norm), "rms_norm"))

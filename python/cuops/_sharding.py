@@ -80,15 +80,15 @@ def register() -> bool:
     def square_rule(x):
         return elementwise(x, linear=False)
 
-    def linear_entries(x, outputs, weights, bias, partial_ok):
+    def linear_entries(x, outputs, weights, bias, partial_ok, gate=False):
         # The fused linear ops, as ColwiseParallel shards nn.Linear: x's rows (any leading dim), or
         # the weights' rows (output columns: each shard applies the epilogue to its own columns),
         # everything else replicated. x's K with the weights' K gives partial sums, which an
         # activation or a bias must not see: that entry exists only without them (elsewhere DTensor
         # redistributes K first). Inputs: x, the weights, then for linear the bias (`bias`: whether
-        # one is given) and the activation string.
+        # one is given) and the activation string; for swiglu (`gate`) its activation string.
         def entry(out, px, pw, pb):
-            tail = [] if bias is None else [pb if bias else None, None]
+            tail = ([] if bias is None else [pb if bias else None, None]) + ([None] if gate else [])
             return [out] * outputs, [px] + [pw] * weights + tail
 
         last = x.ndim - 1
@@ -116,20 +116,22 @@ def register() -> bool:
                 ([Shard(1), Shard(0)], [Shard(1), Shard(1), None])]
 
     @register_sharding(ops.swiglu.default)
-    def swiglu_rule(x, w_gate, w_up):
-        return linear_entries(x, 1, 2, None, False)  # silu(g) * u: never on partial sums
+    def swiglu_rule(x, w_gate, w_up, activation="silu"):
+        return linear_entries(x, 1, 2, None, False, gate=True)  # act(g) * u: never on partial sums
 
     @register_sharding(ops._swiglu_fwd.default)
-    def swiglu_fwd_rule(x, w_gate, w_up):
-        return linear_entries(x, 3, 2, None, False)  # (out, g, u)
+    def swiglu_fwd_rule(x, w_gate, w_up, activation="silu"):
+        return linear_entries(x, 3, 2, None, False, gate=True)  # (out, g, u)
 
-    def lora_entries(x, outputs, weights, bias, lora_x, no_pre=False):
+    def lora_entries(x, outputs, weights, bias, lora_x, no_pre=False, gate=False):
         # The LoRA ops (lora_linear, lora_swiglu) as linear's: x's rows (lora_x with them), or the
         # weights' rows with their B's (output columns; the [rows, R] product u replicated, as A
         # is), everything else replicated. Never K: the adapter's product and an activation must not
-        # see partial sums. Inputs: x, the weights, A, the B's, [bias, activation], lora_x.
+        # see partial sums. Inputs: x, the weights, A, the B's, [bias, activation], lora_x, [activation
+        # (lora_swiglu's, `gate`)].
         def entry(out, u, px, pw, pa):
             tail = ([pw if bias else None, None] if bias is not None else []) + [px if lora_x else None]
+            tail += [None] if gate else []
             outs = [out] + [Replicate() if no_pre else out] * (outputs - 1) + ([u] if outputs > 1 else [])
             return outs, [px] + [pw] * weights + [pa] + [pw] * weights + tail  # no_pre: an empty [0] pre
 
@@ -148,17 +150,17 @@ def register() -> bool:
         return lora_entries(x, 2, 1, bias is not None, lora_x is not None, activation == "none")  # (y, pre, u)
 
     @register_sharding(ops.lora_swiglu.default)
-    def lora_swiglu_rule(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x=None):
-        return lora_entries(x, 1, 2, None, lora_x is not None)
+    def lora_swiglu_rule(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x=None, activation="silu"):
+        return lora_entries(x, 1, 2, None, lora_x is not None, gate=True)
 
     @register_sharding(ops._lora_swiglu_fwd.default)
-    def lora_swiglu_fwd_rule(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x):
-        return lora_entries(x, 3, 2, None, lora_x is not None)  # (out, g, u, lora_u)
+    def lora_swiglu_fwd_rule(x, w_gate, w_up, lora_a, lora_b_gate, lora_b_up, lora_x, activation="silu"):
+        return lora_entries(x, 3, 2, None, lora_x is not None, gate=True)  # (out, g, u, lora_u)
 
     @register_sharding(ops._swiglu_bwd.default)
-    def swiglu_bwd_rule(dy, g, u):
+    def swiglu_bwd_rule(dy, g, u, activation="silu"):
         # Elementwise over [rows, I]: any one sharding of all three, kept by both gradients.
-        return [([p, p], [p, p, p]) for p in (Replicate(), Shard(0), Shard(1))]
+        return [([p, p], [p, p, p, None]) for p in (Replicate(), Shard(0), Shard(1))]
 
     # linear_cross_entropy: replicated, or the tokens sharded (x's rows with target's; the weight and
     # bias whole): a loss per token keeps the tokens' sharding, a sum is a partial sum. A mean divides

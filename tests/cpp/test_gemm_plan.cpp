@@ -492,12 +492,12 @@ TEST(GemmRule, OperandNotReadable) {
 GemmRequest fused(GemmEpilogue kind, DType t, int64_t m, int64_t n, int64_t k, bool keep) {
   GemmRequest r = linear_forward(t, m, n, k);
   r.fusion.kind = kind;
-  r.fusion.act = Activation::Gelu;
+  r.fusion.act = kind == GemmEpilogue::Gated ? Activation::GeluTanh : Activation::Gelu;
   r.fusion.bias = kind == GemmEpilogue::BiasActivation ? address(0x600002) : nullptr;
-  r.fusion.b2 = kind == GemmEpilogue::GatedSilu ? address(0x700000) : nullptr;
+  r.fusion.b2 = kind == GemmEpilogue::Gated ? address(0x700000) : nullptr;
   if (keep) {
     r.fusion.aux = address(0x800000);
-    r.fusion.aux2 = kind == GemmEpilogue::GatedSilu ? address(0x900000) : nullptr;
+    r.fusion.aux2 = kind == GemmEpilogue::Gated ? address(0x900000) : nullptr;
     r.fusion.ld_aux = n;
   }
   return r;
@@ -511,7 +511,7 @@ TEST(GemmRule, FusedEpilogueApart) {
     if (p.fused) return testing::AssertionFailure() << describe(p);
     return testing::AssertionSuccess();
   };
-  for (GemmEpilogue kind : {GemmEpilogue::BiasActivation, GemmEpilogue::GatedSilu}) {
+  for (GemmEpilogue kind : {GemmEpilogue::BiasActivation, GemmEpilogue::Gated}) {
     SCOPED_TRACE(static_cast<int>(kind));
     const GemmRequest good = fused(kind, DType::BFloat16, 4096, 4096, 4096, true);
     ASSERT_TRUE(plan_gemm(good, kH100).fused);
@@ -547,13 +547,25 @@ TEST(GemmRule, FusedEpilogueApart) {
     r = good;
     r.fusion.ld_aux = r.n + 1;
     EXPECT_TRUE(apart(r, kH100));
-    if (kind == GemmEpilogue::GatedSilu) {
+    if (kind == GemmEpilogue::Gated) {
       r = good;
       r.fusion.b2 = address(0x700008);
       EXPECT_TRUE(apart(r, kH100));
       r = good;
       r.fusion.aux2 = nullptr;
       EXPECT_TRUE(apart(r, kH100));
+      // A gate the dual epilogue has no case for (epilogue.cuh's Gated: silu, gelu_tanh).
+      for (Activation act : {Activation::None, Activation::Relu, Activation::Gelu}) {
+        r = good;
+        r.fusion.act = act;
+        EXPECT_TRUE(apart(r, kH100));
+        r = decode;
+        r.fusion.act = act;
+        EXPECT_TRUE(apart(r, kH100));
+      }
+      r = good;
+      r.fusion.act = Activation::Silu;
+      EXPECT_TRUE(plan_gemm(r, kH100).fused);
     }
     // An operand the planner would copy: the fused kernel reads operands in place only.
     r = fused(kind, DType::BFloat16, 4096, 4096, 4097, false);
@@ -572,8 +584,8 @@ TEST(GemmRule, SmallMFused) {
                                 {5, 1000, 264}}) {
     SCOPED_TRACE(testing::Message() << m << " x " << n << " x " << k);
     for (DType t : {DType::BFloat16, DType::Float16}) {
-      for (GemmEpilogue kind : {GemmEpilogue::BiasActivation, GemmEpilogue::GatedSilu}) {
-        const bool dual = kind == GemmEpilogue::GatedSilu;
+      for (GemmEpilogue kind : {GemmEpilogue::BiasActivation, GemmEpilogue::Gated}) {
+        const bool dual = kind == GemmEpilogue::Gated;
         GemmRequest r = fused(kind, t, m, n, k, true);
         r.fusion.aux = address(0x800002);
         const GemmPlan p = plan_gemm(r, kH100);
@@ -628,7 +640,7 @@ TEST(GemmRule, FusedEpilogue) {
       }
       // The dual GEMM: planned as the plain 2n-wide product, tiles at least 128 wide; the output
       // is n wide.
-      const GemmRequest dual = fused(GemmEpilogue::GatedSilu, t, m, n, k, true);
+      const GemmRequest dual = fused(GemmEpilogue::Gated, t, m, n, k, true);
       p = plan_gemm(dual, kH100);
       ASSERT_TRUE(p.fused) << describe(p);
       EXPECT_TRUE(p.wgmma().tma_store);

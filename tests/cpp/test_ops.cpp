@@ -297,21 +297,22 @@ TEST_P(Ops, RmsNormAutogradMatchesATen) {
                               1e-12, 1e-12));
 }
 
-// lora_linear and lora_swiglu through the C++ API, with autograd, a frozen base weight: the values and
-// the gradients of x, A and B of torch's composite in float64; the base gets none. Weights of scale 0.2
+// lora_linear and lora_swiglu (both gates) through the C++ API, with autograd, a frozen base weight:
+// the values and the gradients of x, A and B of torch's composite in float64; the base gets none. Weights of scale 0.2
 // keep the products O(1): at scale 1 silu(z)·z reaches ~400 and sin() of it turns float64's last bit
 // into 1e-10 of gradient, which torch's own BLAS moves from run to run (it failed 2 % of runs).
 TEST_P(Ops, LoraAutogradMatchesATen) {
   auto x = rand({4, 3, 24}, at::kDouble).requires_grad_(), w = rand({20, 24}, at::kDouble) * 0.2;
   auto a = (rand({5, 24}, at::kDouble) * 0.2).requires_grad_(),
        b = (rand({20, 5}, at::kDouble) * 0.2).requires_grad_();
-  auto y =
-      cuops::lora_linear(x, w, a, b, std::nullopt, "gelu") + cuops::lora_swiglu(x, w, w, a, b, b);
+  auto y = cuops::lora_linear(x, w, a, b, std::nullopt, "gelu") +
+           cuops::lora_swiglu(x, w, w, a, b, b) +
+           cuops::lora_swiglu(x, w, w, a, b, b, std::nullopt, "gelu_tanh");
   y.sin().sum().backward();
   auto x2 = x.detach().clone().requires_grad_(), a2 = a.detach().clone().requires_grad_();
   auto b2 = b.detach().clone().requires_grad_();
   auto z = torch::matmul(x2, w.t()) + torch::matmul(torch::matmul(x2, a2.t()), b2.t());
-  auto y2 = torch::gelu(z) + torch::silu(z) * z;
+  auto y2 = torch::gelu(z) + torch::silu(z) * z + torch::gelu(z, "tanh") * z;
   y2.sin().sum().backward();
   EXPECT_TRUE(torch::allclose(y, y2, 1e-12, 1e-12));
   EXPECT_FALSE(w.grad().defined());

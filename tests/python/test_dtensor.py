@@ -182,9 +182,10 @@ def check_ops(rank, world, port, device, backend):
             got = cuops.linear(dt(a, px), dt(w, pw), dt(bias, pw), "gelu")
             assert got.placements == (out,), (px, pw, got.placements)
             torch.testing.assert_close(got.full_tensor(), cuops.linear(a, w, bias, "gelu"), rtol=1e-12, atol=1e-12)
-            got = cuops.swiglu(dt(a, px), dt(w, pw), dt(wu, pw))
-            assert got.placements == (out,), (px, pw, got.placements)
-            torch.testing.assert_close(got.full_tensor(), cuops.swiglu(a, w, wu), rtol=1e-12, atol=1e-12)
+            for act in ("silu", "gelu_tanh"):
+                got = cuops.swiglu(dt(a, px), dt(w, pw), dt(wu, pw), act)
+                assert got.placements == (out,), (px, pw, got.placements)
+                torch.testing.assert_close(got.full_tensor(), cuops.swiglu(a, w, wu, act), rtol=1e-12, atol=1e-12)
         got = cuops.linear(dt(a, Shard(1)), dt(w, Shard(1)), dt(bias, Replicate()), "silu")
         torch.testing.assert_close(got.full_tensor(), cuops.linear(a, w, bias, "silu"), rtol=1e-12, atol=1e-12)
         got = cuops.linear(dt(a, Shard(1)), dt(w, Shard(1)))
@@ -204,7 +205,7 @@ def check_ops(rank, world, port, device, backend):
             randn(gen, 6, 10, device=dev)
         whole = [t.clone().requires_grad_() for t in (a, w, la, lb, bias, lx, wu, lbu)]
         (cuops.lora_linear(*whole[:5], "gelu", whole[5]) + cuops.lora_swiglu(
-            whole[0], whole[1], whole[6], whole[2], whole[3], whole[7])).sum().backward()
+            whole[0], whole[1], whole[6], whole[2], whole[3], whole[7], activation="gelu_tanh")).sum().backward()
         for px, pw, out in ((Shard(0), Replicate(), Shard(0)), (Replicate(), Shard(0), Shard(1)),
                             (Replicate(), Replicate(), Replicate())):
             sharded = [dt(t, p).requires_grad_() for t, p in zip(
@@ -213,7 +214,8 @@ def check_ops(rank, world, port, device, backend):
             assert got.placements == (out,), (px, pw, got.placements)
             torch.testing.assert_close(got.full_tensor(), cuops.lora_linear(a, w, la, lb, bias, "gelu", lx),
                                        rtol=1e-12, atol=1e-12)
-            gated = cuops.lora_swiglu(sharded[0], sharded[1], sharded[6], sharded[2], sharded[3], sharded[7])
+            gated = cuops.lora_swiglu(sharded[0], sharded[1], sharded[6], sharded[2], sharded[3], sharded[7],
+                                      activation="gelu_tanh")
             assert gated.placements == (out,), (px, pw, gated.placements)
             (got.full_tensor() + gated.full_tensor()).sum().backward()
             for i, (piece, full) in enumerate(zip(sharded, whole)):

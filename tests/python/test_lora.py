@@ -25,15 +25,16 @@ def linear_reference(x, w, a, b, bias=None, act="none", lx=None):
     return ACTS[act](z), scale + ACTS[act](z).abs()
 
 
-def swiglu_reference(x, wg, wu, a, bg, bu, lx=None):
+def swiglu_reference(x, wg, wu, a, bg, bu, lx=None, act="silu"):
     x64 = x.double()
     u = (x64 if lx is None else lx.double()) @ a.double().t()
     g = x64 @ wg.double().t() + u @ bg.double().t()
     up = x64 @ wu.double().t() + u @ bu.double().t()
-    y = F.silu(g) * up
+    ag = ACTS[act](g)
+    y = ag * up
     absu = (x64.abs() if lx is None else lx.double().abs()) @ a.double().abs().t()
-    scale = (1.1 * up.abs() * (x64.abs() @ wg.double().abs().t() + absu @ bg.double().abs().t())
-             + F.silu(g).abs() * (x64.abs() @ wu.double().abs().t() + absu @ bu.double().abs().t()) + y.abs())
+    scale = (1.13 * up.abs() * (x64.abs() @ wg.double().abs().t() + absu @ bg.double().abs().t())
+             + ag.abs() * (x64.abs() @ wu.double().abs().t() + absu @ bu.double().abs().t()) + y.abs())
     return y, scale
 
 
@@ -69,10 +70,10 @@ def test_lora_swiglu_matches_float64(device, dtype):
     wg, a, bg = adapter(29, 37, 6, dtype, device)
     wu, bu = make((29, 37), dtype, device, "transposed"), make((29, 6), dtype, device)
     lx = make((2, 3, 37), dtype, device)
-    for kw in ({}, {"lora_x": lx}):
+    for kw in ({}, {"lora_x": lx}, {"activation": "gelu_tanh"}, {"lora_x": lx, "activation": "gelu_tanh"}):
         y = cuops.lora_swiglu(x, wg, wu, a, bg, bu, **kw)
         assert y.shape == (2, 3, 29) and y.dtype == dtype
-        want, scale = swiglu_reference(x, wg, wu, a, bg, bu, kw.get("lora_x"))
+        want, scale = swiglu_reference(x, wg, wu, a, bg, bu, kw.get("lora_x"), kw.get("activation", "silu"))
         assert rel_error(y, want, scale) <= 1.5 * tolerance(dtype, device), list(kw)
 
 
@@ -98,6 +99,9 @@ def test_lora_gradients_match_float64(device, dtype):
          lambda x, w, wu, a, b, bu: swiglu_reference(x, w, wu, a, b, bu)[0], (x, w, wu, a, b, bu)),
         (lambda x, w, wu, a, b, bu, lx: cuops.lora_swiglu(x, w, wu, a, b, bu, lx),
          lambda x, w, wu, a, b, bu, lx: swiglu_reference(x, w, wu, a, b, bu, lx)[0], (x, w, wu, a, b, bu, lx)),
+        (lambda x, w, wu, a, b, bu, lx: cuops.lora_swiglu(x, w, wu, a, b, bu, lx, "gelu_tanh"),
+         lambda x, w, wu, a, b, bu, lx: swiglu_reference(x, w, wu, a, b, bu, lx, "gelu_tanh")[0],
+         (x, w, wu, a, b, bu, lx)),
     ]
     for i, (fn, ref, args) in enumerate(cases):
         leaves, leaves64 = leaves_of(*args), [t.detach().double().requires_grad_() for t in args]
@@ -228,10 +232,13 @@ def test_lora_opcheck_and_gradcheck(device):
         torch.library.opcheck(ops._lora_linear_fwd, tuple(t.detach() if torch.is_tensor(t) else t for t in args))
     torch.library.opcheck(ops.lora_swiglu, tuple(t.requires_grad_() for t in (x64, w, wu, a, b, bu, lx)))
     torch.library.opcheck(ops._lora_swiglu_fwd, tuple(t.detach() for t in (x64, w, wu, a, b, bu)) + (None,))
+    torch.library.opcheck(ops.lora_swiglu, tuple(t.detach().requires_grad_() for t in (x64, w, wu, a, b, bu, lx))
+                          + ("gelu_tanh",))
     args = leaves_of(x64, w, a, b, bias, lx)
     assert torch.autograd.gradcheck(lambda x, w, a, b, bias, lx: cuops.lora_linear(x, w, a, b, bias, "silu", lx), args)
     args = leaves_of(x64, w, wu, a, b, bu)
     assert torch.autograd.gradcheck(lambda *t: cuops.lora_swiglu(*t), args)
+    assert torch.autograd.gradcheck(lambda *t: cuops.lora_swiglu(*t, activation="gelu_tanh"), args)
 
 
 @pytest.mark.parametrize("device", DEVICES)

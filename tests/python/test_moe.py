@@ -642,7 +642,7 @@ def test_moe_experts_errors_name_op_argument_and_values(device):
         ((x, idx, w, torch.ones(3, 10, 7, **f32), d), "expected gate_up"),
         ((x, idx, w, gu, torch.ones(3, 8, 4, **f32)), "expected down"),
         ((x, idx, w, gu, d.double()), "expected down to have the dtype of x"),
-        ((x, idx, w, gu, d, "relu"), "expected activation to be silu or gelu_tanh, got 'relu'"),
+        ((x, idx, w, gu, d, "relu"), "expected activation to be one of silu, gelu_tanh, got 'relu'"),
     ]
     for args, message in cases:
         with pytest.raises(RuntimeError, match="cuops::moe_experts: .*" + re.escape(message)):

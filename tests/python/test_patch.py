@@ -1,4 +1,4 @@
-"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 3, OLMo2 and Granite model
+"""cuops.patch (python/cuops/_hf.py, docs/patch.md): a Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, OLMo2 and Granite model
 patched in place against the same model unpatched: outputs and every gradient (float32 tight; bfloat16
 autocast within torch's own bfloat16 error against float32), the fused loss (mean, num_items_in_batch,
 shift_labels, ignored tokens; the logits' place holds LOGITS_NOT_MADE), 50 training steps whose losses track, greedy generate()
@@ -23,21 +23,25 @@ from conftest import DEVICES, DEVICES_CPU_IN_CI, HAS_CUDA, ROOT, rel_error, requ
 transformers = pytest.importorskip("transformers", reason="transformers is the patch's optional dependency")
 from cuops._hf import LOGITS_NOT_MADE  # noqa: E402  (imports transformers)
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3_text", "olmo2", "granite"]
-# What cuops.patch swaps in each family (Gemma's MLP is gelu_tanh-gated: its module; OLMo2's decoder layer
-# normalises after the sublayers: its own forward around the patched norms, attention and MLP).
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo2", "granite"]
+# What cuops.patch swaps in each family (OLMo2's decoder layer normalises after the sublayers: its own
+# forward around the patched norms, attention and MLP; Gemma 3's has sandwich norms).
 ROLES = {f: {None, "rms_norm", "attention", "mlp", "decoder_layer", "causal_lm"} for f in FAMILIES}
-ROLES["gemma"] -= {"mlp"}
 ROLES["olmo2"] -= {"decoder_layer"}
-ROLES["gemma3_text"] -= {"mlp", "decoder_layer"}  # sandwich norms: its layer's own forward
+ROLES["gemma2"] -= {"decoder_layer"}
+ROLES["gemma3_text"] -= {"decoder_layer"}
 VOCAB = 96
 
 
 def tiny_config(family, tie=False, **over):
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tie, rms_norm_eps=1e-5)
-    if family in ("qwen3", "gemma", "gemma3_text"):
+    if family in ("qwen3", "gemma", "gemma2", "gemma3_text"):
         kw["head_dim"] = 16
+    if family == "gemma2":  # its attention's logit softcap live (a small cap bends the scores); the final
+        # logits' off: linear_cross_entropy has none (test_a_softcapped_gemma_keeps_its_own_loss)
+        kw.update(attn_logit_softcapping=0.5, final_logit_softcapping=None, query_pre_attn_scalar=16,
+                  sliding_window=6)
     if family in ("phi3", "olmo2"):  # their defaults name tokens of a larger vocabulary
         kw.update(pad_token_id=None, bos_token_id=1, eos_token_id=2)
     if family == "granite":  # every multiplier away from 1
@@ -50,7 +54,7 @@ def twins(family, device, dtype=torch.float32, seed=0, **over):
     """(the model, a deep copy patched) from one random initialisation."""
     torch.manual_seed(seed)
     ref = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **over)).to(device, dtype)
-    if family in ("gemma", "gemma3_text", "olmo2"):  # norm weights off their init (zeros, ones): the (1 + w) and order count
+    if family in ("gemma", "gemma2", "gemma3_text", "olmo2"):  # norm weights off their init (zeros, ones): the (1 + w) and order count
         with torch.no_grad():
             for name, p in ref.named_parameters():
                 if "norm" in name:
@@ -223,7 +227,7 @@ def test_fifty_training_steps_track_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "gemma3_text", "olmo2", "granite"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo2", "granite"])
 def test_greedy_generate_gives_the_same_tokens(device, family):
     ref, model = twins(family, device)
     ref.eval(), model.eval()
@@ -265,7 +269,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "gemma3_text", "olmo2", "granite"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "olmo2", "granite"])
 def test_decoder_layer_compiles_without_graph_breaks(device, family):
     """A patched decoder layer under torch.compile(fullgraph=True) (aot_eager; inductor on CUDA), forward
     and backward, equals it eager."""
@@ -410,10 +414,12 @@ def test_phi3_partial_rotation_and_residual_dropout_run_as_their_modules(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_softcapped_gemma3_keeps_its_own_loss(device):
-    """Gemma 3 with final_logit_softcapping (c tanh(z / c) on the logits): the fused loss has no softcap, so the
-    training forward makes the logits and HF's loss (the report says why); loss and gradients as unpatched."""
-    ref, model = twins("gemma3_text", device, final_logit_softcapping=2.0)
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_a_softcapped_gemma_keeps_its_own_loss(device, family):
+    """Gemma 2 / 3 with final_logit_softcapping (c tanh(z / c) on the logits): the fused loss has no softcap, so
+    the training forward makes the logits and HF's loss (the report says why); loss and gradients as
+    unpatched."""
+    ref, model = twins(family, device, final_logit_softcapping=2.0)
     why = dict((n, w) for n, _, w in cuops.patch_report(model).rows)["lm_head"]
     assert why is not None and "final_logit_softcapping" in why
     ids = tokens(2, 11, device)
@@ -534,6 +540,27 @@ def test_mlp_with_bias_runs_as_its_module():
     assert len(mlps) == 2 and all(why == "a projection with a bias" for _, why in mlps), mlps
     ids = tokens(2, 7, "cpu")
     assert rel_error(model(ids, labels=ids).loss, ref(ids, labels=ids).loss) <= 1e-5
+
+
+@pytest.mark.parametrize("act, patched", [("gelu_pytorch_tanh", True), ("gelu", False), ("relu", False)])
+def test_mlp_gate_follows_the_config_activation(act, patched):
+    """A Llama with another hidden_act: gelu_pytorch_tanh (F.gelu's tanh form) is swiglu's gelu_tanh gate;
+    exact gelu or relu have none, and the MLP runs as its module (the report says why). Loss and
+    every gradient as the unpatched model's either way."""
+    ref, model = twins("llama", "cpu", hidden_act=act)
+    assert (getattr(type(model.model.layers[0].mlp), "_cuops_role", None) == "mlp") == patched
+    mlps = [why for _, what, why in cuops.patch_report(model).rows if what == "swiglu + linear"]
+    assert len(mlps) == 2 and all((why is None) == patched for why in mlps), mlps
+    ids = tokens(2, 7, "cpu")
+    with op_calls("swiglu") as seen:
+        got = model(ids, labels=ids).loss
+    assert len(seen["swiglu"]) == (2 if patched else 0)
+    want = ref(ids, labels=ids).loss
+    assert rel_error(got, want) <= 1e-5
+    got.backward(), want.backward()
+    g_ref = grads(ref)
+    for n, g in grads(model).items():
+        assert rel_error(g, g_ref[n]) <= 1e-4, n
 
 
 def check_distributed(rank, world, port, device, backend, wrap):

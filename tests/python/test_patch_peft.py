@@ -84,9 +84,6 @@ def fused_calls():
 FUSED_CALLS = {"attention+mlp": {"lora_swiglu": 2, "lora_linear": 6, "linear_cross_entropy": 1},
                "mlp": {"lora_swiglu": 2, "lora_linear": 2, "linear_cross_entropy": 1},
                "lm_head": {"swiglu": 2, "linear": 2}}
-# Gemma's and Gemma 3's MLP (gelu_tanh-gated) runs as its module: its adapters as PEFT's, no MLP op called.
-FUSED_CALLS_GEMMA = {"attention+mlp": {"lora_linear": 4, "linear_cross_entropy": 1},
-                     "mlp": {"linear_cross_entropy": 1}, "lm_head": {}}
 
 
 @pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
@@ -104,8 +101,7 @@ def test_lora_matches_the_unpatched_peft_model(device, when, family):
             model.train()
             with fused_calls() as seen:
                 model(input_ids=ids, labels=ids)
-            gelu = family in ("gemma", "gemma3_text")
-            assert dict(seen) == (FUSED_CALLS_GEMMA if gelu else FUSED_CALLS)[key], (key, dict(seen))
+            assert dict(seen) == FUSED_CALLS[key], (key, dict(seen))
             assert_same_step(ref, model, ids)
             n_adapters = sum(1 for n, p in model.named_parameters() if p.requires_grad)
             assert n_adapters == 2 * len(targets) * (1 if targets == ["lm_head"] else 2), n_adapters
