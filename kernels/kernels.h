@@ -158,11 +158,12 @@ cudaError_t launch_swiglu_bwd(DType dtype, Activation act, const void* dy, int64
 // outside [0, vocab). grad: the logits are overwritten by scale_r * (softmax - one-hot) from lse
 // (this pass's, or the one given when !stats), scale_r = scale[r * scale_stride], 0 for an ignored
 // row, NaN for an out-of-range one. lse, loss, scale: the accumulation type (float for the half types).
-// The same bits on every run; `multiprocessors` sizes the grid.
+// softcap c > 0: each logit z (bias added) is read as c tanh(z / c), its gradient times the cap's
+// derivative; 0: none. The same bits on every run; `multiprocessors` sizes the grid.
 cudaError_t launch_ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
                            const void* bias, const int64_t* target, int64_t ignore_index, void* lse,
                            void* loss, const void* scale, int64_t scale_stride, bool stats,
-                           bool grad, int multiprocessors, cudaStream_t stream);
+                           bool grad, double softcap, int multiprocessors, cudaStream_t stream);
 
 // The grouped GEMM's general kernels (kernels/gemm/grouped_simt.cu). offs: int32 [groups] end
 // offsets on the device, taken as end(e) = min(extent, max(offs[0..e])) (non-decreasing whatever

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <array>
+#include <cmath>
 #include <limits>
 #include <string_view>
 
@@ -32,6 +33,14 @@ Reduction parse_reduction(const char* op, c10::string_view name) {
   TORCH_CHECK(false, "cuops::", op, ": expected reduction to be one of none, mean, sum, got '",
               std::string(name.data(), name.size()), "'");
   return Reduction::Mean;
+}
+
+// The logits' softcap c (each logit read as c tanh(z / c)): > 0 and finite, or none (0 here).
+double cap_of(const char* op, std::optional<double> softcap) {
+  if (!softcap.has_value()) return 0.0;
+  TORCH_CHECK(*softcap > 0.0 && std::isfinite(*softcap), "cuops::", op,
+              ": expected softcap > 0 and finite (or None), got ", *softcap);
+  return *softcap;
 }
 
 // x [..., K], weight [V, K], target int64 shaped like x's leading dims, bias [V]; x, weight and
@@ -105,12 +114,14 @@ int64_t vocab_chunk(int64_t rows, int64_t vocab) {
   return std::min(vocab, std::max<int64_t>(64, cols / 64 * 64));
 }
 
-// Logits of columns [v0, v0 + n) for every row of x2 [T, K], in the accumulation type (CPU).
+// Logits of columns [v0, v0 + n) for every row of x2 [T, K], in the accumulation type (CPU), as
+// the loss reads them: c tanh(z / c) under a softcap c > 0.
 at::Tensor logits_chunk(const at::Tensor& x2, const at::Tensor& weight,
-                        const std::optional<at::Tensor>& bias, int64_t v0, int64_t n) {
+                        const std::optional<at::Tensor>& bias, int64_t v0, int64_t n, double cap) {
   const auto acc = acc_type(x2);
   at::Tensor l = at::matmul(x2.to(acc), weight.narrow(0, v0, n).to(acc).t());
   if (bias.has_value()) l.add_(bias->narrow(0, v0, n).to(acc));
+  if (cap > 0.0) l.div_(cap).tanh_().mul_(cap);
   return l;
 }
 
@@ -152,8 +163,10 @@ at::Tensor reduce_loss(const at::Tensor& loss, const at::Tensor& valid, Reductio
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& x, const at::Tensor& weight,
                                            const at::Tensor& target,
                                            const std::optional<at::Tensor>& bias,
-                                           int64_t ignore_index, c10::string_view reduction) {
+                                           int64_t ignore_index, c10::string_view reduction,
+                                           std::optional<double> softcap) {
   const Reduction r = check_lce("_linear_cross_entropy_fwd", x, weight, target, bias, reduction);
+  const double cap = cap_of("_linear_cross_entropy_fwd", softcap);
   const at::Tensor x2 = as_rows(x), t = target.reshape({-1});
   const int64_t rows = x2.size(0), vocab = weight.size(0);
   const auto acc = acc_type(x);
@@ -163,7 +176,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& x, const at::Tensor
   const int64_t chunk = vocab_chunk(rows, vocab);
   for (int64_t v0 = 0; v0 < vocab && rows > 0; v0 += chunk) {
     const int64_t n = std::min(chunk, vocab - v0);
-    at::Tensor l = logits_chunk(x2, weight, bias, v0, n);
+    at::Tensor l = logits_chunk(x2, weight, bias, v0, n, cap);
     picked.add_(at::where(one_hot_chunk(t, v0, n), l, 0).sum(1));
     const at::Tensor m_new = at::maximum(m, std::get<0>(l.max(1)));
     // Where the max has not moved the factor is 1 (exp(-inf - -inf) would be NaN).
@@ -188,15 +201,15 @@ std::pair<at::Tensor, int64_t> grad_scale(const at::Tensor& grad, const at::Tens
   return {scale, 0};
 }
 
-// dloss/dlogits = scale_t (softmax - one-hot), 0 for ignored tokens, NaN for out-of-range ones;
-// then dx = g @ weight, dweight = g^T @ x, dbias = g summed over tokens, chunk by chunk.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad, const at::Tensor& x,
-                                                       const at::Tensor& weight,
-                                                       const at::Tensor& target,
-                                                       const std::optional<at::Tensor>& bias,
-                                                       const at::Tensor& lse, int64_t ignore_index,
-                                                       c10::string_view reduction) {
+// dloss/dlogits = scale_t (softmax - one-hot), 0 for ignored tokens, NaN for out-of-range ones
+// (under a softcap times its derivative 1 - (l / c)^2, l the capped logit); then dx = g @ weight,
+// dweight = g^T @ x, dbias = g summed over tokens, chunk by chunk.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias, const at::Tensor& lse, int64_t ignore_index,
+    c10::string_view reduction, std::optional<double> softcap) {
   const Reduction r = check_lce_bwd(grad, x, weight, target, bias, lse, reduction);
+  const double cap = cap_of("_linear_cross_entropy_bwd", softcap);
   const at::Tensor x2 = as_rows(x), t = target.reshape({-1});
   const int64_t rows = x2.size(0), vocab = weight.size(0);
   const auto acc = acc_type(x);
@@ -210,8 +223,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad, c
   const int64_t chunk = vocab_chunk(rows, vocab);
   for (int64_t v0 = 0; v0 < vocab; v0 += chunk) {
     const int64_t n = std::min(chunk, vocab - v0);
-    at::Tensor g = logits_chunk(x2, weight, bias, v0, n);
+    at::Tensor g = logits_chunk(x2, weight, bias, v0, n, cap);
+    const at::Tensor slope = cap > 0.0 ? 1 - (g / cap).square() : at::Tensor();
     g.sub_(lse.unsqueeze(1)).exp_().sub_(one_hot_chunk(t, v0, n).to(acc)).mul_(scale.unsqueeze(1));
+    if (slope.defined()) g.mul_(slope);
     dbias.narrow(0, v0, n).copy_(g.sum(0));
     dx.add_(at::matmul(g, weight.narrow(0, v0, n).to(acc)));
     dweight.narrow(0, v0, n).copy_(at::matmul(g.t(), x2.to(acc)));
@@ -226,11 +241,12 @@ at::Tensor left_out(const at::Tensor& like) { return at::empty({0}, like.options
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cpu(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 3> output_mask, std::optional<double> softcap) {
   check_lce_fwd_grad(x, weight, target, bias, reduction);
-  auto [loss, lse] = fwd_cpu(x, weight, target, bias, ignore_index, reduction);
+  cap_of("_linear_cross_entropy_fwd_grad", softcap);
+  auto [loss, lse] = fwd_cpu(x, weight, target, bias, ignore_index, reduction, softcap);
   auto [dx, dweight, dbias] =
-      bwd_cpu(at::ones_like(loss), x, weight, target, bias, lse, ignore_index, reduction);
+      bwd_cpu(at::ones_like(loss), x, weight, target, bias, lse, ignore_index, reduction, softcap);
   return {loss, output_mask[0] ? dx : left_out(x), output_mask[1] ? dweight : left_out(weight),
           output_mask[2] ? dbias : left_out(weight)};
 }
@@ -267,6 +283,7 @@ int64_t token_chunk(int64_t rows, int64_t vocab, int64_t ld, int64_t element_byt
 // value a token, or one for all when scale_stride is 0) and from that the gradients defined here.
 struct ChunkWalk {
   bool stats = true;
+  double softcap = 0.0;  // > 0: the logits read as c tanh(z / c)
   at::Tensor lse, loss;
   at::Tensor scale;
   int64_t scale_stride = 0;
@@ -309,7 +326,7 @@ void walk_token_chunks(const at::Tensor& x2, const at::Tensor& weight, const at:
     C10_CUDA_CHECK(kernels::launch_ce_rows(
         kernel_dtype(x2.scalar_type()), l.data_ptr(), n, vocab, ld, b ? b->data_ptr() : nullptr,
         t.narrow(0, r0, n).data_ptr<int64_t>(), ignore_index, ptr(w.lse, r0, n), ptr(w.loss, r0, n),
-        scale, w.scale_stride, w.stats, grad, sms, current_stream(x2)));
+        scale, w.scale_stride, w.stats, grad, w.softcap, sms, current_stream(x2)));
     if (w.dx.defined()) cuops::gemm(w.dx.narrow(0, r0, n), l, weight, 1.0, 0.0);
     if (w.dweight.defined()) cuops::gemm(w.dweight, l.t(), xc, 1.0, r0 == 0 ? 0.0 : 1.0);
     if (w.dbias.defined()) w.dbias.add_(l.sum({0}, false, acc));
@@ -335,28 +352,29 @@ at::Tensor dbias_of(const ChunkWalk& w, const at::Tensor& weight) {
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& x, const at::Tensor& weight,
                                             const at::Tensor& target,
                                             const std::optional<at::Tensor>& bias,
-                                            int64_t ignore_index, c10::string_view reduction) {
+                                            int64_t ignore_index, c10::string_view reduction,
+                                            std::optional<double> softcap) {
   const Reduction r = check_lce("_linear_cross_entropy_fwd", x, weight, target, bias, reduction);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = as_rows(x), t = target.reshape({-1}).contiguous();
   ChunkWalk w;
+  w.softcap = cap_of("_linear_cross_entropy_fwd", softcap);
   w.lse = at::empty({x2.size(0)}, x.options().dtype(acc_type(x)));
   w.loss = at::empty_like(w.lse);
   walk_token_chunks(x2, weight, t, bias, ignore_index, w);
   return {reduce_loss(w.loss, t != ignore_index, r, target), w.lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, const at::Tensor& x,
-                                                        const at::Tensor& weight,
-                                                        const at::Tensor& target,
-                                                        const std::optional<at::Tensor>& bias,
-                                                        const at::Tensor& lse, int64_t ignore_index,
-                                                        c10::string_view reduction) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias, const at::Tensor& lse, int64_t ignore_index,
+    c10::string_view reduction, std::optional<double> softcap) {
   const Reduction r = check_lce_bwd(grad, x, weight, target, bias, lse, reduction);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = as_rows(x), t = target.reshape({-1}).contiguous();
   ChunkWalk w;
   w.stats = false;
+  w.softcap = cap_of("_linear_cross_entropy_bwd", softcap);
   w.lse = lse.contiguous();
   std::tie(w.scale, w.scale_stride) = grad_scale(grad, t != ignore_index, r, acc_type(x));
   gradients_for(w, x2, weight, bias, {true, true, true});
@@ -367,12 +385,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cuda(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 3> output_mask, std::optional<double> softcap) {
   const Reduction r = check_lce_fwd_grad(x, weight, target, bias, reduction);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = as_rows(x), t = target.reshape({-1}).contiguous();
   const at::Tensor valid = t != ignore_index;
   ChunkWalk w;
+  w.softcap = cap_of("_linear_cross_entropy_fwd_grad", softcap);
   w.lse = at::empty({x2.size(0)}, x.options().dtype(acc_type(x)));
   w.loss = at::empty_like(w.lse);
   std::tie(w.scale, w.scale_stride) =
@@ -390,8 +409,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fwd_grad_cuda(
 std::tuple<at::Tensor, at::Tensor> lce_fwd_meta(const at::Tensor& x, const at::Tensor& weight,
                                                 const at::Tensor& target,
                                                 const std::optional<at::Tensor>& bias,
-                                                int64_t ignore_index, c10::string_view reduction) {
+                                                int64_t ignore_index, c10::string_view reduction,
+                                                std::optional<double> softcap) {
   const Reduction r = check_lce("_linear_cross_entropy_fwd", x, weight, target, bias, reduction);
+  cap_of("_linear_cross_entropy_fwd", softcap);
   const auto opts = x.options().dtype(acc_type(x));
   at::Tensor loss =
       r == Reduction::None ? at::empty_symint(target.sym_sizes(), opts) : at::empty({}, opts);
@@ -401,8 +422,9 @@ std::tuple<at::Tensor, at::Tensor> lce_fwd_meta(const at::Tensor& x, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lce_bwd_meta(
     const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, const at::Tensor& lse, int64_t ignore_index,
-    c10::string_view reduction) {
+    c10::string_view reduction, std::optional<double> softcap) {
   check_lce_bwd(grad, x, weight, target, bias, lse, reduction);
+  cap_of("_linear_cross_entropy_bwd", softcap);
   return {at::empty_symint(x.sym_sizes(), x.options()),
           at::empty_symint(weight.sym_sizes(), weight.options()),
           at::empty_symint({weight.sym_size(0)}, weight.options())};
@@ -411,8 +433,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lce_bwd_meta(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lce_fwd_grad_meta(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, int64_t ignore_index, c10::string_view reduction,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 3> output_mask, std::optional<double> softcap) {
   check_lce_fwd_grad(x, weight, target, bias, reduction);
+  cap_of("_linear_cross_entropy_fwd_grad", softcap);
   return {
       at::empty({}, x.options().dtype(acc_type(x))),
       output_mask[0] ? at::empty_symint(x.sym_sizes(), x.options()) : left_out(x),
@@ -422,10 +445,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> lce_fwd_grad_meta(
 
 at::Tensor lce(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
                const std::optional<at::Tensor>& bias, int64_t ignore_index,
-               c10::string_view reduction) {
+               c10::string_view reduction, std::optional<double> softcap) {
   check_lce("linear_cross_entropy", x, weight, target, bias, reduction);
+  cap_of("linear_cross_entropy", softcap);
   return std::get<0>(
-      cuops::_linear_cross_entropy_fwd(x, weight, target, bias, ignore_index, reduction));
+      cuops::_linear_cross_entropy_fwd(x, weight, target, bias, ignore_index, reduction, softcap));
 }
 
 // A gradient the forward made, times the loss's gradient g (0-D): in place unless `kept`. A plain
@@ -456,9 +480,11 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                            int64_t ignore_index, c10::string_view reduction) {
+                            int64_t ignore_index, c10::string_view reduction,
+                            std::optional<double> softcap) {
     const bool made = parse_reduction("linear_cross_entropy", reduction) != Reduction::None;
     ctx->saved_data["made"] = made;
+    ctx->saved_data["softcap"] = softcap.has_value() ? c10::IValue(*softcap) : c10::IValue();
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = std::string(reduction.data(), reduction.size());
     ctx->saved_data["has_bias"] = bias.has_value();
@@ -467,12 +493,12 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     at::AutoDispatchBelowADInplaceOrView guard;
     if (made) {
       auto [loss, dx, dweight, dbias] = cuops::_linear_cross_entropy_fwd_grad(
-          x, weight, target, bias, ignore_index, reduction, mask);
+          x, weight, target, bias, ignore_index, reduction, mask, softcap);
       ctx->save_for_backward({dx, dweight, dbias});
       return loss;
     }
     auto [loss, lse] =
-        cuops::_linear_cross_entropy_fwd(x, weight, target, bias, ignore_index, reduction);
+        cuops::_linear_cross_entropy_fwd(x, weight, target, bias, ignore_index, reduction, softcap);
     ctx->save_for_backward({x, weight, target, bias.value_or(at::Tensor()), lse});
     return loss;
   }
@@ -492,14 +518,17 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     } else {
       const std::optional<at::Tensor> bias =
           has_bias ? std::optional<at::Tensor>(saved[3]) : std::nullopt;
+      const c10::IValue& cap = ctx->saved_data["softcap"];
       std::tie(dx, dweight, dbias) = cuops::_linear_cross_entropy_bwd(
           grads[0], saved[0], saved[1], saved[2], bias, saved[4],
-          ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toStringRef());
+          ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toStringRef(),
+          cap.isNone() ? std::nullopt : std::optional<double>(cap.toDouble()));
     }
     return {ctx->needs_input_grad(0) ? dx : at::Tensor(),
             ctx->needs_input_grad(1) ? dweight : at::Tensor(),
             at::Tensor(),
             has_bias && ctx->needs_input_grad(3) ? dbias : at::Tensor(),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor()};
   }
@@ -507,15 +536,17 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 
 at::Tensor lce_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
                         const std::optional<at::Tensor>& bias, int64_t ignore_index,
-                        c10::string_view reduction) {
+                        c10::string_view reduction, std::optional<double> softcap) {
   check_lce("linear_cross_entropy", x, weight, target, bias, reduction);
+  cap_of("linear_cross_entropy", softcap);
   const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                     (bias.has_value() && bias->requires_grad()));
   if (!grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return cuops::linear_cross_entropy(x, weight, target, bias, ignore_index, reduction);
+    return cuops::linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, softcap);
   }
-  return LinearCrossEntropyFunction::apply(x, weight, target, bias, ignore_index, reduction);
+  return LinearCrossEntropyFunction::apply(x, weight, target, bias, ignore_index, reduction,
+                                           softcap);
 }
 
 // Under CUDA autocast, as F.linear: x, weight and bias cast to the autocast dtype (a float32 master
@@ -523,10 +554,10 @@ at::Tensor lce_autograd(const at::Tensor& x, const at::Tensor& weight, const at:
 // float32 logits.
 at::Tensor lce_autocast(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
                         const std::optional<at::Tensor>& bias, int64_t ignore_index,
-                        c10::string_view reduction) {
+                        c10::string_view reduction, std::optional<double> softcap) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
   return cuops::linear_cross_entropy(autocast_cuda(x), autocast_cuda(weight), target,
-                                     autocast_cuda(bias), ignore_index, reduction);
+                                     autocast_cuda(bias), ignore_index, reduction, softcap);
 }
 
 }  // namespace
@@ -546,8 +577,9 @@ TORCH_LIBRARY_IMPL(cuops, CUDA, m) {
 TORCH_LIBRARY_IMPL(cuops, Meta, m) {
   m.impl("linear_cross_entropy", [](const at::Tensor& x, const at::Tensor& weight,
                                     const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                                    int64_t ignore_index, c10::string_view reduction) {
-    return std::get<0>(lce_fwd_meta(x, weight, target, bias, ignore_index, reduction));
+                                    int64_t ignore_index, c10::string_view reduction,
+                                    std::optional<double> softcap) {
+    return std::get<0>(lce_fwd_meta(x, weight, target, bias, ignore_index, reduction, softcap));
   });
   m.impl("_linear_cross_entropy_fwd", &lce_fwd_meta);
   m.impl("_linear_cross_entropy_bwd", &lce_bwd_meta);

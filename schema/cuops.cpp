@@ -76,29 +76,30 @@ TORCH_LIBRARY(cuops, m) {
       "Tensor u, Tensor lora_u)",
       gemm_tags);
   // The cross-entropy of softmax(x @ weight^T + bias) against target without the [T, V] logits: x
-  // [..., K], weight [V, K], target int64 [...]; reduction mean, sum or none
-  // (docs/ops.md#linear_cross_entropy).
+  // [..., K], weight [V, K], target int64 [...]; reduction mean, sum or none; softcap c: each logit
+  // read as c tanh(z / c) (Gemma 2 / 3's final_logit_softcapping) (docs/ops.md#linear_cross_entropy).
   m.def(
       "linear_cross_entropy(Tensor x, Tensor weight, Tensor target, Tensor? bias=None, "
-      "int ignore_index=-100, str reduction=\"mean\") -> Tensor",
+      "int ignore_index=-100, str reduction=\"mean\", float? softcap=None) -> Tensor",
       tags);
   // linear_cross_entropy's loss and each token's log-sum-exp [T], for its backward (internal).
   m.def(
       "_linear_cross_entropy_fwd(Tensor x, Tensor weight, Tensor target, Tensor? bias, "
-      "int ignore_index, str reduction) -> (Tensor, Tensor)",
+      "int ignore_index, str reduction, float? softcap=None) -> (Tensor, Tensor)",
       tags);
   // The gradients of x, weight and bias from the loss's gradient (internal).
   m.def(
       "_linear_cross_entropy_bwd(Tensor grad, Tensor x, Tensor weight, Tensor target, Tensor? "
-      "bias, "
-      "Tensor lse, int ignore_index, str reduction) -> (Tensor, Tensor, Tensor)",
+      "bias, Tensor lse, int ignore_index, str reduction, float? softcap=None) -> (Tensor, Tensor, "
+      "Tensor)",
       tags);
   // A loss of one value (mean, sum) and its gradients of x, weight and bias for a gradient of 1,
   // made in one walk over the logits, those output_mask leaves out as empty [0] tensors; the
   // backward scales them (internal).
   m.def(
       "_linear_cross_entropy_fwd_grad(Tensor x, Tensor weight, Tensor target, Tensor? bias, "
-      "int ignore_index, str reduction, bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+      "int ignore_index, str reduction, bool[3] output_mask, float? softcap=None) -> (Tensor, "
+      "Tensor, Tensor, Tensor)",
       tags);
   // x / sqrt(mean(x^2, last dim) + eps) * weight, x [..., D], weight [D]; in promote(x, weight), or
   // dtype where given (docs/ops.md#rms_norm).

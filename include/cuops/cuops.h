@@ -199,17 +199,18 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _lora_swiglu_f
 // The cross-entropy of softmax(x @ weight^T + bias) against target, without the [T, V] logits: x
 // [..., K], weight [V, K], target int64 shaped like x's leading dims, bias [V]; reduction "mean" (over
 // the tokens whose target is not ignore_index), "sum" or "none" (per token); float32 for half inputs.
-// Differentiable in x, weight and bias.
+// softcap c: each logit read as c tanh(z / c) (Gemma 2 / 3's final_logit_softcapping). Differentiable
+// in x, weight and bias.
 inline at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
                                        const at::Tensor& target,
                                        const std::optional<at::Tensor>& bias = std::nullopt,
                                        int64_t ignore_index = -100,
-                                       std::string_view reduction = "mean") {
-  static const auto handle =
-      detail::op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, int64_t, std::string_view)>(
-          "cuops::linear_cross_entropy");
-  return handle.call(x, weight, target, bias, ignore_index, reduction);
+                                       std::string_view reduction = "mean",
+                                       std::optional<double> softcap = std::nullopt) {
+  static const auto handle = detail::op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      int64_t, std::string_view, std::optional<double>)>("cuops::linear_cross_entropy");
+  return handle.call(x, weight, target, bias, ignore_index, reduction, softcap);
 }
 
 // linear_cross_entropy's pieces (internal; their schemas may change): the loss and each token's
@@ -217,30 +218,33 @@ inline at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& we
 // with its gradients for a gradient of 1.
 inline std::tuple<at::Tensor, at::Tensor> _linear_cross_entropy_fwd(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction) {
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction,
+    std::optional<double> softcap = std::nullopt) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-      int64_t, std::string_view)>("cuops::_linear_cross_entropy_fwd");
-  return handle.call(x, weight, target, bias, ignore_index, reduction);
+      int64_t, std::string_view, std::optional<double>)>("cuops::_linear_cross_entropy_fwd");
+  return handle.call(x, weight, target, bias, ignore_index, reduction, softcap);
 }
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_bwd(
     const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, const at::Tensor& lse, int64_t ignore_index,
-    std::string_view reduction) {
+    std::string_view reduction, std::optional<double> softcap = std::nullopt) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const std::optional<at::Tensor>&, const at::Tensor&, int64_t, std::string_view)>(
-      "cuops::_linear_cross_entropy_bwd");
-  return handle.call(grad, x, weight, target, bias, lse, ignore_index, reduction);
+      const std::optional<at::Tensor>&, const at::Tensor&, int64_t, std::string_view,
+      std::optional<double>)>("cuops::_linear_cross_entropy_bwd");
+  return handle.call(grad, x, weight, target, bias, lse, ignore_index, reduction, softcap);
 }
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> _linear_cross_entropy_fwd_grad(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
     const std::optional<at::Tensor>& bias, int64_t ignore_index, std::string_view reduction,
-    std::array<bool, 3> output_mask = {true, true, true}) {
+    std::array<bool, 3> output_mask = {true, true, true},
+    std::optional<double> softcap = std::nullopt) {
   static const auto handle = detail::op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-      int64_t, std::string_view, std::array<bool, 3>)>("cuops::_linear_cross_entropy_fwd_grad");
-  return handle.call(x, weight, target, bias, ignore_index, reduction, output_mask);
+      int64_t, std::string_view, std::array<bool, 3>, std::optional<double>)>(
+      "cuops::_linear_cross_entropy_fwd_grad");
+  return handle.call(x, weight, target, bias, ignore_index, reduction, output_mask, softcap);
 }
 
 // x / sqrt(mean(x^2, last dim) + eps) * weight: x [..., D], weight [D], float32 math; the result in

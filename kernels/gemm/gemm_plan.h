@@ -22,7 +22,8 @@ struct GemmOperand {
 // A fused epilogue: what the product becomes before it is stored (kernels/gemm/epilogue.cuh).
 // BiasActivation: c = act(alpha * a @ b + bias), the pre-activation kept in aux where it is set.
 // Gated (the gated MLP's dual GEMM): c = act(a @ b) * (a @ b2), act silu (SwiGLU) or gelu_tanh
-// (GeGLU), b2 [k, n] strided as b; the two products kept in aux and aux2 where they are set. aux, aux2: [m, n] row-major, ld_aux apart.
+// (GeGLU), b2 [k, n] strided as b; the two products kept in aux and aux2 where they are set.
+// aux, aux2: [m, n] row-major, ld_aux apart.
 enum class GemmEpilogue : int { Plain, BiasActivation, Gated };
 struct GemmFusion {
   GemmEpilogue kind = GemmEpilogue::Plain;

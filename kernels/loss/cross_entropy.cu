@@ -106,7 +106,19 @@ template <typename T> struct RowsArgs {
   const acc_t<T>* scale;
   int64_t scale_stride;
   bool stats, grad;
+  acc_t<T> softcap;  // c > 0 where the logits are capped (kCap), c tanh(z / c)
 };
+
+// A logit as the loss reads it: z, or c tanh(z / c) under a softcap (Gemma 2 / 3's final logits),
+// in the accumulation type with torch's tanh (the SFU's tanh.approx, 5e-4 absolute, times c = 30
+// would move a logit by 0.015). Its derivative, 1 - tanh^2, is 1 - (capped / c)^2.
+template <bool kCap, typename A> __device__ __forceinline__ A capped(A z, A c) {
+  if constexpr (kCap) {
+    return c * tanh(z / c);
+  } else {
+    return z;
+  }
+}
 
 // 16 bytes by the streaming forms (ld.global.cs, st.global.cs: evict first). The gradient pass's
 // reads are the row's last and its writes are not read again here: marked so, they leave L2 to the
@@ -153,7 +165,7 @@ __device__ __forceinline__ acc_t<T> logit(const RowsArgs<T>& a, const T* row, in
   return to_acc(row[j]) + (a.bias != nullptr ? to_acc(a.bias[j]) : acc_t<T>(0));
 }
 
-template <typename T, int V>
+template <typename T, int V, bool kCap>
 __device__ MaxSum<acc_t<T>> row_stats(const RowsArgs<T>& a, const T* row) {
   using A = acc_t<T>;
   const Vec<T, V>* vrow = reinterpret_cast<const Vec<T, V>*>(row);
@@ -163,6 +175,12 @@ __device__ MaxSum<acc_t<T>> row_stats(const RowsArgs<T>& a, const T* row) {
   for (; i + (kUnroll - 1) * kThreads < nvec; i += kUnroll * kThreads) {
     A v[kUnroll][V];
     load_group<T, V>(a, vrow, i, kThreads, v);
+    if constexpr (kCap) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[u][e] = capped<kCap>(v[u][e], a.softcap);
+    }
     A gm = p.m;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -180,23 +198,32 @@ __device__ MaxSum<acc_t<T>> row_stats(const RowsArgs<T>& a, const T* row) {
     widen<T, V>(vrow[i], v);
     for (int e = 0; e < V; ++e) {
       if (a.bias != nullptr) v[e] += to_acc(a.bias[i * V + e]);
-      p = combine(p, MaxSum<A>{v[e], A(1)});
+      p = combine(p, MaxSum<A>{capped<kCap>(v[e], a.softcap), A(1)});
     }
   }
   for (int64_t j = nvec * V + threadIdx.x; j < a.vocab; j += kThreads)
-    p = combine(p, MaxSum<A>{logit(a, row, j), A(1)});
+    p = combine(p, MaxSum<A>{capped<kCap>(logit(a, row, j), a.softcap), A(1)});
   return p;
 }
 
-// row[j] <- scale * (e^(v[j] - lse) - [j == target]).
-template <typename T, int V> __device__ void row_grad(const RowsArgs<T>& a, T* row, acc_t<T> lse,
-                                                      int64_t target, acc_t<T> scale) {
+// row[j] <- scale * (e^(v[j] - lse) - [j == target]), v the logit as the loss reads it; under a
+// softcap times its derivative, 1 - (v / c)^2.
+template <typename T, int V, bool kCap> __device__ void row_grad(const RowsArgs<T>& a, T* row,
+                                                                 acc_t<T> lse, int64_t target,
+                                                                 acc_t<T> scale) {
   using A = acc_t<T>;
   using VecT = Vec<T, V>;
   VecT* vrow = reinterpret_cast<VecT*>(row);
   const int64_t nvec = a.vocab / V;
-  const auto grad = [&](A v, int64_t j) {
-    return scale * (exp_from(v, lse) - (j == target ? A(1) : A(0)));
+  const auto grad = [&](A z, int64_t j) {
+    const A v = capped<kCap>(z, a.softcap);
+    const A d = scale * (exp_from(v, lse) - (j == target ? A(1) : A(0)));
+    if constexpr (kCap) {
+      const A t = v / a.softcap;
+      return d * (A(1) - t * t);
+    } else {
+      return d;
+    }
   };
   int64_t i = threadIdx.x;
   for (; i + (kUnroll - 1) * kThreads < nvec; i += kUnroll * kThreads) {
@@ -220,7 +247,7 @@ template <typename T, int V> __device__ void row_grad(const RowsArgs<T>& a, T* r
     row[j] = from_acc<T>(grad(logit(a, row, j), j));
 }
 
-template <typename T, int V> __global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int V, bool kCap> __global__ void __launch_bounds__(kThreads, 1)
     ce_rows(const RowsArgs<T> a) {
   using A = acc_t<T>;
   __shared__ MaxSum<A> scratch[kWarps + 1];
@@ -233,8 +260,9 @@ template <typename T, int V> __global__ void __launch_bounds__(kThreads, 1)
     if (a.stats) {
       // The target's logit is read before the block meets in block_combine: after it, the
       // gradient pass may overwrite the row.
-      const A picked = threadIdx.x == 0 && in_range ? logit(a, row, target) : A(0);
-      const MaxSum<A> p = block_combine(row_stats<T, V>(a, row), scratch);
+      const A picked =
+          threadIdx.x == 0 && in_range ? capped<kCap>(logit(a, row, target), a.softcap) : A(0);
+      const MaxSum<A> p = block_combine(row_stats<T, V, kCap>(a, row), scratch);
       lse = p.m + log(p.s);
       if (threadIdx.x == 0) {
         a.lse[r] = lse;
@@ -245,7 +273,7 @@ template <typename T, int V> __global__ void __launch_bounds__(kThreads, 1)
     }
     if (a.grad) {
       const A scale = ignored ? A(0) : in_range ? a.scale[r * a.scale_stride] : A(NAN);
-      row_grad<T, V>(a, row, lse, target, scale);
+      row_grad<T, V, kCap>(a, row, lse, target, scale);
     }
   }
 }
@@ -255,8 +283,9 @@ template <typename T, int V> __global__ void __launch_bounds__(kThreads, 1)
 cudaError_t launch_ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
                            const void* bias, const int64_t* target, int64_t ignore_index, void* lse,
                            void* loss, const void* scale, int64_t scale_stride, bool stats,
-                           bool grad, int multiprocessors, cudaStream_t stream) {
-  if (rows < 0 || vocab < 1 || ld < vocab || multiprocessors < 1) return cudaErrorInvalidValue;
+                           bool grad, double softcap, int multiprocessors, cudaStream_t stream) {
+  if (rows < 0 || vocab < 1 || ld < vocab || multiprocessors < 1 || !(softcap >= 0.0))
+    return cudaErrorInvalidValue;
   if (rows == 0 || !(stats || grad)) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -277,9 +306,14 @@ cudaError_t launch_ce_rows(DType dtype, void* logits, int64_t rows, int64_t voca
                         static_cast<const A*>(scale),
                         scale_stride,
                         stats,
-                        grad};
+                        grad,
+                        static_cast<A>(softcap)};
     const auto grid = static_cast<unsigned>(std::min<int64_t>(rows, multiprocessors));
-    ce_rows<T, V><<<grid, kThreads, 0, stream>>>(a);
+    if (softcap > 0.0) {
+      ce_rows<T, V, true><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      ce_rows<T, V, false><<<grid, kThreads, 0, stream>>>(a);
+    }
     return cudaGetLastError();
   });
 }

@@ -387,9 +387,9 @@ def lora_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, lora_
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                         reduction: str = "mean") -> torch.Tensor:
+                         reduction: str = "mean", softcap: Optional[float] = None) -> torch.Tensor:
     """F.cross_entropy(F.linear(x, weight, bias).float(), target): a language model's loss without its
-    [T, V] logits (docs/ops.md#linear_cross_entropy).
+    [T, V] logits (docs/ops.md#linear_cross_entropy); with softcap c, of the logits c * tanh(z / c).
 
     Args:
         x: the [..., K] hidden states (leading dimensions are flattened into tokens).
@@ -399,6 +399,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         ignore_index: a target value whose token adds nothing to the loss or the gradients.
         reduction: "mean" (over the tokens not ignored; NaN when all are, as torch), "sum" or "none"
             (a loss per token, shaped like target).
+        softcap: c > 0 reads each logit z (bias added) as c * tanh(z / c), in float32 for half types
+            (Gemma 2 / 3's final_logit_softcapping); None: the logits as they are.
 
     Returns:
         The loss: float32 for float16 / bfloat16 inputs, else x's dtype.
@@ -413,12 +415,12 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
 
     Raises:
         RuntimeError: "cuops::linear_cross_entropy: ..." for a bad shape, dtype or device, a
-            reduction not in the list, or (on the CPU) a target outside [0, V) that is not
+            reduction not in the list, a softcap not > 0, or (on the CPU) a target outside [0, V) that is not
             ignore_index; on CUDA such a token's loss is NaN (no device assert, no host sync).
 
     Calls torch.ops.cuops.linear_cross_entropy.
     """
-    return torch.ops.cuops.linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
+    return torch.ops.cuops.linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, softcap)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,

@@ -86,7 +86,8 @@ _FAMILIES = {
     # and the logits' divisor (logits_scaling, in the fused loss).
     "granite": _Family("Granite", None, False),
     # Gemma 2: Gemma's norms, the sandwich-normed layer as its own around the patched parts, its
-    # attention's logit softcap handed on as its attention does; a final logit softcap keeps HF's loss.
+    # attention's logit softcap handed on as its attention does; the final logits' softcap in the fused
+    # loss (linear_cross_entropy's softcap).
     "gemma2": _Family("Gemma2", lambda attn: attn.sliding_window, False, norm="gemma", layer=False,
                       attn_softcap=True),
     # Gemma 3 (text): Gemma's norms (its q / k norms per head too), sliding windows by layer, the
@@ -656,8 +657,6 @@ def _fused_loss_why_not(model: nn.Module, logits_to_keep, causal_lm_loss: Callab
         return "a loss_function other than transformers' ForCausalLMLoss"
     if not isinstance(logits_to_keep, int) or logits_to_keep != 0:
         return "logits_to_keep set"
-    if getattr(model.config, "final_logit_softcapping", None) is not None:  # Gemma 2 / 3's c tanh(z / c)
-        return "final_logit_softcapping (linear_cross_entropy has no softcap)"
     head = _plain(model.lm_head, nn.Linear)
     return head if isinstance(head, str) else None
 
@@ -705,9 +704,11 @@ def _causal_lm_forward(base: type) -> Callable:
         divisor = getattr(self.config, "logits_scaling", 1.0)  # Granite's logits / logits_scaling
         if divisor != 1:
             hidden = hidden / divisor  # (h / s) W^T: its logits, the [tokens, H] side divided, not [tokens, V]
+        # Gemma 2 / 3's final_logit_softcapping: c tanh(z / c) on the logits, inside the op's pass.
         loss = cuops.linear_cross_entropy(hidden, self.lm_head.weight, shift_labels.to(hidden.device),
                                           self.lm_head.bias, ignore_index,
-                                          "mean" if num_items is None else "sum")
+                                          "mean" if num_items is None else "sum",
+                                          getattr(self.config, "final_logit_softcapping", None))
         if num_items is not None:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
         if balance is None:

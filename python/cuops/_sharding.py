@@ -180,37 +180,37 @@ def register() -> bool:
             token = [Shard(0) if o == "token" else Partial() if reduction == "sum" else Shard(0)
                      for o in outputs]
             rules.append((token, [Shard(0), Replicate(), Shard(0)] + tail))
-        return [(out, ins + [None, None]) for out, ins in rules]
+        return [(out, ins + [None, None, None]) for out, ins in rules]  # ignore_index, reduction, softcap
 
     @register_sharding(ops.linear_cross_entropy.default)
-    def lce_rule(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
+    def lce_rule(x, weight, target, bias=None, ignore_index=-100, reduction="mean", softcap=None):
         return lce_entries(x, weight, bias, reduction, ["loss"])
 
     @register_sharding(ops._linear_cross_entropy_fwd.default)
-    def lce_fwd_rule(x, weight, target, bias, ignore_index, reduction):
+    def lce_fwd_rule(x, weight, target, bias, ignore_index, reduction, softcap=None):
         return lce_entries(x, weight, bias, reduction, ["loss", "token"])  # (loss, lse [T])
 
     @register_sharding(ops._linear_cross_entropy_fwd_grad.default)
-    def lce_fwd_grad_rule(x, weight, target, bias, ignore_index, reduction, output_mask):
+    def lce_fwd_grad_rule(x, weight, target, bias, ignore_index, reduction, output_mask, softcap=None):
         # (loss, dx, dweight, dbias) of a sum over sharded tokens: dx keeps them, the rest are partial
         # sums over them; a mean takes the replicated entry (see lce_entries).
         tail = [Replicate() if bias is not None else None]
-        rules = [([Replicate()] * 4, [Replicate()] * 3 + tail + [None, None, None])]
+        rules = [([Replicate()] * 4, [Replicate()] * 3 + tail + [None] * 4)]
         if reduction == "sum" and x.ndim == 2:
             rules.append(([Partial(), Shard(0), Partial(), Partial()],
-                          [Shard(0), Replicate(), Shard(0)] + tail + [None, None, None]))
+                          [Shard(0), Replicate(), Shard(0)] + tail + [None] * 4))
         return rules
 
     @register_sharding(ops._linear_cross_entropy_bwd.default)
-    def lce_bwd_rule(grad, x, weight, target, bias, lse, ignore_index, reduction):
+    def lce_bwd_rule(grad, x, weight, target, bias, lse, ignore_index, reduction, softcap=None):
         # The tokens sharded: dx keeps them, dweight and dbias are partial sums over them; the loss's
         # gradient is per token ("none": sharded alike) or one value (replicated).
         tail = [Replicate() if bias is not None else None]
-        rules = [([Replicate()] * 3, [Replicate()] * 4 + tail + [Replicate(), None, None])]
+        rules = [([Replicate()] * 3, [Replicate()] * 4 + tail + [Replicate(), None, None, None])]
         if reduction != "mean" and x.ndim == 2:
             g = Shard(0) if reduction == "none" else Replicate()
             rules.append(([Shard(0), Partial(), Partial()],
-                          [g, Shard(0), Replicate(), Shard(0)] + tail + [Shard(0), None, None]))
+                          [g, Shard(0), Replicate(), Shard(0)] + tail + [Shard(0), None, None, None]))
         return rules
 
     try:

@@ -321,6 +321,24 @@ TEST_P(Ops, LoraAutogradMatchesATen) {
   EXPECT_TRUE(torch::allclose(b.grad(), b2.grad(), 1e-10, 1e-10));
 }
 
+// linear_cross_entropy with a softcap through the C++ API, with autograd: the loss and the gradients
+// of x and the head of torch's cross_entropy of c tanh(z / c) in float64.
+TEST_P(Ops, LinearCrossEntropySoftcapMatchesATen) {
+  auto x = rand({6, 8}, at::kDouble).requires_grad_(),
+       w = (rand({11, 8}, at::kDouble) * 2).requires_grad_();
+  const auto t =
+      torch::tensor({0, 10, -100, 3, 3, 7}, at::TensorOptions(at::kLong).device(x.device()));
+  auto loss = cuops::linear_cross_entropy(x, w, t, std::nullopt, -100, "mean", 1.5);
+  loss.backward();
+  auto x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+  auto want =
+      torch::nn::functional::cross_entropy(torch::tanh(torch::matmul(x2, w2.t()) / 1.5) * 1.5, t);
+  want.backward();
+  EXPECT_TRUE(torch::allclose(loss, want, 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(x.grad(), x2.grad(), 1e-10, 1e-10));
+  EXPECT_TRUE(torch::allclose(w.grad(), w2.grad(), 1e-10, 1e-10));
+}
+
 // moe_experts through the C++ API, with autograd, routed by moe_topk_softmax: the values and the
 // gradients of x, the router's logits and both expert weights of torch's per-slot composite in float64.
 TEST_P(Ops, MoeExpertsAutogradMatchesATen) {

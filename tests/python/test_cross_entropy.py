@@ -1,5 +1,5 @@
 """cuops.linear_cross_entropy (docs/ops.md#linear_cross_entropy): F.cross_entropy of F.linear's logits
-without holding them, against a float64 reference: every reduction, ignore_index, all tokens ignored,
+without holding them, against a float64 reference: every reduction, a softcap, ignore_index, all tokens ignored,
 out-of-range targets, gradients, gradcheck, several vocabulary chunks, errors, Meta, opcheck,
 torch.compile; autocast, CUDA graphs and the memory bound on CUDA."""
 import pytest
@@ -20,11 +20,15 @@ def tolerance(dtype, device):
     return 3 * base if device == "cuda" else 1.5 * base
 
 
-def reference(x, w, target, b=None, ignore_index=-100, reduction="mean"):
-    """The float64 loss and gradients of x, w (and b) for the same inputs."""
+def reference(x, w, target, b=None, ignore_index=-100, reduction="mean", softcap=None):
+    """The float64 loss and gradients of x, w (and b) for the same inputs (softcap: the logits as Gemma 2
+    caps them, z / c, tanh, times c)."""
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     b64 = b.detach().double().requires_grad_() if b is not None else None
-    loss = F.cross_entropy(F.linear(x64, w64, b64).flatten(0, -2), target.flatten(), ignore_index=ignore_index,
+    logits = F.linear(x64, w64, b64)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    loss = F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=ignore_index,
                            reduction=reduction)
     loss = loss.view(target.shape) if reduction == "none" else loss
     grads = torch.autograd.grad(loss.sum(), [x64, w64] + ([b64] if b is not None else []))
@@ -57,6 +61,32 @@ def test_loss_and_gradients_match_float64(device, dtype, reduction, with_bias):
     for g, r in zip(got, grads):
         assert g.dtype == dtype and g.shape == r.shape
         assert rel_error(g, r) <= 2 * tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_softcap_matches_float64(device, dtype, reduction):
+    """softcap c: the logits read as c tanh(z / c) (Gemma 2 / 3's final_logit_softcapping), with a bias,
+    ignored tokens, logits scaled up so the cap bends them (|z| up to ~3c); the loss and every gradient
+    against float64, and the uncapped loss differs."""
+    x = make((2, 6, 37), dtype, device, "sliced")[:, ::2].requires_grad_()
+    w = make((29, 37), dtype, device, scale=3 * 37 ** -0.5).requires_grad_()
+    b = make((29,), dtype, device).requires_grad_()
+    t = targets((2, 3), 29, device)
+    cap = 1.5
+    loss = cuops.linear_cross_entropy(x, w, t, b, reduction=reduction, softcap=cap)
+    want, grads = reference(x, w, t, b, reduction=reduction, softcap=cap)
+    tol = tolerance(dtype, device)
+    assert rel_error(loss, want) <= tol
+    for g, r in zip(torch.autograd.grad(loss.sum(), [x, w, b]), grads):
+        assert g.dtype == dtype and rel_error(g, r) <= 2 * tol
+    assert rel_error(reference(x, w, t, b, reduction=reduction)[0], want) > 10 * tol
+    x64, w64, b64 = (v.detach().double().requires_grad_() for v in (make((3, 7), torch.float64, device),
+                                                                     make((5, 7), torch.float64, device), b[:5]))
+    t64 = torch.tensor([0, -100, 4], device=device)
+    assert torch.autograd.gradcheck(
+        lambda *a: cuops.linear_cross_entropy(*a[:2], t64, a[2], reduction=reduction, softcap=0.8), (x64, w64, b64))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -169,6 +199,10 @@ def test_bad_inputs_name_the_op_and_argument(device):
     with pytest.raises(RuntimeError, match=r"^cuops::linear_cross_entropy: expected reduction to be one of none, "
                                            r"mean, sum, got 'avg'"):
         cuops.linear_cross_entropy(x, w, t, reduction="avg")
+    for cap in (0.0, -2.0, float("inf"), float("nan")):
+        with pytest.raises(RuntimeError, match=r"^cuops::linear_cross_entropy: expected softcap > 0 and finite "
+                                               r"\(or None\), got"):
+            cuops.linear_cross_entropy(x, w, t, softcap=cap)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -200,6 +234,15 @@ def test_several_token_chunks_on_cuda():
     for reduction in REDUCTIONS:
         loss = cuops.linear_cross_entropy(x, w, t, b, reduction=reduction)
         want, grads = reference(x, w, t, b, reduction=reduction)
+        assert rel_error(loss, want) <= tol, reduction
+        for g, r in zip(torch.autograd.grad(loss.sum(), [x, w, b]), grads):
+            assert rel_error(g, r) <= 2 * tol, reduction
+        del want, grads
+        torch.cuda.empty_cache()
+    # A softcap in the pass (both reads of a row, vectors and the scalar tail), small enough to bend.
+    for reduction in ("mean", "none"):
+        loss = cuops.linear_cross_entropy(x, w, t, b, reduction=reduction, softcap=0.5)
+        want, grads = reference(x, w, t, b, reduction=reduction, softcap=0.5)
         assert rel_error(loss, want) <= tol, reduction
         for g, r in zip(torch.autograd.grad(loss.sum(), [x, w, b]), grads):
             assert rel_error(g, r) <= 2 * tol, reduction
@@ -304,6 +347,8 @@ def test_opcheck(device, dtype):
     torch.library.opcheck(ops._linear_cross_entropy_bwd, (loss, x.detach(), w, t, b, lse, -100, "mean"))
     for reduction, mask in (("mean", [True, True, True]), ("sum", [False, True, False])):
         torch.library.opcheck(ops._linear_cross_entropy_fwd_grad, (x.detach(), w, t, b, -100, reduction, mask))
+    torch.library.opcheck(ops.linear_cross_entropy, (x.requires_grad_(), w, t, b, -100, "sum", 2.0))
+    torch.library.opcheck(ops._linear_cross_entropy_bwd, (loss, x.detach(), w, t, b, lse, -100, "mean", 2.0))
 
 
 @pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)

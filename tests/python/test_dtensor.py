@@ -226,15 +226,16 @@ def check_ops(rank, world, port, device, backend):
         # gathered first), forward and backward; replicated inputs, replicated results.
         vocab, vbias = randn(gen, 7, 10, device=dev), randn(gen, 7, device=dev)
         target = torch.tensor([0, 6, -100, 3, 3, 1], device=dev)
-        for reduction, out in (("none", Shard(0)), ("sum", Partial()), ("mean", Replicate())):
+        for reduction, out, cap in (("none", Shard(0), None), ("sum", Partial(), 1.5), ("mean", Replicate(), None)):
             leaves = [t.clone().requires_grad_() for t in (a, vocab, vbias)]
-            whole_loss = cuops.linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], reduction=reduction)
+            whole_loss = cuops.linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], reduction=reduction,
+                                                    softcap=cap)
             whole_loss.sum().backward()
             for px in (Shard(0), Replicate()):
                 sharded = [dt(a, px).requires_grad_(), dt(vocab, Replicate()).requires_grad_(),
                            dt(vbias, Replicate()).requires_grad_()]
                 got = cuops.linear_cross_entropy(sharded[0], sharded[1], dt(target, px), sharded[2],
-                                                 reduction=reduction)
+                                                 reduction=reduction, softcap=cap)
                 assert got.placements == ((out if px == Shard(0) else Replicate()),), (reduction, got.placements)
                 torch.testing.assert_close(got.full_tensor(), whole_loss, rtol=1e-12, atol=1e-12)
                 got.full_tensor().sum().backward()

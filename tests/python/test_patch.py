@@ -38,9 +38,8 @@ def tiny_config(family, tie=False, **over):
               num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=tie, rms_norm_eps=1e-5)
     if family in ("qwen3", "gemma", "gemma2", "gemma3_text"):
         kw["head_dim"] = 16
-    if family == "gemma2":  # its attention's logit softcap live (a small cap bends the scores); the final
-        # logits' off: linear_cross_entropy has none (test_a_softcapped_gemma_keeps_its_own_loss)
-        kw.update(attn_logit_softcapping=0.5, final_logit_softcapping=None, query_pre_attn_scalar=16,
+    if family == "gemma2":  # both softcaps live, small enough to bend the scores and the logits
+        kw.update(attn_logit_softcapping=0.5, final_logit_softcapping=3.0, query_pre_attn_scalar=16,
                   sliding_window=6)
     if family in ("phi3", "olmo2"):  # their defaults name tokens of a larger vocabulary
         kw.update(pad_token_id=None, bos_token_id=1, eos_token_id=2)
@@ -415,16 +414,19 @@ def test_phi3_partial_rotation_and_residual_dropout_run_as_their_modules(device)
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
-def test_a_softcapped_gemma_keeps_its_own_loss(device, family):
-    """Gemma 2 / 3 with final_logit_softcapping (c tanh(z / c) on the logits): the fused loss has no softcap, so
-    the training forward makes the logits and HF's loss (the report says why); loss and gradients as
-    unpatched."""
-    ref, model = twins(family, device, final_logit_softcapping=2.0)
-    why = dict((n, w) for n, _, w in cuops.patch_report(model).rows)["lm_head"]
-    assert why is not None and "final_logit_softcapping" in why
+def test_a_softcapped_gemma_computes_its_loss_with_the_cap(device, family):
+    """Gemma 2 / 3 with final_logit_softcapping (c tanh(z / c) on the logits, a small c so it bends them):
+    the fused loss takes the cap inside the op (no logits made); loss and every gradient as unpatched."""
+    ref, model = twins(family, device, final_logit_softcapping=0.7)
+    assert dict((n, w) for n, _, w in cuops.patch_report(model).rows)["lm_head"] is None
     ids = tokens(2, 11, device)
-    out_ref, out = ref(ids, labels=ids), model(ids, labels=ids)
-    assert out.logits is not LOGITS_NOT_MADE and rel_error(out.loss, out_ref.loss) <= 1e-5
+    with op_calls("linear_cross_entropy") as seen:
+        out = model(ids, labels=ids)
+    out_ref = ref(ids, labels=ids)
+    assert len(seen["linear_cross_entropy"]) == 1 and out.logits is LOGITS_NOT_MADE
+    assert rel_error(out.loss, out_ref.loss) <= 1e-5
+    uncapped = twins(family, device, final_logit_softcapping=None)[0](ids, labels=ids).loss
+    assert abs(uncapped.item() - out_ref.loss.item()) > 1e-3  # the cap changes the loss
     out_ref.loss.backward(), out.loss.backward()
     g_ref, g = grads(ref), grads(model)
     for n in g_ref:

@@ -29,7 +29,8 @@ TENSOR_OPS = ["add2", "vector_add", "scale", "square", "two_norm", "gemm", "mm",
 SCHEMAS = {s.name.split("::")[1]: s for s in torch._C._jit_get_all_schemas()
            if s.name.startswith("cuops::") and not s.name.split("::")[1].startswith("_")}
 PY_TYPE = {"Tensor": torch.Tensor, "float": float, "int": int, "str": str, "bool": bool,
-           "Optional[Tensor]": typing.Optional[torch.Tensor], "Optional[int]": typing.Optional[torch.dtype]}  # ScalarType? reads as int
+           "Optional[Tensor]": typing.Optional[torch.Tensor], "Optional[int]": typing.Optional[torch.dtype],  # ScalarType?
+           "Optional[float]": typing.Optional[float]}
 
 
 def test_help_mm_shows_the_signature_and_the_contract():
