@@ -100,6 +100,32 @@ def test_patched_model_matches_unpatched(device, family):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_batch_with_checkpointing_and_num_items(device, family):
+    """A left-padded batch (its attention mask), labels ignored at the padding and elsewhere, a sum over
+    num_items_in_batch (gradient accumulation's loss), gradient checkpointing on: the loss and every
+    gradient as the unpatched model's (float32)."""
+    ref, model = twins(family, device)
+    ids = tokens(3, 12, device)
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[2, :1] = 0, 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[1, 5:7] = -100
+    n = torch.tensor(int((labels[:, 1:] != -100).sum()) + 5, device=device)  # as if a second micro-batch
+    for m in (ref, model):
+        m.gradient_checkpointing_enable()
+        m.train()
+    out_ref = ref(ids, attention_mask=mask, labels=labels, num_items_in_batch=n)
+    out = model(ids, attention_mask=mask, labels=labels, num_items_in_batch=n)
+    assert rel_error(out.loss, out_ref.loss) <= 1e-5
+    out_ref.loss.backward(), out.loss.backward()
+    g_ref, g = grads(ref), grads(model)
+    assert set(g) == set(g_ref)
+    for name in g:
+        assert rel_error(g[name], g_ref[name]) <= 1e-4, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_loss_follows_hugging_face_loss_kwargs(device):
     """num_items_in_batch (a sum over it: gradient accumulation's loss), shift_labels given instead of
     labels, a return_dict=False tuple; eval with labels keeps the logits and HF's loss."""
@@ -216,10 +242,11 @@ def adamw_losses(models, device, steps=50, lr=3e-3):
 
 
 @pytest.mark.parametrize("device", DEVICES_CPU_IN_CI)
-def test_fifty_training_steps_track_torch(device):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fifty_training_steps_track_torch(device, family):
     """AdamW, 50 steps on random tokens, float32: the patched model's losses follow the unpatched one's
     (1e-3 relative each step) and fall."""
-    losses = adamw_losses(twins("llama", device), device)
+    losses = adamw_losses(twins(family, device), device)
     for step, (a, b) in enumerate(zip(*losses)):
         assert abs(a - b) <= 1e-3 * abs(a), (step, a, b)
     assert losses[1][-1] < 0.8 * losses[1][0]
