@@ -205,7 +205,8 @@ struct BiasActivation {
 // The gated MLP's epilogue (GemmEpilogue::Gated): the gate and up products of one element combined,
 // act(g) * u; act silu (swiglu, the MoE experts) or gelu_tanh (Gemma's GeGLU), the op's, uniform
 // over a launch: the switch stands outside the tile's loop, each case its own unrolled loop (as
-// BiasActivation::activate), so silu's instructions are what they were before gelu_tanh joined.
+// BiasActivation::activate), so silu's loop is what it was; the gelu_tanh loop beside it adds
+// 390-780 SASS instructions to a dual-GEMM kernel at the same 168 registers, no spill.
 struct Gated {
   // d[i] = act(d[i]) * d[H + i], i < H: a lane's gate and up halves of its columns.
   template <int H, int N>

@@ -73,10 +73,11 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 # The same, for tests whose CPU place proves nothing a GPU machine adds and holds up its run
 # (torch.compile's C++ codegen, 50 training steps on the CPU: 30-184 s each there under the other
-# workers, the longest tests of the README command): CI runs it; a GPU machine runs the CUDA place.
+# workers, the longest tests of the README command; the patched LoRA and MoE models against HF's,
+# 10-20 s each): CI runs it; a GPU machine runs the CUDA place.
 DEVICES_CPU_IN_CI = [pytest.param("cpu", marks=pytest.mark.skipif(
-    HAS_CUDA, reason="the CPU place of a compile or long training test: CI runs it; a GPU machine runs the "
-                     "CUDA place")),
+    HAS_CUDA, reason="the CPU place of a compile, long training or model comparison test: CI runs it; a GPU "
+                     "machine runs the CUDA place")),
     pytest.param("cuda", marks=requires_cuda)]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
