@@ -94,6 +94,10 @@ __device__ __forceinline__ void stream_ring(F& f, int64_t kb, int64_t ke, uint4*
     cp_async_commit();
   }
   cp_async_wait<0>();
+  // The ring becomes the warp's part of the sums (finish): every lane's copies into it must land
+  // before any lane writes there. The shuffles of finish order them in practice, not in the memory
+  // model; racecheck flagged the plain-store writes (edge vectors) against finish's stores.
+  __syncwarp();
   if (kb + chunks * F::kChunk < ke) f.tail(kb + chunks * F::kChunk);
 }
 
