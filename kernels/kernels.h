@@ -251,15 +251,16 @@ cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t 
 
 // A mixture of experts' weighted sum back to token order (kernels/moe/combine.cu): out [tokens, h]
 // (contiguous) row t = sum over j < k, in order, of w[t k + j] * y[rows[t k + j]] (y's rows ldy
-// apart; rows int64 [tokens k], each within y or negative: no term), in the accumulation type (w in
-// it: float, double for float64; null: ones), rounded once to y's dtype.
-cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const int64_t* rows,
-                               const void* w, int64_t tokens, int64_t k, int64_t h, void* out,
-                               cudaStream_t stream);
+// apart; rows [tokens k], int64 where rows64, else int32, each within y or negative: no term), in
+// the accumulation type (float, double for float64), rounded once to y's dtype; w in the
+// accumulation type where w_acc, else in y's dtype; null: ones.
+cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const void* rows,
+                               bool rows64, const void* w, bool w_acc, int64_t tokens, int64_t k,
+                               int64_t h, void* out, cudaStream_t stream);
 // The MoE decode step's routing (kernels/moe/decode_route.cu says how): tokens x k pairs (idx int64
 // where idx64, else int32; at most kDecodeMaxPairs) into slots of mt (8 or 16) rows: slots int32
 // [slots_n] (slots_n >= min(E, pairs) + pairs / mt covers any indices), rows int32 [pairs] (an
-// expert outside [0, E): slots_n mt), xg
+// expert outside [0, E): -1, no row), xg
 // [slots_n mt, h] (rows h apart) x's rows gathered, zeros elsewhere. x [tokens, h] rows ldx apart;
 // h and ldx whole 16 bytes, x and xg 16-byte aligned.
 constexpr int64_t kDecodeMaxPairs = 256;

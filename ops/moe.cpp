@@ -485,13 +485,17 @@ at::Tensor combine(const at::Tensor& layout, const at::Tensor& rows, const at::T
   if (layout.is_cuda()) {  // one pass (kernels/moe/combine.cu)
     const c10::cuda::CUDAGuard guard(layout.device());
     const at::Tensor y = layout.stride(1) == 1 ? layout : layout.contiguous();
-    const at::Tensor r = rows.to(at::kLong).contiguous();
-    const at::Tensor wa = w != nullptr ? w->to(acc).contiguous() : at::Tensor();
+    // Rows int32 or int64 and weights in the accumulation type or the layout's, as they come: a
+    // cast pass each otherwise (the decode step's launches).
+    const at::Tensor r =
+        rows.scalar_type() == at::kInt ? rows.contiguous() : rows.to(at::kLong).contiguous();
+    const bool w_own = w != nullptr && w->scalar_type() == layout.scalar_type();
+    const at::Tensor wa = w == nullptr ? at::Tensor() : (w_own ? *w : w->to(acc)).contiguous();
     at::Tensor out = at::empty({tokens, layout.size(1)}, layout.options());
     C10_CUDA_CHECK(kernels::launch_moe_combine(
-        kernel_dtype(layout.scalar_type()), y.data_ptr(), y.stride(0), r.data_ptr<int64_t>(),
-        wa.defined() ? wa.data_ptr() : nullptr, tokens, k, layout.size(1), out.data_ptr(),
-        current_stream(layout)));
+        kernel_dtype(layout.scalar_type()), y.data_ptr(), y.stride(0), r.data_ptr(),
+        r.scalar_type() == at::kLong, wa.defined() ? wa.data_ptr() : nullptr, !w_own, tokens, k,
+        layout.size(1), out.data_ptr(), current_stream(layout)));
     return out;
   }
   at::Tensor r = layout.index_select(0, rows).view({tokens, k, layout.size(1)}).to(acc);
@@ -544,7 +548,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> experts_fwd(
 // The decode step (at most kDecodeMaxPairs pairs, no gradient): only the routed experts' weights
 // are read, once, by the small-M streaming kernel over slots of mt rows (kernels/moe/decode_route.cu
 // places the pairs and gathers x; kernels/gemm/gemm_skinny_tma.cu's grouped form multiplies, silu
-// in the gate/up product's epilogue), then combine: four launches and the sum's. False (nothing
+// in the gate/up product's epilogue), then combine (int32 rows, pairs of no expert at -1, the
+// weights in float32 or x's dtype as they come): four launches. False (nothing
 // enqueued) where it does not apply: no streaming form on this device, not 16-bit, not silu, more
 // pairs, or operands TMA cannot read.
 bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w,
@@ -573,8 +578,7 @@ bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor
       hidden, xc.element_size(), mt, slots_n, slots.data_ptr<int32_t>(), rows.data_ptr<int32_t>(),
       xg.data_ptr(), sms, stream));
   at::Tensor h = at::empty({rows_n, inter}, x.options());
-  at::Tensor y = at::empty({rows_n + 1, hidden}, x.options());  // + the row of no expert
-  y.narrow(0, rows_n, 1).zero_();
+  at::Tensor y = at::empty({rows_n, hidden}, x.options());
   kernels::GroupedSkinny g{};
   g.dtype = kernel_dtype(x.scalar_type()), g.mt = mt, g.slots_n = slots_n, g.experts = experts;
   g.slots = slots.data_ptr<int32_t>();
@@ -590,7 +594,7 @@ bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor
   g.w = dc.data_ptr(), g.w2 = nullptr, g.ldw = inter, g.w_group_stride = hidden * inter;
   g.out = y.data_ptr(), g.ldo = hidden;
   C10_CUDA_CHECK(kernels::launch_grouped_skinny(g, sms, stream));
-  out = combine(y, rows, &w, tokens, k);  // rows int32: combine widens them
+  out = combine(y, rows, &w, tokens, k);
   return true;
 }
 

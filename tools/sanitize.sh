@@ -19,7 +19,7 @@ mkdir -p "$out"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 # The family list: FAMILY_TESTS and GEMM_PATH_TESTS below. TOOLS picks the tools; SANITIZE_PYTESTS,
 # SANITIZE_PATH_PYTESTS (empty: none), SANITIZE_K, SANITIZE_PATH_K, SANITIZE_RACE_K and
-# SANITIZE_INIT_K narrow a run.
+# SANITIZE_INIT_K narrow a run; SANITIZE_JOBS and SANITIZE_CHUNK spread it (below).
 # Every kernel family and the test files that reach its kernels (CUDA cases): each tool runs all of
 # them, with a selection below; the C++ op tests run under every tool too. A new family adds its
 # test file here (docs/design.md, "Adding a GEMM family").
@@ -60,14 +60,25 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # device memory fell ~250 MB a test through test_ops.py's GEMM layout tests while torch held nothing
 # (the same tests without the tool: 139 GB free throughout), and the H200's 139 GB ran out after
 # 1240 tests. The tool's, not ours; a process's exit gives it back.
+# SANITIZE_JOBS chunks run at once (default 1), each into its own log, joined in order: the tools
+# leave the GPU mostly idle while the host side of each process works. Under memcheck, whose memory
+# grows with a process's tests (above), take SANITIZE_CHUNK=100 with 3 jobs.
 CHUNK=${SANITIZE_CHUNK:-200}
+JOBS=${SANITIZE_JOBS:-1}
 in_chunks() { # selection, test files...: every selected test, CHUNK to a process; fails if any chunk fails
-  local sel=$1 rc=0 ids
+  local sel=$1 rc=0 ids pids=() n=0 j
   shift
   mapfile -t ids < <("$PY" -m pytest "$@" -q --collect-only -p no:cacheprovider -k "$sel" | grep "::")
   [ ${#ids[@]} -gt 0 ] || { echo "sanitize.sh: no test selected in $*" >>"$log"; return 1; }
   for ((i = 0; i < ${#ids[@]}; i += CHUNK)); do
-    cs_run --target-processes all "$PY" -m pytest -q -p no:cacheprovider "${ids[@]:i:CHUNK}" >>"$log" 2>&1 || rc=1
+    cs_run --target-processes all "$PY" -m pytest -q -p no:cacheprovider "${ids[@]:i:CHUNK}" >"$log.$n" 2>&1 &
+    pids+=($!)
+    n=$((n + 1))
+    [ $((n % JOBS)) -ne 0 ] || { wait "${pids[@]: -JOBS}" || true; }
+  done
+  for ((j = 0; j < n; j++)); do
+    wait "${pids[j]}" || rc=1
+    cat "$log.$j" >>"$log" && rm -f "$log.$j"
   done
   return $rc
 }

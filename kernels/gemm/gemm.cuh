@@ -180,6 +180,17 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
+// A kernel launched with ClusterLaunch's `pdl` may start while the kernel before it is still
+// finishing. Called once its prologue (shared memory, the parameters, prefetch_map) is done and
+// before any global access: waits for that kernel to complete and its writes to be visible (a no-op
+// when not launched so, and below sm_90), then lets the next such kernel start its own prologue.
+__device__ __forceinline__ void end_dependent_prologue() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // The k split on independent CTAs (gemm_simt.cu, gemm_f64.cu): CTA (x, y) writes its partial tile,
 // unscaled, to plane y of the workspace (split planes of m x n T, rows n apart: planes_problem), and
 // sum_planes adds the planes in plane order (the same bits on every run) into c with alpha and beta.

@@ -514,8 +514,10 @@ cudaError_t launch_grouped_tma(const GroupedSkinny& g, int sms, cudaStream_t str
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  // A programmatic dependent (the routing, then gate/up, before it): its launch and prologue overlap
+  // that kernel's end.
   const ClusterLaunch launch(dim3(static_cast<unsigned>(blocks)), dim3(1), kTmaThreads, smem,
-                             stream, false);
+                             stream, true);
   return cudaLaunchKernelEx(&launch.cfg, kernel, mw, kDual ? mw2 : mw, mx, s, f, g.slots,
                             static_cast<int>(per_slot), stages, chunk);
 }

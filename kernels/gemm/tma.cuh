@@ -145,14 +145,4 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// The TMA kernels launch as programmatic dependents of the kernel before them on the stream, so a
-// grid may start while that kernel is still finishing. Called once its prologue (shared memory, the
-// parameters, prefetch_map) is done and before any global access: waits for that kernel to complete
-// and its writes to be visible (a no-op when not launched so), then lets the next such kernel start
-// its own prologue.
-__device__ __forceinline__ void end_dependent_prologue() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
 }  // namespace cuops::kernels::detail

@@ -7,6 +7,8 @@
 // With k = 1, weights of 1 and a negative row for "none" it is also the layout's gather (x's rows
 // into the expert order, zeros on the spare rows): one pass, where zeros + index_put took 0.6 ms
 // a layer's [82k, 2048] bf16 rows on the H200 (docs/performance.md, "Mixture of experts").
+#include <type_traits>
+
 #include "kernels/common.cuh"
 #include "kernels/kernels.h"
 
@@ -16,17 +18,19 @@ namespace {
 
 constexpr int kCombineThreads = 256;
 
-template <typename T, int V> __global__ void __launch_bounds__(kCombineThreads)
-    moe_combine(const T* y, int64_t ldy, const int64_t* rows, const acc_t<T>* w, int64_t k,
-                int64_t h, T* out) {
+// R: the rows' index type (int32 from the decode routing, int64 from the layout); W: the weights'
+// type (the accumulation type, or y's own: a bf16 router's weights need no cast pass first).
+template <typename T, typename R, typename W, int V>
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine(const T* y, int64_t ldy, const R* rows, const W* w, int64_t k, int64_t h, T* out) {
   using A = acc_t<T>;
   const int64_t t = blockIdx.x;
   for (int64_t c = int64_t{threadIdx.x} * V; c < h; c += int64_t{kCombineThreads} * V) {
     A sum[V] = {};
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t r = rows[t * k + j];
-      if (r < 0) continue;  // no row: gather_rows' spare layout rows
-      const A wj = w != nullptr ? w[t * k + j] : A(1);
+      const int64_t r = static_cast<int64_t>(rows[t * k + j]);
+      if (r < 0) continue;  // no row: gather_rows' spare layout rows, decode's pairs of no expert
+      const A wj = w != nullptr ? static_cast<A>(w[t * k + j]) : A(1);
       A v[V];
       load_elems<T, V>(y + r * ldy + c, v);
 #pragma unroll
@@ -38,9 +42,9 @@ template <typename T, int V> __global__ void __launch_bounds__(kCombineThreads)
 
 }  // namespace
 
-cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const int64_t* rows,
-                               const void* w, int64_t tokens, int64_t k, int64_t h, void* out,
-                               cudaStream_t stream) {
+cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const void* rows,
+                               bool rows64, const void* w, bool w_acc, int64_t tokens, int64_t k,
+                               int64_t h, void* out, cudaStream_t stream) {
   if (tokens < 0 || k < 0 || h < 0 || tokens > INT32_MAX) return cudaErrorInvalidValue;
   if (tokens == 0 || h == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -49,13 +53,26 @@ cudaError_t launch_moe_combine(DType dtype, const void* y, int64_t ldy, const in
     const bool wide = h % kV == 0 && ldy % kV == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
     const auto* yt = static_cast<const T*>(y);
-    const auto* wt = static_cast<const acc_t<T>*>(w);
     auto* ot = static_cast<T*>(out);
     const dim3 grid(static_cast<unsigned>(tokens));
-    if (wide)
-      moe_combine<T, kV><<<grid, kCombineThreads, 0, stream>>>(yt, ldy, rows, wt, k, h, ot);
+    auto go = [&](auto* r, auto* wt) {
+      using R = std::remove_const_t<std::remove_pointer_t<decltype(r)>>;
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(wt)>>;
+      if (wide)
+        moe_combine<T, R, W, kV><<<grid, kCombineThreads, 0, stream>>>(yt, ldy, r, wt, k, h, ot);
+      else
+        moe_combine<T, R, W, 1><<<grid, kCombineThreads, 0, stream>>>(yt, ldy, r, wt, k, h, ot);
+    };
+    auto with_rows = [&](auto* wt) {
+      if (rows64)
+        go(static_cast<const int64_t*>(rows), wt);
+      else
+        go(static_cast<const int32_t*>(rows), wt);
+    };
+    if (w_acc || w == nullptr)
+      with_rows(static_cast<const acc_t<T>*>(w));
     else
-      moe_combine<T, 1><<<grid, kCombineThreads, 0, stream>>>(yt, ldy, rows, wt, k, h, ot);
+      with_rows(static_cast<const T*>(w));
     return cudaGetLastError();
   });
 }

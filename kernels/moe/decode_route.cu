@@ -4,16 +4,18 @@
 //   - An expert holding c pairs takes ceil(c / mt) consecutive slots; the experts in increasing
 //     order; slots[a] = the expert of slot a, -1 past the last (those slots do nothing).
 //   - A pair's row: slot * mt + its rank among its expert's pairs in pair order (taken mod mt into
-//     the expert's slots): rows[p]; slots_n * mt (a row past the slots, which the caller keeps
-//     zero) for an expert outside [0, E) (transformers' expert-parallel convention: it adds nothing).
+//     the expert's slots): rows[p]; -1 for an expert outside [0, E) (transformers' expert-parallel
+//     convention: it adds nothing; the combine skips negative rows, so no zero row and no fill).
 //   - xg [slots_n mt, h]: row r = x[the token of the pair placed there], zeros where none is.
 // Every block routes all pairs in shared memory (at most kDecodeMaxPairs, O(pairs) a thread: cheaper
 // than a second launch) and copies its share of xg's rows; block 0 writes slots and rows. The
 // placement is a fixed function of the indices: the same rows every run.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common.cuh"
+#include "kernels/gemm/gemm.cuh"
 #include "kernels/kernels.h"
 
 namespace cuops::kernels {
@@ -28,6 +30,8 @@ template <typename I> __global__ void __launch_bounds__(kRouteThreads)
   __shared__ bool first[kDecodeMaxPairs];
   extern __shared__ int src[];  // [slots_n * mt]: the token of each xg row, -1 none
   const int p = static_cast<int>(threadIdx.x);
+  detail::
+      end_dependent_prologue();  // idx may come from the kernel just before (the router's top-k)
   if (p < pairs) {
     const int64_t e = static_cast<int64_t>(idx[p]);
     ex[p] = e >= 0 && e < experts ? static_cast<int>(e) : -1;
@@ -54,7 +58,7 @@ template <typename I> __global__ void __launch_bounds__(kRouteThreads)
     row_of[p] = row;
     src[row] = p / k;
   } else if (p < pairs) {
-    row_of[p] = slots_n * mt;
+    row_of[p] = -1;
   }
   __syncthreads();
   if (blockIdx.x == 0) {
@@ -86,17 +90,18 @@ cudaError_t launch_moe_decode_route(const void* idx, bool idx64, int64_t tokens,
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows_n, 2 * int64_t{sms}));
   const size_t smem = static_cast<size_t>(rows_n) * sizeof(int);
   const int64_t h16 = h * elem / 16, ldx16 = ldx * elem / 16;
-  if (idx64)
-    decode_route<int64_t><<<blocks, kRouteThreads, smem, stream>>>(
-        static_cast<const int64_t*>(idx), static_cast<int>(pairs), static_cast<int>(k), experts,
-        static_cast<const uint4*>(x), ldx16, h16, mt, static_cast<int>(slots_n), slots, rows,
-        static_cast<uint4*>(xg));
-  else
-    decode_route<int32_t><<<blocks, kRouteThreads, smem, stream>>>(
-        static_cast<const int32_t*>(idx), static_cast<int>(pairs), static_cast<int>(k), experts,
-        static_cast<const uint4*>(x), ldx16, h16, mt, static_cast<int>(slots_n), slots, rows,
-        static_cast<uint4*>(xg));
-  return cudaGetLastError();
+  // A programmatic dependent of the kernel before it, and the gate/up product after it of this one
+  // (launch_grouped_skinny): each launch and prologue overlap the previous kernel's end, where the
+  // decode step's four kernels are each a few microseconds.
+  const detail::ClusterLaunch launch(dim3(blocks), dim3(1), kRouteThreads, static_cast<int>(smem),
+                                     stream, true);
+  auto go = [&](auto* ix) {
+    return cudaLaunchKernelEx(
+        &launch.cfg, decode_route<std::remove_const_t<std::remove_pointer_t<decltype(ix)>>>, ix,
+        static_cast<int>(pairs), static_cast<int>(k), experts, static_cast<const uint4*>(x), ldx16,
+        h16, mt, static_cast<int>(slots_n), slots, rows, static_cast<uint4*>(xg));
+  };
+  return idx64 ? go(static_cast<const int64_t*>(idx)) : go(static_cast<const int32_t*>(idx));
 }
 
 }  // namespace cuops::kernels

@@ -535,8 +535,9 @@ def test_moe_experts_hopper_grouped_kernel(dtype, kind):
 def test_moe_experts_decode_reads_the_routed_experts(tokens, kind, idx_dtype):
     """Decode-sized calls (<= 16 tokens, no gradient) on the grouped small-M kernels: against float32 math on
     the same bf16 inputs (the general path), with a token listing one expert twice (an expert's pairs past
-    one slot's rows) and an index outside [0, E) (adds nothing); the routing and streaming kernels launched;
-    the same bits again."""
+    one slot's rows) and an index outside [0, E) (adds nothing); routing weights in float32 and (with int32
+    indices) in bf16, as a bf16 router gives them; four launches and no more (routing, the two streaming
+    products, the combine: no fill, no cast pass); the same bits again."""
     k, experts, hidden, inter = 8, 64, 256, 192
     x = make((tokens, hidden), torch.bfloat16, "cuda")
     gate_up = make((experts, 2 * inter, hidden), torch.bfloat16, "cuda", scale=0.1)
@@ -544,12 +545,12 @@ def test_moe_experts_decode_reads_the_routed_experts(tokens, kind, idx_dtype):
     idx = routing(tokens, k, experts, kind, "cuda", idx_dtype).clone()
     idx[0, 1] = idx[0, 0]
     idx[-1, 2] = experts
-    w = torch.rand(tokens, k, device="cuda")
+    w = torch.rand(tokens, k, device="cuda", dtype=torch.float32 if idx_dtype == torch.int64 else torch.bfloat16)
     got = []
     names = launched(lambda: got.append(cuops.moe_experts(x, idx, w, gate_up, down)))
-    assert names is None or (any("decode_route" in n for n in names)
+    assert names is None or (len(names) == 4 and "decode_route" in names[0] and "moe_combine" in names[3]
                              and sum("gemm_skinny_tma_grouped" in n for n in names) == 2), names
-    want = cuops.moe_experts(x.float(), idx, w, gate_up.float(), down.float())
+    want = cuops.moe_experts(x.float(), idx, w.float(), gate_up.float(), down.float())
     assert rel_error(got[0], want) <= 1e-2
     assert torch.equal(cuops.moe_experts(x, idx, w, gate_up, down), got[0])
 
