@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = static_cast<int64_t>(rows[t * k + j]);
       if (r < 0) continue;  // no row: gather_rows' spare layout rows, decode's pairs of no expert
-      const A wj = w != nullptr ? static_cast<A>(w[t * k + j]) : A(1);
+      const A wj = w != nullptr ? static_cast<A>(to_acc(w[t * k + j])) : A(1);
       A v[V];
       load_elems<T, V>(y + r * ldy + c, v);
 #pragma unroll
