@@ -30,8 +30,8 @@ template <typename I> __global__ void __launch_bounds__(kRouteThreads)
   __shared__ bool first[kDecodeMaxPairs];
   extern __shared__ int src[];  // [slots_n * mt]: the token of each xg row, -1 none
   const int p = static_cast<int>(threadIdx.x);
-  detail::
-      end_dependent_prologue();  // idx may come from the kernel just before (the router's top-k)
+  // idx may come from the kernel just before (the router's top-k).
+  detail::end_dependent_prologue();
   if (p < pairs) {
     const int64_t e = static_cast<int64_t>(idx[p]);
     ex[p] = e >= 0 && e < experts ? static_cast<int>(e) : -1;
