@@ -344,7 +344,9 @@ _PACKED_QKV, _PACKED_MLP = ("qkv_proj",), ("gate_up_proj", "down_proj")
 
 
 def _packed(module: nn.Module, names: tuple[str, ...]) -> bool:
-    return all(hasattr(module, n) for n in names)
+    # The children's dict, not hasattr: a name a module lacks costs nn.Module.__getattr__ an exception,
+    # on every layer of every decode step.
+    return all(n in module._modules for n in names)
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -457,7 +459,7 @@ _RESID_DROPOUTS = ("resid_attn_dropout", "resid_mlp_dropout")  # Phi-3's, on the
 
 def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                            use_cache=False, position_embeddings=None, **kwargs):
-    drops = [getattr(self, n, None) for n in _RESID_DROPOUTS]
+    drops = [self._modules.get(n) for n in _RESID_DROPOUTS]  # (as _packed)
     if any(d is not None and (type(d) is not nn.Dropout or (d.training and d.p > 0) or _around(d) is not None)
            for d in drops):  # a live dropout between the sublayer and the add: the layer's own forward
         return self._cuops_base.forward(self, hidden_states, attention_mask=attention_mask,
@@ -486,7 +488,7 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     # Granite's residual_multiplier on each branch before its add, as its layer computes it (the
     # branch's dtype times a Python float, then the add's promotion).
-    scale = getattr(self, "residual_multiplier", 1.0)
+    scale = self.__dict__.get("residual_multiplier", 1.0)  # a plain attribute where set (as _packed)
     post = _plain(self.post_attention_layernorm, "rms_norm")
     if isinstance(post, str):
         summed = residual + (hidden_states if scale == 1 else hidden_states * scale)
