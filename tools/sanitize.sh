@@ -51,9 +51,11 @@ PATH_SEL=${SANITIZE_PATH_K:-"$BASE_K and not (float16 or 8192 or 65537 or 14336 
 # dtype3 bfloat16 in test_ops.py; named elsewhere): the shared-memory code is the same template for
 # the other two. Plus test_ops.py's float32 edge-cut GEMM tests, both precisions: the SIMT kernel
 # and, on Hopper, TF32's wgmma kernel in both of its forms (A from shared memory; A from registers,
-# read from the TMA-written tile). Those tests leave out their torch.mm comparison under racecheck:
-# torch's cuBLAS TF32 kernel, outside the --kernel-name filter, aborts the tool ("failed to handle a
-# hardware exception"; H200, compute-sanitizer 2025.3.1), run alone too, and runs clean unfiltered.
+# read from the TMA-written tile). Those tests leave out their torch.mm comparison under racecheck and
+# initcheck (H200, compute-sanitizer 2025.3.1): torch's cuBLAS TF32 kernel, outside racecheck's
+# --kernel-name filter, aborts the tool ("failed to handle a hardware exception"; alone too; clean
+# unfiltered), and initcheck, not seeing that kernel's TMA stores (below), reports each read of its
+# output.
 RACE_SEL=${SANITIZE_RACE_K:-"$BASE_K and (dtype0 or dtype3 or float32 or bfloat16 or cut_chunks)"}
 canary=$out/sanitizer_canary
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
