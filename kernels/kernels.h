@@ -230,9 +230,7 @@ cudaError_t launch_grouped_wgmma(const GroupedGemm& g, int sms, cudaStream_t str
 // w[e]^T, w [experts, n, k] k-contiguous (rows ldw apart, matrices w_group_stride apart: nn.Linear's
 // layout, Hugging Face's down_proj); w2 (same layout) or null: the dual product, out = silu(x w^T) *
 // (x w2^T), x w^T into aux and x w2^T into aux2 where set (ld_aux apart). A slot of no expert leaves
-// its rows unwritten. mt 8 or 16; bfloat16 / float16; TMA's terms as GroupedGemm's. next_w (same
-// layout: [experts, next_n, next_k], rows next_ldw apart) or null: the weights of the product that
-// follows (gate/up's: down's), each slot's expert's matrix prefetched into L2 by this one.
+// its rows unwritten. mt 8 or 16; bfloat16 / float16; TMA's terms as GroupedGemm's.
 struct GroupedSkinny {
   DType dtype;
   int mt;
@@ -248,8 +246,6 @@ struct GroupedSkinny {
   void* aux;
   void* aux2;
   int64_t ld_aux;
-  const void* next_w;
-  int64_t next_n, next_k, next_ldw, next_group_stride;
 };
 cudaError_t launch_grouped_skinny(const GroupedSkinny& g, int sms, cudaStream_t stream);
 

@@ -571,8 +571,7 @@ bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor
   const auto i32 = x.options().dtype(at::kInt);
   at::Tensor slots = at::empty({slots_n}, i32), rows = at::empty({pairs}, i32);
   at::Tensor xg = at::empty({rows_n, hidden}, x.options());
-  const cudaDeviceProp* props = at::cuda::getDeviceProperties(x.get_device());
-  const int sms = props->multiProcessorCount;
+  const int sms = at::cuda::getDeviceProperties(x.get_device())->multiProcessorCount;
   const cudaStream_t stream = current_stream(x);
   C10_CUDA_CHECK(kernels::launch_moe_decode_route(
       ic.data_ptr(), ic.scalar_type() == at::kLong, tokens, k, experts, xc.data_ptr(), hidden,
@@ -589,17 +588,8 @@ bool decode_experts(const at::Tensor& x, const at::Tensor& idx, const at::Tensor
   g.w2 = static_cast<const char*>(guc.data_ptr()) + inter * hidden * guc.element_size();
   g.ldw = hidden, g.w_group_stride = 2 * inter * hidden;
   g.out = h.data_ptr(), g.ldo = inter;
-  // gate/up prefetches the down product's weights of its experts into L2 while it streams its own
-  // (which load evict-first), where at most min(E, pairs) experts' fit half the L2: the two
-  // products' DRAM reads then overlap instead of following each other. Qwen3-MoE's 128 experts of
-  // 768 at one token: 8 x 3 MB (H200: 50 MB of L2).
-  if (std::min(experts, pairs) * hidden * inter * x.element_size() <= props->l2CacheSize / 2) {
-    g.next_w = dc.data_ptr(), g.next_n = hidden, g.next_k = inter, g.next_ldw = inter;
-    g.next_group_stride = hidden * inter;
-  }
   C10_CUDA_CHECK(kernels::launch_grouped_skinny(g, sms, stream));
   // down: [H, I] rows, k = I.
-  g.next_w = nullptr;
   g.n = hidden, g.k = inter, g.x = h.data_ptr(), g.ldx = inter;
   g.w = dc.data_ptr(), g.w2 = nullptr, g.ldw = inter, g.w_group_stride = hidden * inter;
   g.out = y.data_ptr(), g.ldo = hidden;

@@ -356,18 +356,12 @@ __device__ __forceinline__ void mma_consume(uint32_t base, int stage_bytes, int 
 // epilogue finds g and u of one output 32 sums apart. Elsewhere mw2 is not read.
 // kGroups (the MoE decode products, gemm_skinny_tma_grouped): block x is block x % per_slot of slot
 // x / per_slot, whose expert slots[slot] names the matrix of the 3-D weight maps and whose MT rows
-// of x and out start at row slot * MT; a slot of no expert (-1) loads and stores nothing. Its weights
-// are read once, so they load evict-first; and where next_rows > 0 the slot's CTAs, once their ring
-// is filled, prefetch into L2 the same expert's matrix of the next product (map `next`: next_rows
-// blocks of 64 rows x next_kboxes boxes of k), box q by CTA q % per_slot, so that product's reads
-// hit L2 and both products' DRAM reads overlap in this one.
+// of x and out start at row slot * MT; a slot of no expert (-1) loads and stores nothing.
 template <typename T, int MT, bool WK, bool FMA, GemmEpilogue E, bool kGroups = false>
 __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUtensorMap& mw2,
                                                 const CUtensorMap& mx, const Skinny& s,
                                                 const SkinnyFusion* f, int stages, int chunk,
-                                                const int32_t* slots = nullptr, int per_slot = 1,
-                                                const CUtensorMap* next = nullptr,
-                                                int next_rows = 0, int next_kboxes = 0) {
+                                                const int32_t* slots = nullptr, int per_slot = 1) {
 #if __CUDA_ARCH__ >= 900
   constexpr bool kDual = E == GemmEpilogue::Gated;
   static_assert(!kDual || WK, "the dual product reads nn.Linear's k-contiguous weights");
@@ -405,7 +399,6 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
   const int n = static_cast<int>((ke - kb + chunk - 1) / chunk);
   if (warp == kSkinnyWarps) {
     if (lane == 0) {
-      [[maybe_unused]] const uint64_t policy = kGroups ? evict_first_policy() : 0;
       for (int i = 0; i < n; ++i) {
         const int slot = i % stages;
         if (i >= stages) mbar_wait(empty + 8 * slot, (i / stages - 1) & 1);
@@ -418,7 +411,7 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
         }
         auto load_w = [&](uint32_t dst, const CUtensorMap* map, int kk) {
           if constexpr (kGroups) {
-            tma_load3_hint(dst, map, kk, row0, expert, bar, policy);
+            tma_load3(dst, map, kk, row0, expert, bar);
           } else {
             tma_load(dst, map, kk, row0, bar);
           }
@@ -431,13 +424,6 @@ __device__ __forceinline__ void skinny_tma_body(const CUtensorMap& mw, const CUt
             load_w(wt + b * kOut * 128, &mw, k + b * kBoxK);
           }
           tma_load(xt + b * MT * 128, &mx, k + b * kBoxK, group * MT, bar);
-        }
-        if constexpr (kGroups) {
-          if (i + 1 == min(n, stages)) {  // the ring's first fill is on its way
-            for (int64_t q = block; q < int64_t{next_rows} * next_kboxes; q += per_slot)
-              tma_prefetch3(next, static_cast<int>(q % next_kboxes) * kBoxK,
-                            static_cast<int>(q / next_kboxes) * kSkinnyTma.outputs, expert);
-          }
         }
       }
     }
@@ -490,12 +476,9 @@ template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(
 template <typename T, int MT, GemmEpilogue E> __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_skinny_tma_grouped(const __grid_constant__ CUtensorMap mw,
                             const __grid_constant__ CUtensorMap mw2,
-                            const __grid_constant__ CUtensorMap mx,
-                            const __grid_constant__ CUtensorMap next, Skinny s, SkinnyFusion f,
-                            const int32_t* slots, int per_slot, int next_rows, int next_kboxes,
-                            int stages, int chunk) {
-  skinny_tma_body<T, MT, true, false, E, true>(mw, mw2, mx, s, &f, stages, chunk, slots, per_slot,
-                                               &next, next_rows, next_kboxes);
+                            const __grid_constant__ CUtensorMap mx, Skinny s, SkinnyFusion f,
+                            const int32_t* slots, int per_slot, int stages, int chunk) {
+  skinny_tma_body<T, MT, true, false, E, true>(mw, mw2, mx, s, &f, stages, chunk, slots, per_slot);
 }
 
 // Its launch: one CTA a slot's 64 rows of the weight (32 of each for Gated) over the whole k (the
@@ -518,16 +501,6 @@ cudaError_t launch_grouped_tma(const GroupedSkinny& g, int sms, cudaStream_t str
        make_map3<T>(mw2, g.w2, g.k, g.n, g.experts, g.ldw, g.w_group_stride, kBoxK, kRows)) &&
       make_map<T>(mx, g.x, g.k, g.slots_n * MT, g.ldx, kBoxK, MT);
   if (!maps) return cudaErrorInvalidValue;
-  CUtensorMap next = mw;  // read only where next_rows > 0
-  int64_t next_rows = 0, next_kboxes = 0;
-  if (g.next_w != nullptr) {
-    next_rows = (g.next_n + kSkinnyTma.outputs - 1) / kSkinnyTma.outputs;
-    next_kboxes = (g.next_k + kBoxK - 1) / kBoxK;
-    if (next_rows * next_kboxes > INT32_MAX ||
-        !make_map3<T>(next, g.next_w, g.next_k, g.next_n, g.experts, g.next_ldw,
-                      g.next_group_stride, kBoxK, kSkinnyTma.outputs))
-      return cudaErrorInvalidValue;
-  }
   Skinny s{};
   s.tokens = MT, s.outputs = g.n, s.k = g.k;
   s.x = g.x, s.ldx = g.ldx, s.w = g.w, s.ldw = g.ldw;
@@ -545,9 +518,8 @@ cudaError_t launch_grouped_tma(const GroupedSkinny& g, int sms, cudaStream_t str
   // that kernel's end.
   const ClusterLaunch launch(dim3(static_cast<unsigned>(blocks)), dim3(1), kTmaThreads, smem,
                              stream, true);
-  return cudaLaunchKernelEx(&launch.cfg, kernel, mw, kDual ? mw2 : mw, mx, next, s, f, g.slots,
-                            static_cast<int>(per_slot), static_cast<int>(next_rows),
-                            static_cast<int>(next_kboxes), stages, chunk);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, mw, kDual ? mw2 : mw, mx, s, f, g.slots,
+                            static_cast<int>(per_slot), stages, chunk);
 }
 
 template <typename T>

@@ -127,33 +127,6 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
-// An L2 policy for data read once (a decode step's expert weights): its lines are evicted first,
-// ahead of lines a later read still wants (tma_prefetch3's). For the loads' .L2::cache_hint.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-// tma_load3 under an L2 policy (evict_first_policy).
-__device__ __forceinline__ void tma_load3_hint(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                               int c2, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-      : "memory");
-}
-
-// Brings the box at (c0, c1, c2) of a 3-D map into L2 (no shared memory, no barrier, no wait): a
-// later load of it, by any CTA, reads L2 instead of DRAM while the line stays.
-__device__ __forceinline__ void tma_prefetch3(const CUtensorMap* map, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
 // 2-D TMA load of the box whose first element is (c0 innermost, c1); completion counts on `bar`.
 // Parts of the box outside the tensor arrive as zeros (and still count their bytes).
 // dst, bar: shared-memory addresses.
