@@ -64,26 +64,42 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # device memory fell ~250 MB a test through test_ops.py's GEMM layout tests while torch held nothing
 # (the same tests without the tool: 139 GB free throughout), and the H200's 139 GB ran out after
 # 1240 tests. The tool's, not ours; a process's exit gives it back.
-# SANITIZE_JOBS chunks run at once (default 1), each into its own log, joined in order: the tools
-# leave the GPU mostly idle while the host side of each process works. Under memcheck, whose memory
-# grows with a process's tests (above), take SANITIZE_CHUNK=100 with 3 jobs.
-CHUNK=${SANITIZE_CHUNK:-200}
-JOBS=${SANITIZE_JOBS:-1}
-in_chunks() { # selection, test files...: every selected test, CHUNK to a process; fails if any chunk fails
-  local sel=$1 rc=0 ids pids=() n=0 j
+# SANITIZE_JOBS processes run at once, the next chunk starting as soon as one ends, the family and
+# path files in one pool; each chunk logs apart, joined in order. The tools leave the GPU mostly idle
+# while each process's host side works, so a process a core pays (H200, 16 cores: memcheck's 2,900
+# tests 4.3 min with 9 at once; initcheck's 1,750 1.7 min with 12). Per tool unless SANITIZE_JOBS and
+# SANITIZE_CHUNK say: memcheck at most 9 jobs of 70 tests (a process's device memory grows with its
+# tests, above: 9 x 70 ran within the H200's 139 GB); racecheck chunks of 25 (its GEMM tests take
+# 2-4 s each under it, so small chunks keep the pool even); the others 150.
+default_pool() { # tool -> "jobs chunk"
+  local cores
+  cores=$(nproc)
+  case $1 in
+    memcheck) echo "$((cores < 9 ? cores : 9)) 70" ;;
+    racecheck) echo "$cores 25" ;;
+    *) echo "$cores 150" ;;
+  esac
+}
+chunk_pids=()
+start_chunks() { # selection, test files...: every selected test, CHUNK to a process, JOBS at once
+  local sel=$1 ids i
   shift
   mapfile -t ids < <("$PY" -m pytest "$@" -q --collect-only -p no:cacheprovider -k "$sel" | grep "::")
   [ ${#ids[@]} -gt 0 ] || { echo "sanitize.sh: no test selected in $*" >>"$log"; return 1; }
   for ((i = 0; i < ${#ids[@]}; i += CHUNK)); do
-    cs_run --target-processes all "$PY" -m pytest -q -p no:cacheprovider "${ids[@]:i:CHUNK}" >"$log.$n" 2>&1 &
-    pids+=($!)
-    n=$((n + 1))
-    [ $((n % JOBS)) -ne 0 ] || { wait "${pids[@]: -JOBS}" || true; }
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
+    cs_run --target-processes all "$PY" -m pytest -q -p no:cacheprovider "${ids[@]:i:CHUNK}" \
+      >"$log.${#chunk_pids[@]}" 2>&1 &
+    chunk_pids+=($!)
   done
-  for ((j = 0; j < n; j++)); do
-    wait "${pids[j]}" || rc=1
+}
+join_chunks() { # waits for every chunk and appends its log in order; fails if any chunk failed
+  local j rc=0
+  for ((j = 0; j < ${#chunk_pids[@]}; j++)); do
+    wait "${chunk_pids[j]}" || rc=1
     cat "$log.$j" >>"$log" && rm -f "$log.$j"
   done
+  chunk_pids=()
   return $rc
 }
 status=0
@@ -124,6 +140,8 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
     unset CUOPS_DISABLE_BULK_NORM CUOPS_DISABLE_SKINNY_TMA
   fi
   export CUOPS_SANITIZER=$tool
+  read -r pool_jobs pool_chunk < <(default_pool "$tool")
+  JOBS=${SANITIZE_JOBS:-$pool_jobs} CHUNK=${SANITIZE_CHUNK:-$pool_chunk}
   log=$out/sanitize_$tool.log
   start=$(date +%s)
   cs_run() { "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 86 --print-limit 50 "$@"; }
@@ -132,9 +150,10 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   canary_rc=$?
   py_rc=0
   # shellcheck disable=SC2086
-  in_chunks "$sel" $tests || py_rc=1
+  start_chunks "$sel" $tests || py_rc=1
   # shellcheck disable=SC2086
-  [ -z "$PATH_PYTESTS" ] || in_chunks "$PATH_SEL" $PATH_PYTESTS || py_rc=1
+  [ -z "$PATH_PYTESTS" ] || start_chunks "$PATH_SEL" $PATH_PYTESTS || py_rc=1
+  join_chunks || py_rc=1
   cs_run "$CUOPS_BUILD_DIR/tests/cpp/cuops_cpp_tests" --gtest_filter='Devices/Ops.*/cuda:-*EightThreads*:*100Runs*' \
     >>"$log" 2>&1
   cpp_rc=$?
