@@ -70,10 +70,12 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # tests 4.3 min with 9 at once; initcheck's 1,750 1.7 min with 12). Per tool unless SANITIZE_JOBS and
 # SANITIZE_CHUNK say: memcheck at most 9 jobs of 70 tests (a process's device memory grows with its
 # tests, above: 9 x 70 ran within the H200's 139 GB); racecheck chunks of 25 (its GEMM tests take
-# 2-4 s each under it, so small chunks keep the pool even); the others 150.
+# 2-4 s each under it, so small chunks keep the pool even); the others 150. At most 16 jobs, as many
+# as ran on the H200: each process holds a few GB of host memory and its own CUDA context.
 default_pool() { # tool -> "jobs chunk"
   local cores
   cores=$(nproc)
+  cores=$((cores < 16 ? cores : 16))
   case $1 in
     memcheck) echo "$((cores < 9 ? cores : 9)) 70" ;;
     racecheck) echo "$cores 25" ;;
