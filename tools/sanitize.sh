@@ -69,16 +69,21 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # while each process's host side works, so a process a core pays (H200, 16 cores: memcheck's 2,900
 # tests 4.3 min with 9 at once; initcheck's 1,750 1.7 min with 12). Per tool unless SANITIZE_JOBS and
 # SANITIZE_CHUNK say: memcheck at most 9 jobs of 70 tests (a process's device memory grows with its
-# tests, above: 9 x 70 ran within the H200's 139 GB); racecheck chunks of 25 (its GEMM tests take
-# 2-4 s each under it, so small chunks keep the pool even); the others 150. At most 16 jobs, as many
-# as ran on the H200: each process holds a few GB of host memory and its own CUDA context.
+# tests, above: 9 x 70 ran within the H200's 139 GB); racecheck at most 8 jobs of 25 (its GEMM tests
+# take 2-4 s of GPU time each under it, float64 and k-split ones more, so small chunks keep the pool
+# even; its processes queue for the one GPU, so more of them finish no more tests: with 16 one failed
+# to attach in time, below); the others 150. At most 16 jobs, as many as ran on the H200: each process
+# holds a few GB of host memory and its own CUDA context. racecheck's whole selection takes longer
+# than one 10-minute device call (H200: 325 to 980 of its 1,753 tests in 8 minutes, by which files);
+# run it in parts there, the family files and the path files apart, each narrowed with
+# SANITIZE_PYTESTS / SANITIZE_PATH_PYTESTS.
 default_pool() { # tool -> "jobs chunk"
   local cores
   cores=$(nproc)
   cores=$((cores < 16 ? cores : 16))
   case $1 in
     memcheck) echo "$((cores < 9 ? cores : 9)) 70" ;;
-    racecheck) echo "$cores 25" ;;
+    racecheck) echo "$((cores < 8 ? cores : 8)) 25" ;;
     *) echo "$cores 150" ;;
   esac
 }
@@ -146,7 +151,9 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   JOBS=${SANITIZE_JOBS:-$pool_jobs} CHUNK=${SANITIZE_CHUNK:-$pool_chunk}
   log=$out/sanitize_$tool.log
   start=$(date +%s)
-  cs_run() { "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 86 --print-limit 50 "$@"; }
+  # --launch-timeout: with 16 racecheck processes at once one waited past the default 10 s to attach
+  # to its Python process and failed ("No attachable process found"; H200).
+  cs_run() { "$cs" --tool "$tool" "${extra[@]}" --launch-timeout 300 --error-exitcode 86 --print-limit 50 "$@"; }
   # The canary's bug must be reported (exit 86), or a clean run below proves nothing.
   cs_run "$canary" "$tool" >"$log" 2>&1
   canary_rc=$?
