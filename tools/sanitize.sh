@@ -71,8 +71,8 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # SANITIZE_CHUNK say: memcheck at most 9 jobs of 70 tests (a process's device memory grows with its
 # tests, above: 9 x 70 ran within the H200's 139 GB); racecheck at most 8 jobs of 25 (its GEMM tests
 # take 2-4 s of GPU time each under it, float64 and k-split ones more, so small chunks keep the pool
-# even; its processes queue for the one GPU, so more of them finish no more tests: with 16 one failed
-# to attach in time, below); the others 150. At most 16 jobs, as many as ran on the H200: each process
+# even; its processes share the one GPU its instrumented kernels keep busy, so 8 was chosen, not
+# measured against others; with 16 one failed to attach in time, below); the others 150. At most 16 jobs, as many as ran on the H200: each process
 # holds a few GB of host memory and its own CUDA context. racecheck's whole selection takes longer
 # than one 10-minute device call (H200: 325 to 980 of its 1,753 tests in 8 minutes, by which files);
 # run it in parts there, the family files and the path files apart, each narrowed with
