@@ -72,11 +72,11 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # tests, above: 9 x 70 ran within the H200's 139 GB); racecheck at most 8 jobs of 25 (its GEMM tests
 # take 2-4 s of GPU time each under it, float64 and k-split ones more, so small chunks keep the pool
 # even; its processes share the one GPU its instrumented kernels keep busy, so 8 was chosen, not
-# measured against others; with 16 one failed to attach in time, below); the others 150. At most 16 jobs, as many as ran on the H200: each process
-# holds a few GB of host memory and its own CUDA context. racecheck's whole selection takes longer
-# than one 10-minute device call (H200: 325 to 980 of its 1,753 tests in 8 minutes, by which files);
-# run it in parts there, the family files and the path files apart, each narrowed with
-# SANITIZE_PYTESTS / SANITIZE_PATH_PYTESTS.
+# measured against others; with 16 one failed to attach in time, below); the others 150. At most 16
+# jobs, as many as ran on the H200: each process holds a few GB of host memory and its own CUDA
+# context. racecheck's whole selection takes longer than one 10-minute device call (H200: 325 to 980
+# of its 1,753 tests in 8 minutes, by which files); run it in parts there, the family files and the
+# path files apart, each narrowed with SANITIZE_PYTESTS / SANITIZE_PATH_PYTESTS.
 default_pool() { # tool -> "jobs chunk"
   local cores
   cores=$(nproc)
@@ -153,7 +153,9 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   start=$(date +%s)
   # --launch-timeout: with 16 racecheck processes at once one waited past the default 10 s to attach
   # to its Python process and failed ("No attachable process found"; H200).
-  cs_run() { "$cs" --tool "$tool" "${extra[@]}" --launch-timeout 300 --error-exitcode 86 --print-limit 50 "$@"; }
+  cs_run() {
+    "$cs" --tool "$tool" "${extra[@]}" --launch-timeout 300 --error-exitcode 86 --print-limit 50 "$@"
+  }
   # The canary's bug must be reported (exit 86), or a clean run below proves nothing.
   cs_run "$canary" "$tool" >"$log" 2>&1
   canary_rc=$?
